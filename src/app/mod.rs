@@ -1,0 +1,1 @@
+//! The function app (filled in by the function-app work).

@@ -1,0 +1,1 @@
+//! Starting Azurite (filled in by the storage work).

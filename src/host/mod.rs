@@ -1,0 +1,1 @@
+//! Local Functions host (filled in by the host work).

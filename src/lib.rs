@@ -1,0 +1,15 @@
+//! tablescan: parallel scans of Azure Table Storage, run as an Azure Functions custom handler.
+//!
+//! Layers, from the inside out:
+//! - [`scan`]: the pure scan algorithm (prefix discovery and serial paging) over a table interface;
+//! - [`storage`]: that interface, its Azure adapters, and an in-memory table for tests;
+//! - [`app`]: the function app (custom-handler protocol, scan API, queue functions);
+//! - [`host`]: a local stand-in for the Azure Functions host, for development and tests;
+//! - [`azurite`]: starting the Azurite storage emulator for tests, demo and benchmark.
+
+pub mod app;
+pub mod azurite;
+pub mod cli;
+pub mod host;
+pub mod scan;
+pub mod storage;

@@ -1,0 +1,15 @@
+//! The scan engine: enumerate every row of a table range, serially or by recursive
+//! partition-key prefix discovery (Joel Verhagen's prefix scan, made exact).
+//!
+//! Pure algorithm over the [`TableStore`] interface: no HTTP, no Azure, no Functions.
+//! A scan is a tree of [`Step`]s. Steps carry key bounds, never continuation tokens, so any
+//! step can be executed later by any process; executing one returns rows (as [`Step::Segment`])
+//! and follow-up steps, in depth-first (PK, RK) order.
+
+mod engine;
+mod params;
+mod step;
+
+pub use engine::{list, ScanError, Scanner, StepBudget, StepOutput};
+pub use params::{ParameterError, ScanParameters, Strategy};
+pub use step::{LowerBound, Step};

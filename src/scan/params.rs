@@ -1,0 +1,117 @@
+//! Scan parameters and their validation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::storage::{compare_keys, MAX_TAKE};
+
+/// How the key range is enumerated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Recursive partition-key prefix discovery: disjoint ranges that can run in parallel.
+    #[default]
+    Prefix,
+    /// Plain paging of the whole range with one cursor: the baseline.
+    Serial,
+}
+
+/// What to scan and how. Every step of a scan carries (a copy of) these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScanParameters {
+    /// Only partition keys starting with this (may be empty).
+    #[serde(default)]
+    pub prefix: String,
+    /// Exclusive lower partition-key bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower: Option<String>,
+    /// Exclusive upper partition-key bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper: Option<String>,
+    /// Page size (`$top`), 1..=1000.
+    pub take: u32,
+    /// Columns to read besides PartitionKey and RowKey; `None` reads every column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<Vec<String>>,
+    /// Emit the rest of a discovered partition as its own step (fan-out) rather than reading it
+    /// inline in the step that discovered it.
+    pub expand_partition_keys: bool,
+    /// Non-empty pages read for the first prefix of a prefix query before fanning out (≥ 1).
+    pub segments_per_first_prefix: u32,
+    /// Non-empty pages read for each later prefix of a prefix query (≥ 1).
+    pub segments_per_subsequent_prefix: u32,
+}
+
+impl Default for ScanParameters {
+    fn default() -> Self {
+        ScanParameters {
+            prefix: String::new(),
+            lower: None,
+            upper: None,
+            take: MAX_TAKE,
+            select: None,
+            expand_partition_keys: true,
+            segments_per_first_prefix: 1,
+            segments_per_subsequent_prefix: 1,
+        }
+    }
+}
+
+/// A parameter that cannot be used, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ParameterError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl ParameterError {
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+        ParameterError { field, message: message.into() }
+    }
+}
+
+impl ScanParameters {
+    pub fn validate(&self) -> Result<(), ParameterError> {
+        if self.take == 0 || self.take > MAX_TAKE {
+            return Err(ParameterError::new("take", format!("must be 1..=1000, got {}", self.take)));
+        }
+        if self.segments_per_first_prefix == 0 {
+            return Err(ParameterError::new("segmentsPerFirstPrefix", "must be at least 1"));
+        }
+        if self.segments_per_subsequent_prefix == 0 {
+            return Err(ParameterError::new("segmentsPerSubsequentPrefix", "must be at least 1"));
+        }
+        if let (Some(lower), Some(upper)) = (&self.lower, &self.upper) {
+            if compare_keys(lower, upper).is_ge() {
+                return Err(ParameterError::new("lower", "the lower bound must be below the upper bound"));
+            }
+        }
+        if let Some(select) = &self.select {
+            if let Some(bad) = select.iter().find(|c| c.is_empty() || c.contains(['\'', ',', ' '])) {
+                return Err(ParameterError::new("select", format!("invalid column name {bad:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `$select` list to send: the requested columns plus PartitionKey and RowKey.
+    pub fn select_columns(&self) -> Option<Vec<String>> {
+        self.select.as_ref().map(|columns| {
+            let mut all = vec!["PartitionKey".to_string(), "RowKey".to_string()];
+            for c in columns {
+                if !all.contains(c) {
+                    all.push(c.clone());
+                }
+            }
+            all
+        })
+    }
+
+    /// Whether a partition key is inside the scanned range.
+    pub fn contains_partition_key(&self, pk: &str) -> bool {
+        pk.starts_with(&self.prefix)
+            && self.lower.as_deref().map_or(true, |l| compare_keys(pk, l).is_gt())
+            && self.upper.as_deref().map_or(true, |u| compare_keys(pk, u).is_lt())
+    }
+}

@@ -1,0 +1,105 @@
+//! Key ordering as Azure Table Storage (and Azurite) sort: ordinal over UTF-16 code units.
+//!
+//! Rust's `str` ordering is by code point (UTF-8 bytes), which puts U+E000..U+FFFF *below*
+//! supplementary characters; UTF-16 order puts them above (their units beat surrogates D800..DFFF). Never compare keys with `<` on `str`.
+
+use std::cmp::Ordering;
+
+/// Compares two keys the way the Table service does: UTF-16 code unit by code unit.
+pub fn compare_keys(a: &str, b: &str) -> Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+/// The greater of two keys in UTF-16 order.
+pub fn max_key<'a>(a: &'a str, b: &'a str) -> &'a str {
+    if compare_keys(a, b).is_ge() {
+        a
+    } else {
+        b
+    }
+}
+
+/// The lesser of two keys in UTF-16 order.
+pub fn min_key<'a>(a: &'a str, b: &'a str) -> &'a str {
+    if compare_keys(a, b).is_le() {
+        a
+    } else {
+        b
+    }
+}
+
+/// The next character after `c` in UTF-16 order, or `None` for U+FFFF (the greatest).
+/// UTF-16 order of characters is U+0000..U+D7FF, then U+10000..U+10FFFF (surrogate pairs,
+/// lead units D800..DBFF), then U+E000..U+FFFF.
+pub fn next_char_utf16(c: char) -> Option<char> {
+    match c as u32 {
+        0xD7FF => char::from_u32(0x10000),
+        0x10FFFF => char::from_u32(0xE000),
+        0xFFFF => None,
+        n => char::from_u32(n + 1),
+    }
+}
+
+/// The exact successor bound of a prefix: the smallest valid string greater (in UTF-16 order)
+/// than every string that starts with `prefix`. `None` means no such string exists (the prefix is
+/// empty or made only of U+FFFF), i.e. the range is unbounded above.
+///
+/// This replaces the reference design's `prefix + '\u{FFFF}'` sentinel, which is *not* above keys
+/// that continue with U+FFFF and so makes prefix discovery loop forever on them.
+pub fn key_successor(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        if let Some(next) = next_char_utf16(last) {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+/// Whether `key` starts with `prefix` (code-unit prefix and char prefix agree for valid strings).
+pub fn has_prefix(key: &str, prefix: &str) -> bool {
+    key.starts_with(prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf16_order_differs_from_str_order_for_supplementary_characters() {
+        let bmp_high = "\u{FFFF}";
+        let supplementary = "\u{1F600}";
+        assert!(bmp_high < supplementary, "str order puts U+FFFF below U+1F600");
+        assert_eq!(compare_keys(bmp_high, supplementary), Ordering::Greater);
+        assert_eq!(compare_keys("\u{E000}", "\u{10000}"), Ordering::Greater);
+        assert_eq!(compare_keys("\u{D7FF}", "\u{10000}"), Ordering::Less);
+    }
+
+    #[test]
+    fn successor_is_above_every_extension_and_minimal() {
+        assert_eq!(key_successor(""), None);
+        assert_eq!(key_successor("\u{FFFF}\u{FFFF}"), None);
+        assert_eq!(key_successor("ab").as_deref(), Some("ac"));
+        assert_eq!(key_successor("a\u{FFFF}").as_deref(), Some("b"));
+        assert_eq!(key_successor("a\u{D7FF}").as_deref(), Some("a\u{10000}"));
+        assert_eq!(key_successor("a\u{10FFFF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(key_successor("a\u{103FF}").as_deref(), Some("a\u{10400}"));
+        for prefix in ["D", "a\u{D7FF}", "x\u{10FFFF}", "q\u{FFFF}", "\u{1F600}"] {
+            let succ = key_successor(prefix).unwrap();
+            for suffix in ["", "\u{FFFF}", "\u{FFFF}\u{FFFF}", "\u{10FFFF}", "zz", "\u{0}"] {
+                let key = format!("{prefix}{suffix}");
+                assert_eq!(compare_keys(&key, &succ), Ordering::Less, "{key:?} < {succ:?}");
+            }
+            assert!(!succ.starts_with(prefix));
+        }
+    }
+
+    #[test]
+    fn next_char_walks_utf16_order() {
+        assert_eq!(next_char_utf16('a'), Some('b'));
+        assert_eq!(next_char_utf16('\u{D7FF}'), Some('\u{10000}'));
+        assert_eq!(next_char_utf16('\u{10FFFF}'), Some('\u{E000}'));
+        assert_eq!(next_char_utf16('\u{FFFF}'), None);
+    }
+}
