@@ -1,1 +1,3 @@
-//! The function app (filled in by the function-app work).
+//! The function app: custom-handler protocol, scan API and queue functions.
+
+pub mod catalog;

@@ -1,0 +1,33 @@
+//! The function catalog: every function the app serves, as the handler routes it and as its
+//! `function-defs/<Name>/function.json` declares it. Tests check the two agree both ways.
+
+/// How the Functions host reaches a function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// HTTP-only function, forwarded as the raw request to `/api/{route}`
+    /// (`enableForwardingHttpRequest`).
+    Http { method: &'static str, route: &'static str },
+    /// Queue trigger on the queue named by an app setting; the host POSTs `/{FunctionName}`.
+    Queue { queue_setting: &'static str },
+}
+
+/// One function of the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionSpec {
+    pub name: &'static str,
+    pub trigger: Trigger,
+}
+
+/// App setting naming the prefix-scan step queue.
+pub const PREFIX_SCAN_QUEUE_SETTING: &str = "TABLESCAN_PREFIXSCAN_QUEUE";
+/// App setting naming the table-copy work queue.
+pub const TABLE_COPY_QUEUE_SETTING: &str = "TABLESCAN_TABLECOPY_QUEUE";
+
+pub const FUNCTIONS: &[FunctionSpec] = &[
+    FunctionSpec { name: "StartScan", trigger: Trigger::Http { method: "POST", route: "scans" } },
+    FunctionSpec { name: "ListScans", trigger: Trigger::Http { method: "GET", route: "scans" } },
+    FunctionSpec { name: "GetScan", trigger: Trigger::Http { method: "GET", route: "scans/{id}" } },
+    FunctionSpec { name: "CancelScan", trigger: Trigger::Http { method: "DELETE", route: "scans/{id}" } },
+    FunctionSpec { name: "PrefixScan", trigger: Trigger::Queue { queue_setting: PREFIX_SCAN_QUEUE_SETTING } },
+    FunctionSpec { name: "TableCopy", trigger: Trigger::Queue { queue_setting: TABLE_COPY_QUEUE_SETTING } },
+];
