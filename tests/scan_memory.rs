@@ -16,10 +16,18 @@ fn table_with(keys: &[(&str, &str)], pagination: Pagination) -> MemoryTableStore
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
-fn scan_keys(store: &MemoryTableStore, params: &ScanParameters, strategy: Strategy) -> Vec<(String, String)> {
+fn scan_keys(
+    store: &MemoryTableStore,
+    params: &ScanParameters,
+    strategy: Strategy,
+) -> Vec<(String, String)> {
     let mut keys = Vec::new();
     block_on(list(store, TABLE, params, strategy, |rows| {
         keys.extend(rows.into_iter().map(|e| (e.partition_key, e.row_key)));
@@ -31,7 +39,11 @@ fn scan_keys(store: &MemoryTableStore, params: &ScanParameters, strategy: Strate
 
 /// What a scan must return: rows in range, sorted by (PK, RK) in UTF-16 order.
 fn expected(keys: &[(String, String)], params: &ScanParameters) -> Vec<(String, String)> {
-    let mut rows: Vec<_> = keys.iter().filter(|(pk, _)| params.contains_partition_key(pk)).cloned().collect();
+    let mut rows: Vec<_> = keys
+        .iter()
+        .filter(|(pk, _)| params.contains_partition_key(pk))
+        .cloned()
+        .collect();
     rows.sort_by(|a, b| compare_keys(&a.0, &b.0).then(compare_keys(&a.1, &b.1)));
     rows.dedup();
     rows
@@ -59,14 +71,34 @@ struct Recording {
 }
 
 impl TableStore for Recording {
-    async fn query_page(&self, table: &str, query: &Query) -> tablescan::storage::StorageResult<tablescan::storage::Page> {
-        self.filters.lock().unwrap().push(query.filter.as_ref().map(Filter::to_odata).unwrap_or_default());
+    async fn query_page(
+        &self,
+        table: &str,
+        query: &Query,
+    ) -> tablescan::storage::StorageResult<tablescan::storage::Page> {
+        self.filters.lock().unwrap().push(
+            query
+                .filter
+                .as_ref()
+                .map(Filter::to_odata)
+                .unwrap_or_default(),
+        );
         self.inner.query_page(table, query).await
     }
-    async fn submit_batch(&self, t: &str, pk: &str, ops: &[tablescan::storage::BatchOperation]) -> tablescan::storage::StorageResult<()> {
+    async fn submit_batch(
+        &self,
+        t: &str,
+        pk: &str,
+        ops: &[tablescan::storage::BatchOperation],
+    ) -> tablescan::storage::StorageResult<()> {
         self.inner.submit_batch(t, pk, ops).await
     }
-    async fn get_entity(&self, t: &str, pk: &str, rk: &str) -> tablescan::storage::StorageResult<Option<(Entity, String)>> {
+    async fn get_entity(
+        &self,
+        t: &str,
+        pk: &str,
+        rk: &str,
+    ) -> tablescan::storage::StorageResult<Option<(Entity, String)>> {
         self.inner.get_entity(t, pk, rk).await
     }
     async fn create_table(&self, t: &str) -> tablescan::storage::StorageResult<bool> {
@@ -79,15 +111,23 @@ impl TableStore for Recording {
 
 #[test]
 fn blog_worked_example_step_by_step() {
-    let store = Recording { inner: table_with(&blog_rows(), Pagination::default()), filters: Default::default() };
-    let params = ScanParameters { take: 2, ..ScanParameters::default() };
+    let store = Recording {
+        inner: table_with(&blog_rows(), Pagination::default()),
+        filters: Default::default(),
+    };
+    let params = ScanParameters {
+        take: 2,
+        ..ScanParameters::default()
+    };
     let scanner = Scanner::new(&store, TABLE, &params, StepBudget::UNLIMITED);
 
     // Start: a PK query for the empty prefix (HEAD semantics) and the prefix query over everything.
     let start = block_on(scanner.execute(&Step::Start)).unwrap();
     assert_eq!(start.queries, 0);
     assert_eq!(start.steps.len(), 2);
-    assert!(matches!(&start.steps[0], Step::PartitionKeyQuery { partition_key, row_key_skip: None, .. } if partition_key.is_empty()));
+    assert!(
+        matches!(&start.steps[0], Step::PartitionKeyQuery { partition_key, row_key_skip: None, .. } if partition_key.is_empty())
+    );
 
     // The top-level prefix query: four pages, each fanning out a PK query and a child prefix.
     let top = block_on(scanner.execute(&start.steps[1])).unwrap();
@@ -105,11 +145,21 @@ fn blog_worked_example_step_by_step() {
         .steps
         .iter()
         .filter_map(|s| match s {
-            Step::Segment { entities, .. } => Some(entities.iter().map(|e| e.partition_key.as_str()).collect()),
+            Step::Segment { entities, .. } => {
+                Some(entities.iter().map(|e| e.partition_key.as_str()).collect())
+            }
             _ => None,
         })
         .collect();
-    assert_eq!(segments, vec![vec!["Dashner", "Davis"], vec!["Hartlage", "Nuckles"], vec!["Rundle", "Splawn"], vec!["Wedell", "Wongus"]]);
+    assert_eq!(
+        segments,
+        vec![
+            vec!["Dashner", "Davis"],
+            vec!["Hartlage", "Nuckles"],
+            vec!["Rundle", "Splawn"],
+            vec!["Wedell", "Wongus"]
+        ]
+    );
     let descriptions: Vec<String> = top.steps.iter().map(Step::describe).collect();
     assert_eq!(
         descriptions,
@@ -140,12 +190,17 @@ fn blog_worked_example_step_by_step() {
 
     // And the whole scan, depth-first, returns all ten rows in order.
     let all = scan_keys(&store.inner, &params, Strategy::Prefix);
-    let want: Vec<(String, String)> = blog_rows().iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    let want: Vec<(String, String)> = blog_rows()
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
     assert_eq!(all, want);
 }
 
 fn owned(rows: &[(&str, &str)]) -> Vec<(String, String)> {
-    rows.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    rows.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
 }
 
 #[test]
@@ -170,10 +225,23 @@ fn edge_keys_are_each_returned_once_in_utf16_order() {
     for take in 1..=3 {
         for expand in [true, false] {
             for prefix in ["", "D", "D\u{FFFF}", "\u{FFFF}"] {
-                let params = ScanParameters { take, prefix: prefix.into(), expand_partition_keys: expand, ..Default::default() };
+                let params = ScanParameters {
+                    take,
+                    prefix: prefix.into(),
+                    expand_partition_keys: expand,
+                    ..Default::default()
+                };
                 let want = expected(&owned(&rows), &params);
-                assert_eq!(scan_keys(&store, &params, Strategy::Prefix), want, "prefix {prefix:?} take {take} expand {expand}");
-                assert_eq!(scan_keys(&store, &params, Strategy::Serial), want, "serial prefix {prefix:?} take {take}");
+                assert_eq!(
+                    scan_keys(&store, &params, Strategy::Prefix),
+                    want,
+                    "prefix {prefix:?} take {take} expand {expand}"
+                );
+                assert_eq!(
+                    scan_keys(&store, &params, Strategy::Serial),
+                    want,
+                    "serial prefix {prefix:?} take {take}"
+                );
             }
         }
     }
@@ -181,21 +249,40 @@ fn edge_keys_are_each_returned_once_in_utf16_order() {
 
 #[test]
 fn single_huge_partition_is_walked_in_bounded_steps() {
-    let rows: Vec<(String, String)> = (0..2500).map(|i| ("only".to_string(), format!("{i:05}"))).collect();
+    let rows: Vec<(String, String)> = (0..2500)
+        .map(|i| ("only".to_string(), format!("{i:05}")))
+        .collect();
     let store = MemoryTableStore::default();
-    store.load(TABLE, rows.iter().map(|(pk, rk)| Entity::new(pk.clone(), rk.clone())));
-    let params = ScanParameters { take: 100, ..Default::default() };
-    let budget = StepBudget { max_pages: 3, max_queries: 4 };
+    store.load(
+        TABLE,
+        rows.iter()
+            .map(|(pk, rk)| Entity::new(pk.clone(), rk.clone())),
+    );
+    let params = ScanParameters {
+        take: 100,
+        ..Default::default()
+    };
+    let budget = StepBudget {
+        max_pages: 3,
+        max_queries: 4,
+    };
     let scanner = Scanner::new(&store, TABLE, &params, budget);
     // Breadth-first like the queues: every step stays within its budget.
     let mut pending = vec![Step::Start];
     let mut seen = Vec::new();
     while let Some(step) = pending.pop() {
         let out = block_on(scanner.execute(&step)).unwrap();
-        assert!(out.queries <= 4, "{} sent {} queries", step.describe(), out.queries);
+        assert!(
+            out.queries <= 4,
+            "{} sent {} queries",
+            step.describe(),
+            out.queries
+        );
         for s in out.steps {
             match s {
-                Step::Segment { entities, .. } => seen.extend(entities.into_iter().map(|e| (e.partition_key, e.row_key))),
+                Step::Segment { entities, .. } => {
+                    seen.extend(entities.into_iter().map(|e| (e.partition_key, e.row_key)))
+                }
                 other => pending.push(other),
             }
         }
@@ -208,25 +295,76 @@ fn single_huge_partition_is_walked_in_bounded_steps() {
 fn termination_with_u_ffff_after_the_prefix() {
     // The reference's `gt 'D\uffff'` would return these keys again and loop; the exact
     // successor bound must finish with a bounded number of queries.
-    let rows = [("D\u{FFFF}", "1"), ("D\u{FFFF}\u{FFFF}", "1"), ("D\u{FFFF}\u{FFFF}a", "1"), ("Da", "1"), ("E", "1")];
+    let rows = [
+        ("D\u{FFFF}", "1"),
+        ("D\u{FFFF}\u{FFFF}", "1"),
+        ("D\u{FFFF}\u{FFFF}a", "1"),
+        ("Da", "1"),
+        ("E", "1"),
+    ];
     let store = table_with(&rows, Pagination::default());
-    let params = ScanParameters { take: 1, ..Default::default() };
+    let params = ScanParameters {
+        take: 1,
+        ..Default::default()
+    };
     let queries = block_on(list(&store, TABLE, &params, Strategy::Prefix, |_| Ok(()))).unwrap();
     assert!(queries < 40, "{queries} queries for five rows");
-    assert_eq!(scan_keys(&store, &params, Strategy::Prefix), expected(&owned(&rows), &params));
+    assert_eq!(
+        scan_keys(&store, &params, Strategy::Prefix),
+        expected(&owned(&rows), &params)
+    );
 }
 
 #[test]
 fn bounds_and_prefix_equal_key() {
-    let rows = [("B000", "a"), ("B001", "a"), ("B002", "a"), ("B003", "a"), ("B", "x"), ("C", "y")];
+    let rows = [
+        ("B000", "a"),
+        ("B001", "a"),
+        ("B002", "a"),
+        ("B003", "a"),
+        ("B", "x"),
+        ("C", "y"),
+    ];
     let store = table_with(&rows, Pagination::default());
-    let params = ScanParameters { prefix: "B".into(), lower: Some("B000".into()), upper: Some("B003".into()), take: 1, ..Default::default() };
-    assert_eq!(scan_keys(&store, &params, Strategy::Prefix), owned(&[("B001", "a"), ("B002", "a")]));
-    let params = ScanParameters { prefix: "B".into(), take: 2, ..Default::default() };
-    assert_eq!(scan_keys(&store, &params, Strategy::Prefix)[0], ("B".to_string(), "x".to_string()));
-    assert!(ScanParameters { take: 0, ..Default::default() }.validate().is_err());
-    assert!(ScanParameters { take: 1001, ..Default::default() }.validate().is_err());
-    assert!(ScanParameters { lower: Some("b".into()), upper: Some("a".into()), ..Default::default() }.validate().is_err());
+    let params = ScanParameters {
+        prefix: "B".into(),
+        lower: Some("B000".into()),
+        upper: Some("B003".into()),
+        take: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        scan_keys(&store, &params, Strategy::Prefix),
+        owned(&[("B001", "a"), ("B002", "a")])
+    );
+    let params = ScanParameters {
+        prefix: "B".into(),
+        take: 2,
+        ..Default::default()
+    };
+    assert_eq!(
+        scan_keys(&store, &params, Strategy::Prefix)[0],
+        ("B".to_string(), "x".to_string())
+    );
+    assert!(ScanParameters {
+        take: 0,
+        ..Default::default()
+    }
+    .validate()
+    .is_err());
+    assert!(ScanParameters {
+        take: 1001,
+        ..Default::default()
+    }
+    .validate()
+    .is_err());
+    assert!(ScanParameters {
+        lower: Some("b".into()),
+        upper: Some("a".into()),
+        ..Default::default()
+    }
+    .validate()
+    .is_err());
 }
 
 #[test]
@@ -237,7 +375,10 @@ fn empty_table_and_select() {
     e.properties.insert("A".into(), serde_json::json!(1));
     e.properties.insert("B".into(), serde_json::json!("x"));
     store.load(TABLE, [e]);
-    let params = ScanParameters { select: Some(vec!["B".into()]), ..Default::default() };
+    let params = ScanParameters {
+        select: Some(vec!["B".into()]),
+        ..Default::default()
+    };
     let mut got = Vec::new();
     block_on(list(&store, TABLE, &params, Strategy::Prefix, |rows| {
         got.extend(rows);
@@ -249,7 +390,20 @@ fn empty_table_and_select() {
 }
 
 fn key_strategy() -> impl proptest::strategy::Strategy<Value = String> {
-    let alphabet = prop::sample::select(vec!["", "a", "b", "ab", "'", "\u{FFFF}", "\u{E000}", "\u{1F600}", "\u{10FFFF}", "\u{D7FF}", "é", "a\u{FFFF}"]);
+    let alphabet = prop::sample::select(vec![
+        "",
+        "a",
+        "b",
+        "ab",
+        "'",
+        "\u{FFFF}",
+        "\u{E000}",
+        "\u{1F600}",
+        "\u{10FFFF}",
+        "\u{D7FF}",
+        "é",
+        "a\u{FFFF}",
+    ]);
     prop::collection::vec(alphabet, 0..4).prop_map(|parts| parts.concat())
 }
 

@@ -6,7 +6,10 @@
 pub enum Trigger {
     /// HTTP-only function, forwarded as the raw request to `/api/{route}`
     /// (`enableForwardingHttpRequest`).
-    Http { method: &'static str, route: &'static str },
+    Http {
+        method: &'static str,
+        route: &'static str,
+    },
     /// Queue trigger on the queue named by an app setting; the host POSTs `/{FunctionName}`.
     Queue { queue_setting: &'static str },
 }
@@ -24,10 +27,44 @@ pub const PREFIX_SCAN_QUEUE_SETTING: &str = "TABLESCAN_PREFIXSCAN_QUEUE";
 pub const TABLE_COPY_QUEUE_SETTING: &str = "TABLESCAN_TABLECOPY_QUEUE";
 
 pub const FUNCTIONS: &[FunctionSpec] = &[
-    FunctionSpec { name: "StartScan", trigger: Trigger::Http { method: "POST", route: "scans" } },
-    FunctionSpec { name: "ListScans", trigger: Trigger::Http { method: "GET", route: "scans" } },
-    FunctionSpec { name: "GetScan", trigger: Trigger::Http { method: "GET", route: "scans/{id}" } },
-    FunctionSpec { name: "CancelScan", trigger: Trigger::Http { method: "DELETE", route: "scans/{id}" } },
-    FunctionSpec { name: "PrefixScan", trigger: Trigger::Queue { queue_setting: PREFIX_SCAN_QUEUE_SETTING } },
-    FunctionSpec { name: "TableCopy", trigger: Trigger::Queue { queue_setting: TABLE_COPY_QUEUE_SETTING } },
+    FunctionSpec {
+        name: "StartScan",
+        trigger: Trigger::Http {
+            method: "POST",
+            route: "scans",
+        },
+    },
+    FunctionSpec {
+        name: "ListScans",
+        trigger: Trigger::Http {
+            method: "GET",
+            route: "scans",
+        },
+    },
+    FunctionSpec {
+        name: "GetScan",
+        trigger: Trigger::Http {
+            method: "GET",
+            route: "scans/{id}",
+        },
+    },
+    FunctionSpec {
+        name: "CancelScan",
+        trigger: Trigger::Http {
+            method: "DELETE",
+            route: "scans/{id}",
+        },
+    },
+    FunctionSpec {
+        name: "PrefixScan",
+        trigger: Trigger::Queue {
+            queue_setting: PREFIX_SCAN_QUEUE_SETTING,
+        },
+    },
+    FunctionSpec {
+        name: "TableCopy",
+        trigger: Trigger::Queue {
+            queue_setting: TABLE_COPY_QUEUE_SETTING,
+        },
+    },
 ];

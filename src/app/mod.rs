@@ -1,3 +1,15 @@
-//! The function app: custom-handler protocol, scan API and queue functions.
+//! The function app: the custom-handler protocol, the scan API and the queue functions.
+//!
+//! Knows Azure Functions, not Azure Storage: it works through the storage traits.
 
 pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod functions;
+pub mod messages;
+pub mod protocol;
+pub mod server;
+pub mod state;
+pub mod tracking;
+pub mod validate;
+pub mod work;

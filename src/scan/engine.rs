@@ -1,7 +1,8 @@
 //! Executing steps against a [`TableStore`].
 
 use crate::storage::{
-    compare_keys, key_successor, keys::min_key, CompareOp, Entity, Filter, Query, StorageError, TableStore,
+    compare_keys, key_successor, keys::min_key, CompareOp, Entity, Filter, Query, StorageError,
+    TableStore,
 };
 
 use super::params::{ScanParameters, Strategy};
@@ -19,12 +20,18 @@ pub struct StepBudget {
 
 impl StepBudget {
     /// No limits: a step runs to its natural end (used by the in-process depth-first listing).
-    pub const UNLIMITED: StepBudget = StepBudget { max_pages: usize::MAX, max_queries: usize::MAX };
+    pub const UNLIMITED: StepBudget = StepBudget {
+        max_pages: usize::MAX,
+        max_queries: usize::MAX,
+    };
 }
 
 impl Default for StepBudget {
     fn default() -> Self {
-        StepBudget { max_pages: 8, max_queries: 16 }
+        StepBudget {
+            max_pages: 8,
+            max_queries: 16,
+        }
     }
 }
 
@@ -39,7 +46,16 @@ pub struct StepOutput {
 impl StepOutput {
     /// Rows in the segments of this output.
     pub fn row_count(&self) -> usize {
-        self.steps.iter().map(|s| if let Step::Segment { entities, .. } = s { entities.len() } else { 0 }).sum()
+        self.steps
+            .iter()
+            .map(|s| {
+                if let Step::Segment { entities, .. } = s {
+                    entities.len()
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 }
 
@@ -61,9 +77,20 @@ pub struct Scanner<'a, T: TableStore> {
 }
 
 impl<'a, T: TableStore> Scanner<'a, T> {
-    pub fn new(store: &'a T, table: &'a str, params: &'a ScanParameters, budget: StepBudget) -> Self {
+    pub fn new(
+        store: &'a T,
+        table: &'a str,
+        params: &'a ScanParameters,
+        budget: StepBudget,
+    ) -> Self {
         let select = params.select_columns();
-        Scanner { store, table, params, budget, select }
+        Scanner {
+            store,
+            table,
+            params,
+            budget,
+            select,
+        }
     }
 
     /// The root step of a scan with the given strategy.
@@ -79,11 +106,22 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         let mut out = StepOutput::default();
         match step {
             Step::Start => self.start(&mut out),
-            Step::PrefixQuery { prefix, lower, upper, depth } => {
-                self.prefix_query(prefix, lower.clone(), upper.clone(), *depth, &mut out).await?
+            Step::PrefixQuery {
+                prefix,
+                lower,
+                upper,
+                depth,
+            } => {
+                self.prefix_query(prefix, lower.clone(), upper.clone(), *depth, &mut out)
+                    .await?
             }
-            Step::PartitionKeyQuery { partition_key, row_key_skip, depth } => {
-                self.partition_key_query(partition_key, row_key_skip.clone(), *depth, &mut out).await?
+            Step::PartitionKeyQuery {
+                partition_key,
+                row_key_skip,
+                depth,
+            } => {
+                self.partition_key_query(partition_key, row_key_skip.clone(), *depth, &mut out)
+                    .await?
             }
             Step::Serial { after } => self.serial(after.clone(), &mut out).await?,
             Step::Segment { .. } => {}
@@ -96,7 +134,11 @@ impl<'a, T: TableStore> Scanner<'a, T> {
     fn start(&self, out: &mut StepOutput) {
         let p = self.params;
         if p.contains_partition_key(&p.prefix) {
-            out.steps.push(Step::PartitionKeyQuery { partition_key: p.prefix.clone(), row_key_skip: None, depth: 1 });
+            out.steps.push(Step::PartitionKeyQuery {
+                partition_key: p.prefix.clone(),
+                row_key_skip: None,
+                depth: 1,
+            });
         }
         let lower = match &p.lower {
             Some(l) if compare_keys(l, &p.prefix).is_gt() => l.clone(),
@@ -107,8 +149,16 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             (Some(s), None) => Some(s),
             (None, u) => u.clone(),
         };
-        if upper.as_deref().map_or(true, |u| compare_keys(&lower, u).is_lt()) {
-            out.steps.push(Step::PrefixQuery { prefix: p.prefix.clone(), lower: LowerBound::After(lower), upper, depth: 1 });
+        if upper
+            .as_deref()
+            .map_or(true, |u| compare_keys(&lower, u).is_lt())
+        {
+            out.steps.push(Step::PrefixQuery {
+                prefix: p.prefix.clone(),
+                lower: LowerBound::After(lower),
+                upper,
+                depth: 1,
+            });
         }
     }
 
@@ -120,8 +170,18 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         Filter::and(parts)
     }
 
-    async fn page(&self, filter: Option<&Filter>, continuation: Option<crate::storage::Continuation>, out: &mut StepOutput) -> Result<crate::storage::Page, ScanError> {
-        let query = Query { filter: filter.cloned(), top: Some(self.params.take), select: self.select.clone(), continuation };
+    async fn page(
+        &self,
+        filter: Option<&Filter>,
+        continuation: Option<crate::storage::Continuation>,
+        out: &mut StepOutput,
+    ) -> Result<crate::storage::Page, ScanError> {
+        let query = Query {
+            filter: filter.cloned(),
+            top: Some(self.params.take),
+            select: self.select.clone(),
+            continuation,
+        };
         out.queries += 1;
         Ok(self.store.query_page(self.table, &query).await?)
     }
@@ -129,7 +189,14 @@ impl<'a, T: TableStore> Scanner<'a, T> {
     /// The prefix query loop: read up to N non-empty pages of the range; if more rows remain,
     /// hand the rest of the last partition and the rest of its child prefix to new steps, then
     /// jump past the whole child prefix (to its exact successor) and repeat.
-    async fn prefix_query(&self, prefix: &str, mut lower: LowerBound, upper: Option<String>, depth: u32, out: &mut StepOutput) -> Result<(), ScanError> {
+    async fn prefix_query(
+        &self,
+        prefix: &str,
+        mut lower: LowerBound,
+        upper: Option<String>,
+        depth: u32,
+        out: &mut StepOutput,
+    ) -> Result<(), ScanError> {
         let mut wanted = self.params.segments_per_first_prefix as usize;
         loop {
             let filter = Self::range_filter(&lower, &upper);
@@ -151,16 +218,23 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                     Some(c) => continuation = Some(c),
                 }
             };
-            let Some(last) = rows.last() else { return Ok(()) };
+            let Some(last) = rows.last() else {
+                return Ok(());
+            };
             let (last_pk, last_rk) = (last.partition_key.clone(), last.row_key.clone());
-            out.steps.push(Step::Segment { entities: rows, depth: depth + 1 });
+            out.steps.push(Step::Segment {
+                entities: rows,
+                depth: depth + 1,
+            });
             if !has_more {
                 return Ok(());
             }
             // The child prefix: ours plus the next character of the last partition key. The last
             // key is strictly above `prefix` (the range starts above it), so that character exists.
             let next_char = last_pk[prefix.len()..].chars().next().ok_or_else(|| {
-                ScanError::InvalidStep(format!("partition key {last_pk:?} does not extend prefix {prefix:?}"))
+                ScanError::InvalidStep(format!(
+                    "partition key {last_pk:?} does not extend prefix {prefix:?}"
+                ))
             })?;
             let child_prefix = format!("{prefix}{next_char}");
             let child_successor = key_successor(&child_prefix);
@@ -170,20 +244,40 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                 (None, u) => u.clone(),
             };
             if self.params.expand_partition_keys {
-                out.steps.push(Step::PartitionKeyQuery { partition_key: last_pk.clone(), row_key_skip: Some(last_rk), depth: depth + 1 });
+                out.steps.push(Step::PartitionKeyQuery {
+                    partition_key: last_pk.clone(),
+                    row_key_skip: Some(last_rk),
+                    depth: depth + 1,
+                });
             } else {
-                self.partition_key_query(&last_pk, Some(last_rk), depth, out).await?;
+                self.partition_key_query(&last_pk, Some(last_rk), depth, out)
+                    .await?;
             }
-            out.steps.push(Step::PrefixQuery { prefix: child_prefix, lower: LowerBound::After(last_pk), upper: child_upper, depth: depth + 1 });
+            out.steps.push(Step::PrefixQuery {
+                prefix: child_prefix,
+                lower: LowerBound::After(last_pk),
+                upper: child_upper,
+                depth: depth + 1,
+            });
             // Jump past every key with the child prefix; stop if nothing can remain in range.
-            let Some(successor) = child_successor else { return Ok(()) };
-            if upper.as_deref().is_some_and(|u| compare_keys(&successor, u).is_ge()) {
+            let Some(successor) = child_successor else {
+                return Ok(());
+            };
+            if upper
+                .as_deref()
+                .is_some_and(|u| compare_keys(&successor, u).is_ge())
+            {
                 return Ok(());
             }
             lower = LowerBound::From(successor);
             wanted = self.params.segments_per_subsequent_prefix as usize;
             if out.queries >= self.budget.max_queries {
-                out.steps.push(Step::PrefixQuery { prefix: prefix.to_string(), lower, upper, depth });
+                out.steps.push(Step::PrefixQuery {
+                    prefix: prefix.to_string(),
+                    lower,
+                    upper,
+                    depth,
+                });
                 return Ok(());
             }
         }
@@ -191,7 +285,13 @@ impl<'a, T: TableStore> Scanner<'a, T> {
 
     /// Reads one partition (rows after `row_key_skip`), a segment per non-empty page, and
     /// continues in a new step once the page budget is spent.
-    async fn partition_key_query(&self, pk: &str, row_key_skip: Option<String>, depth: u32, out: &mut StepOutput) -> Result<(), ScanError> {
+    async fn partition_key_query(
+        &self,
+        pk: &str,
+        row_key_skip: Option<String>,
+        depth: u32,
+        out: &mut StepOutput,
+    ) -> Result<(), ScanError> {
         let mut parts = vec![Filter::pk(CompareOp::Eq, pk)];
         if let Some(rk) = &row_key_skip {
             parts.push(Filter::rk(CompareOp::Gt, rk.clone()));
@@ -206,7 +306,11 @@ impl<'a, T: TableStore> Scanner<'a, T> {
     }
 
     /// Serial paging of the scan range from a resume point.
-    async fn serial(&self, after: Option<(String, String)>, out: &mut StepOutput) -> Result<(), ScanError> {
+    async fn serial(
+        &self,
+        after: Option<(String, String)>,
+        out: &mut StepOutput,
+    ) -> Result<(), ScanError> {
         let p = self.params;
         let mut parts = Vec::new();
         if !p.prefix.is_empty() {
@@ -225,18 +329,29 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         }
         if let Some((pk, rk)) = &after {
             parts.push(Filter::or(vec![
-                Filter::and(vec![Filter::pk(CompareOp::Eq, pk.clone()), Filter::rk(CompareOp::Gt, rk.clone())]),
+                Filter::and(vec![
+                    Filter::pk(CompareOp::Eq, pk.clone()),
+                    Filter::rk(CompareOp::Gt, rk.clone()),
+                ]),
                 Filter::pk(CompareOp::Gt, pk.clone()),
             ]));
         }
         let filter = (!parts.is_empty()).then(|| Filter::and(parts));
-        self.paged(filter.as_ref(), 0, out, |last| Step::Serial { after: Some((last.partition_key.clone(), last.row_key.clone())) })
-            .await
+        self.paged(filter.as_ref(), 0, out, |last| Step::Serial {
+            after: Some((last.partition_key.clone(), last.row_key.clone())),
+        })
+        .await
     }
 
     /// Follows continuations, one segment per non-empty page, until the query ends or the page
     /// budget is spent; then the remainder becomes the step `resume` builds from the last row.
-    async fn paged(&self, filter: Option<&Filter>, depth: u32, out: &mut StepOutput, resume: impl Fn(&Entity) -> Step) -> Result<(), ScanError> {
+    async fn paged(
+        &self,
+        filter: Option<&Filter>,
+        depth: u32,
+        out: &mut StepOutput,
+        resume: impl Fn(&Entity) -> Step,
+    ) -> Result<(), ScanError> {
         let mut continuation = None;
         let mut pages = 0usize;
         let mut last_row: Option<Entity> = None;
@@ -245,7 +360,10 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             if !page.entities.is_empty() {
                 pages += 1;
                 last_row = page.entities.last().cloned();
-                out.steps.push(Step::Segment { entities: page.entities, depth: depth + 1 });
+                out.steps.push(Step::Segment {
+                    entities: page.entities,
+                    depth: depth + 1,
+                });
             }
             match page.continuation {
                 None => return Ok(()),

@@ -67,29 +67,50 @@ pub struct ParameterError {
 
 impl ParameterError {
     pub fn new(field: &'static str, message: impl Into<String>) -> Self {
-        ParameterError { field, message: message.into() }
+        ParameterError {
+            field,
+            message: message.into(),
+        }
     }
 }
 
 impl ScanParameters {
     pub fn validate(&self) -> Result<(), ParameterError> {
         if self.take == 0 || self.take > MAX_TAKE {
-            return Err(ParameterError::new("take", format!("must be 1..=1000, got {}", self.take)));
+            return Err(ParameterError::new(
+                "takeCount",
+                format!("must be 1..=1000, got {}", self.take),
+            ));
         }
         if self.segments_per_first_prefix == 0 {
-            return Err(ParameterError::new("segmentsPerFirstPrefix", "must be at least 1"));
+            return Err(ParameterError::new(
+                "segmentsPerFirstPrefix",
+                "must be at least 1",
+            ));
         }
         if self.segments_per_subsequent_prefix == 0 {
-            return Err(ParameterError::new("segmentsPerSubsequentPrefix", "must be at least 1"));
+            return Err(ParameterError::new(
+                "segmentsPerSubsequentPrefix",
+                "must be at least 1",
+            ));
         }
         if let (Some(lower), Some(upper)) = (&self.lower, &self.upper) {
             if compare_keys(lower, upper).is_ge() {
-                return Err(ParameterError::new("lower", "the lower bound must be below the upper bound"));
+                return Err(ParameterError::new(
+                    "partitionKeyLowerBound",
+                    "the lower bound must be below the upper bound",
+                ));
             }
         }
         if let Some(select) = &self.select {
-            if let Some(bad) = select.iter().find(|c| c.is_empty() || c.contains(['\'', ',', ' '])) {
-                return Err(ParameterError::new("select", format!("invalid column name {bad:?}")));
+            if let Some(bad) = select
+                .iter()
+                .find(|c| c.is_empty() || c.contains(['\'', ',', ' ']))
+            {
+                return Err(ParameterError::new(
+                    "select",
+                    format!("invalid column name {bad:?}"),
+                ));
             }
         }
         Ok(())
@@ -111,7 +132,13 @@ impl ScanParameters {
     /// Whether a partition key is inside the scanned range.
     pub fn contains_partition_key(&self, pk: &str) -> bool {
         pk.starts_with(&self.prefix)
-            && self.lower.as_deref().map_or(true, |l| compare_keys(pk, l).is_gt())
-            && self.upper.as_deref().map_or(true, |u| compare_keys(pk, u).is_lt())
+            && self
+                .lower
+                .as_deref()
+                .map_or(true, |l| compare_keys(pk, l).is_gt())
+            && self
+                .upper
+                .as_deref()
+                .map_or(true, |u| compare_keys(pk, u).is_lt())
     }
 }

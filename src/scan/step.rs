@@ -68,18 +68,33 @@ impl Step {
     pub fn describe(&self) -> String {
         match self {
             Step::Start => "start".into(),
-            Step::PrefixQuery { prefix, lower, upper, .. } => {
+            Step::PrefixQuery {
+                prefix,
+                lower,
+                upper,
+                ..
+            } => {
                 let op = match lower {
                     LowerBound::After(_) => "gt",
                     LowerBound::From(_) => "ge",
                 };
-                format!("prefix {prefix:?}: PK {op} {:?} and lt {:?}", lower.key(), upper.as_deref().unwrap_or("(none)"))
+                format!(
+                    "prefix {prefix:?}: PK {op} {:?} and lt {:?}",
+                    lower.key(),
+                    upper.as_deref().unwrap_or("(none)")
+                )
             }
-            Step::PartitionKeyQuery { partition_key, row_key_skip, .. } => match row_key_skip {
+            Step::PartitionKeyQuery {
+                partition_key,
+                row_key_skip,
+                ..
+            } => match row_key_skip {
                 Some(rk) => format!("PK eq {partition_key:?} and RK gt {rk:?}"),
                 None => format!("PK eq {partition_key:?}"),
             },
-            Step::Serial { after: Some((pk, rk)) } => format!("serial after ({pk:?}, {rk:?})"),
+            Step::Serial {
+                after: Some((pk, rk)),
+            } => format!("serial after ({pk:?}, {rk:?})"),
             Step::Serial { after: None } => "serial from the start".into(),
             Step::Segment { entities, .. } => format!("segment of {} rows", entities.len()),
         }

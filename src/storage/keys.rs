@@ -70,7 +70,10 @@ mod tests {
     fn utf16_order_differs_from_str_order_for_supplementary_characters() {
         let bmp_high = "\u{FFFF}";
         let supplementary = "\u{1F600}";
-        assert!(bmp_high < supplementary, "str order puts U+FFFF below U+1F600");
+        assert!(
+            bmp_high < supplementary,
+            "str order puts U+FFFF below U+1F600"
+        );
         assert_eq!(compare_keys(bmp_high, supplementary), Ordering::Greater);
         assert_eq!(compare_keys("\u{E000}", "\u{10000}"), Ordering::Greater);
         assert_eq!(compare_keys("\u{D7FF}", "\u{10000}"), Ordering::Less);
@@ -87,9 +90,20 @@ mod tests {
         assert_eq!(key_successor("a\u{103FF}").as_deref(), Some("a\u{10400}"));
         for prefix in ["D", "a\u{D7FF}", "x\u{10FFFF}", "q\u{FFFF}", "\u{1F600}"] {
             let succ = key_successor(prefix).unwrap();
-            for suffix in ["", "\u{FFFF}", "\u{FFFF}\u{FFFF}", "\u{10FFFF}", "zz", "\u{0}"] {
+            for suffix in [
+                "",
+                "\u{FFFF}",
+                "\u{FFFF}\u{FFFF}",
+                "\u{10FFFF}",
+                "zz",
+                "\u{0}",
+            ] {
                 let key = format!("{prefix}{suffix}");
-                assert_eq!(compare_keys(&key, &succ), Ordering::Less, "{key:?} < {succ:?}");
+                assert_eq!(
+                    compare_keys(&key, &succ),
+                    Ordering::Less,
+                    "{key:?} < {succ:?}"
+                );
             }
             assert!(!succ.starts_with(prefix));
         }

@@ -90,7 +90,11 @@ impl MemoryTableStore {
     pub fn new(pagination: Pagination) -> Self {
         let rng = StdRng::seed_from_u64(pagination.seed);
         MemoryTableStore {
-            state: Arc::new(Mutex::new(State { tables: HashMap::new(), rng, next_etag: 1 })),
+            state: Arc::new(Mutex::new(State {
+                tables: HashMap::new(),
+                rng,
+                next_etag: 1,
+            })),
             pagination,
             counters: Arc::new(RequestCounters::new()),
         }
@@ -106,7 +110,10 @@ impl MemoryTableStore {
         let mut etag = state.next_etag;
         let rows = state.tables.entry(table.to_string()).or_default();
         for entity in entities {
-            let key = (Utf16Key(entity.partition_key.clone()), Utf16Key(entity.row_key.clone()));
+            let key = (
+                Utf16Key(entity.partition_key.clone()),
+                Utf16Key(entity.row_key.clone()),
+            );
             rows.insert(key, (entity, etag));
             etag += 1;
         }
@@ -116,11 +123,19 @@ impl MemoryTableStore {
     /// All rows of a table in (PK, RK) order.
     pub fn rows(&self, table: &str) -> Vec<Entity> {
         let state = self.state.lock().unwrap();
-        state.tables.get(table).map(|rows| rows.values().map(|(e, _)| e.clone()).collect()).unwrap_or_default()
+        state
+            .tables
+            .get(table)
+            .map(|rows| rows.values().map(|(e, _)| e.clone()).collect())
+            .unwrap_or_default()
     }
 
     fn not_found(table: &str) -> StorageError {
-        let mut err = StorageError::from_status(404, Some("TableNotFound".into()), format!("table {table} not found"));
+        let mut err = StorageError::from_status(
+            404,
+            Some("TableNotFound".into()),
+            format!("table {table} not found"),
+        );
         err.kind = StorageErrorKind::NotFound;
         err
     }
@@ -147,10 +162,16 @@ fn project(entity: &Entity, select: &Option<Vec<String>>) -> Entity {
 
 impl TableStore for MemoryTableStore {
     async fn query_page(&self, table: &str, query: &Query) -> StorageResult<Page> {
+        // Yield like real I/O would, so concurrent callers interleave between requests.
+        tokio::task::yield_now().await;
         self.counters.record(RequestKind::Query);
         if let Some(top) = query.top {
             if top == 0 || top > MAX_TAKE {
-                return Err(StorageError::from_status(400, Some("InvalidInput".into()), format!("$top {top} out of 1..=1000")));
+                return Err(StorageError::from_status(
+                    400,
+                    Some("InvalidInput".into()),
+                    format!("$top {top} out of 1..=1000"),
+                ));
             }
         }
         let mut state = self.state.lock().unwrap();
@@ -162,29 +183,45 @@ impl TableStore for MemoryTableStore {
         let start = match &query.continuation {
             None => Bound::Unbounded,
             Some(c) => match &c.next_row_key {
-                Some(rk) => Bound::Included((Utf16Key(c.next_partition_key.clone()), Utf16Key(rk.clone()))),
-                None => Bound::Included((Utf16Key(c.next_partition_key.clone()), Utf16Key(String::new()))),
+                Some(rk) => {
+                    Bound::Included((Utf16Key(c.next_partition_key.clone()), Utf16Key(rk.clone())))
+                }
+                None => Bound::Included((
+                    Utf16Key(c.next_partition_key.clone()),
+                    Utf16Key(String::new()),
+                )),
             },
         };
         // Azure sends NextPartitionKey alone when the next row starts its partition; resuming
         // from (pk, "") is then exact because "" is the smallest row key.
         let continuation_at = |pk: &str, rk: &str, rng: &mut StdRng| {
             let key = (Utf16Key(pk.to_string()), Utf16Key(rk.to_string()));
-            let starts_partition =
-                rows.range(..key).next_back().map_or(true, |((prev_pk, _), _)| prev_pk.0 != pk);
+            let starts_partition = rows
+                .range(..key)
+                .next_back()
+                .map_or(true, |((prev_pk, _), _)| prev_pk.0 != pk);
             let omit = starts_partition && rng.gen_bool(p.omit_row_key_probability.clamp(0.0, 1.0));
-            Continuation { next_partition_key: pk.to_string(), next_row_key: (!omit).then(|| rk.to_string()) }
+            Continuation {
+                next_partition_key: pk.to_string(),
+                next_row_key: (!omit).then(|| rk.to_string()),
+            }
         };
 
-        let mut iter = rows
-            .range((start, Bound::Unbounded))
-            .filter(|(_, (e, _))| query.filter.as_ref().map_or(true, |f| f.matches(&e.partition_key, &e.row_key)));
+        let mut iter = rows.range((start, Bound::Unbounded)).filter(|(_, (e, _))| {
+            query
+                .filter
+                .as_ref()
+                .map_or(true, |f| f.matches(&e.partition_key, &e.row_key))
+        });
 
         let peek_first = iter.clone().next().map(|(_, (e, _))| e);
         if let Some(first) = peek_first {
             if rng.gen_bool(p.empty_page_probability.clamp(0.0, 1.0)) {
                 let continuation = Some(continuation_at(&first.partition_key, &first.row_key, rng));
-                return Ok(Page { entities: Vec::new(), continuation });
+                return Ok(Page {
+                    entities: Vec::new(),
+                    continuation,
+                });
             }
         }
         let limit = if limit > 1 && rng.gen_bool(p.short_page_probability.clamp(0.0, 1.0)) {
@@ -192,52 +229,90 @@ impl TableStore for MemoryTableStore {
         } else {
             limit
         };
-        let entities: Vec<Entity> = iter.by_ref().take(limit).map(|(_, (e, _))| project(e, &query.select)).collect();
+        let entities: Vec<Entity> = iter
+            .by_ref()
+            .take(limit)
+            .map(|(_, (e, _))| project(e, &query.select))
+            .collect();
         let continuation = match iter.next() {
             Some((_, (next, _))) => Some(continuation_at(&next.partition_key, &next.row_key, rng)),
-            None if !entities.is_empty() && rng.gen_bool(p.trailing_token_probability.clamp(0.0, 1.0)) => {
+            None if !entities.is_empty()
+                && rng.gen_bool(p.trailing_token_probability.clamp(0.0, 1.0)) =>
+            {
                 // A token past the last row: the next page is empty and final.
                 let last = entities.last().unwrap();
                 let mut after = last.row_key.clone();
                 after.push('\u{0}');
-                Some(Continuation { next_partition_key: last.partition_key.clone(), next_row_key: Some(after) })
+                Some(Continuation {
+                    next_partition_key: last.partition_key.clone(),
+                    next_row_key: Some(after),
+                })
             }
             None => None,
         };
-        Ok(Page { entities, continuation })
+        Ok(Page {
+            entities,
+            continuation,
+        })
     }
 
-    async fn submit_batch(&self, table: &str, partition_key: &str, operations: &[BatchOperation]) -> StorageResult<()> {
+    async fn submit_batch(
+        &self,
+        table: &str,
+        partition_key: &str,
+        operations: &[BatchOperation],
+    ) -> StorageResult<()> {
+        // Yield like real I/O would, so concurrent callers interleave between requests.
+        tokio::task::yield_now().await;
         self.counters.record(RequestKind::Batch);
         validate_batch(partition_key, operations)?;
         let mut state = self.state.lock().unwrap();
         let mut etag = state.next_etag;
-        let rows = state.tables.get_mut(table).ok_or_else(|| Self::not_found(table))?;
+        let rows = state
+            .tables
+            .get_mut(table)
+            .ok_or_else(|| Self::not_found(table))?;
         // Check every operation first: a transaction applies all or nothing.
         for (index, op) in operations.iter().enumerate() {
-            let key = (Utf16Key(partition_key.to_string()), Utf16Key(op.row_key().to_string()));
+            let key = (
+                Utf16Key(partition_key.to_string()),
+                Utf16Key(op.row_key().to_string()),
+            );
             let existing = rows.get(&key).map(|(_, tag)| tag.to_string());
             let fail = |status: u16, code: &str| {
-                let mut err = StorageError::from_status(status, Some(code.into()), format!("batch operation {index} failed"));
+                let mut err = StorageError::from_status(
+                    status,
+                    Some(code.into()),
+                    format!("batch operation {index} failed"),
+                );
                 err.failed_operation = Some(index);
                 Err(err)
             };
             match op {
-                BatchOperation::Insert(_) if existing.is_some() => return fail(409, "EntityAlreadyExists"),
-                BatchOperation::Replace { etag, .. } | BatchOperation::Merge { etag, .. } | BatchOperation::Delete { etag, .. } => {
-                    match (&existing, etag) {
-                        (None, _) => return fail(404, "ResourceNotFound"),
-                        (Some(current), Some(expected)) if current != expected => return fail(412, "UpdateConditionNotSatisfied"),
-                        _ => {}
-                    }
+                BatchOperation::Insert(_) if existing.is_some() => {
+                    return fail(409, "EntityAlreadyExists")
                 }
+                BatchOperation::Replace { etag, .. }
+                | BatchOperation::Merge { etag, .. }
+                | BatchOperation::Delete { etag, .. } => match (&existing, etag) {
+                    (None, _) => return fail(404, "ResourceNotFound"),
+                    (Some(current), Some(expected)) if current != expected => {
+                        return fail(412, "UpdateConditionNotSatisfied")
+                    }
+                    _ => {}
+                },
                 _ => {}
             }
         }
         for op in operations {
-            let key = (Utf16Key(partition_key.to_string()), Utf16Key(op.row_key().to_string()));
+            let key = (
+                Utf16Key(partition_key.to_string()),
+                Utf16Key(op.row_key().to_string()),
+            );
             match op {
-                BatchOperation::Insert(e) | BatchOperation::Upsert(e) | BatchOperation::Replace { entity: e, .. } => {
+                BatchOperation::Insert(e)
+                | BatchOperation::Upsert(e)
+                | BatchOperation::Replace { entity: e, .. } => {
                     rows.insert(key, (e.clone(), etag));
                 }
                 BatchOperation::Merge { entity, .. } => {
@@ -257,15 +332,30 @@ impl TableStore for MemoryTableStore {
         Ok(())
     }
 
-    async fn get_entity(&self, table: &str, partition_key: &str, row_key: &str) -> StorageResult<Option<(Entity, String)>> {
+    async fn get_entity(
+        &self,
+        table: &str,
+        partition_key: &str,
+        row_key: &str,
+    ) -> StorageResult<Option<(Entity, String)>> {
+        // Yield like real I/O would, so concurrent callers interleave between requests.
+        tokio::task::yield_now().await;
         self.counters.record(RequestKind::PointRead);
         let state = self.state.lock().unwrap();
-        let rows = state.tables.get(table).ok_or_else(|| Self::not_found(table))?;
-        let key = (Utf16Key(partition_key.to_string()), Utf16Key(row_key.to_string()));
+        let rows = state
+            .tables
+            .get(table)
+            .ok_or_else(|| Self::not_found(table))?;
+        let key = (
+            Utf16Key(partition_key.to_string()),
+            Utf16Key(row_key.to_string()),
+        );
         Ok(rows.get(&key).map(|(e, tag)| (e.clone(), tag.to_string())))
     }
 
     async fn create_table(&self, table: &str) -> StorageResult<bool> {
+        // Yield like real I/O would, so concurrent callers interleave between requests.
+        tokio::task::yield_now().await;
         self.counters.record(RequestKind::TableAdmin);
         let mut state = self.state.lock().unwrap();
         if state.tables.contains_key(table) {
@@ -276,6 +366,8 @@ impl TableStore for MemoryTableStore {
     }
 
     async fn delete_table(&self, table: &str) -> StorageResult<bool> {
+        // Yield like real I/O would, so concurrent callers interleave between requests.
+        tokio::task::yield_now().await;
         self.counters.record(RequestKind::TableAdmin);
         Ok(self.state.lock().unwrap().tables.remove(table).is_some())
     }

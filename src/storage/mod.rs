@@ -7,6 +7,7 @@
 pub mod counters;
 pub mod keys;
 pub mod memory;
+pub mod memory_queue;
 
 use std::fmt;
 use std::future::Future;
@@ -36,25 +37,38 @@ pub struct Entity {
 
 impl Entity {
     pub fn new(partition_key: impl Into<String>, row_key: impl Into<String>) -> Self {
-        Entity { partition_key: partition_key.into(), row_key: row_key.into(), properties: Map::new() }
+        Entity {
+            partition_key: partition_key.into(),
+            row_key: row_key.into(),
+            properties: Map::new(),
+        }
     }
 
     /// Builds an entity from the service's JSON object, dropping read-only metadata.
     pub fn from_wire(mut object: Map<String, Value>) -> Result<Self, StorageError> {
         let take_key = |object: &mut Map<String, Value>, name: &str| match object.remove(name) {
             Some(Value::String(s)) => Ok(s),
-            _ => Err(StorageError::invalid_response(format!("entity without a string {name}"))),
+            _ => Err(StorageError::invalid_response(format!(
+                "entity without a string {name}"
+            ))),
         };
         let partition_key = take_key(&mut object, "PartitionKey")?;
         let row_key = take_key(&mut object, "RowKey")?;
         object.retain(|name, _| !is_read_only_property(name));
-        Ok(Entity { partition_key, row_key, properties: object })
+        Ok(Entity {
+            partition_key,
+            row_key,
+            properties: object,
+        })
     }
 
     /// The JSON object to send to the service (keys plus typed properties).
     pub fn to_wire(&self) -> Map<String, Value> {
         let mut object = Map::with_capacity(self.properties.len() + 2);
-        object.insert("PartitionKey".into(), Value::String(self.partition_key.clone()));
+        object.insert(
+            "PartitionKey".into(),
+            Value::String(self.partition_key.clone()),
+        );
         object.insert("RowKey".into(), Value::String(self.row_key.clone()));
         for (name, value) in &self.properties {
             object.insert(name.clone(), value.clone());
@@ -64,7 +78,9 @@ impl Entity {
 
     /// Approximate size on the wire, used to keep batches under the 4 MiB limit.
     pub fn wire_size(&self) -> usize {
-        serde_json::to_vec(&self.to_wire()).map(|v| v.len()).unwrap_or(usize::MAX)
+        serde_json::to_vec(&self.to_wire())
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -174,7 +190,12 @@ impl Filter {
     pub fn to_odata(&self) -> String {
         match self {
             Filter::Compare(column, op, value) => {
-                format!("{} {} '{}'", column.name(), op.odata(), value.replace('\'', "''"))
+                format!(
+                    "{} {} '{}'",
+                    column.name(),
+                    op.odata(),
+                    value.replace('\'', "''")
+                )
             }
             Filter::And(parts) => join_odata(parts, "and"),
             Filter::Or(parts) => join_odata(parts, "or"),
@@ -183,7 +204,11 @@ impl Filter {
 }
 
 fn join_odata(parts: &[Filter], op: &str) -> String {
-    parts.iter().map(|p| format!("({})", p.to_odata())).collect::<Vec<_>>().join(&format!(" {op} "))
+    parts
+        .iter()
+        .map(|p| format!("({})", p.to_odata()))
+        .collect::<Vec<_>>()
+        .join(&format!(" {op} "))
 }
 
 impl fmt::Display for Filter {
@@ -228,18 +253,29 @@ pub enum BatchOperation {
     /// Insert or replace (upsert-replace), unconditional.
     Upsert(Entity),
     /// Replace an existing entity; `etag: None` means `If-Match: *`.
-    Replace { entity: Entity, etag: Option<String> },
+    Replace {
+        entity: Entity,
+        etag: Option<String>,
+    },
     /// Merge into an existing entity; `etag: None` means `If-Match: *`.
-    Merge { entity: Entity, etag: Option<String> },
+    Merge {
+        entity: Entity,
+        etag: Option<String>,
+    },
     /// Delete an existing entity; `etag: None` means `If-Match: *`.
-    Delete { row_key: String, etag: Option<String> },
+    Delete {
+        row_key: String,
+        etag: Option<String>,
+    },
 }
 
 impl BatchOperation {
     pub fn row_key(&self) -> &str {
         match self {
             BatchOperation::Insert(e) | BatchOperation::Upsert(e) => &e.row_key,
-            BatchOperation::Replace { entity, .. } | BatchOperation::Merge { entity, .. } => &entity.row_key,
+            BatchOperation::Replace { entity, .. } | BatchOperation::Merge { entity, .. } => {
+                &entity.row_key
+            }
             BatchOperation::Delete { row_key, .. } => row_key,
         }
     }
@@ -247,7 +283,9 @@ impl BatchOperation {
     pub fn entity(&self) -> Option<&Entity> {
         match self {
             BatchOperation::Insert(e) | BatchOperation::Upsert(e) => Some(e),
-            BatchOperation::Replace { entity, .. } | BatchOperation::Merge { entity, .. } => Some(entity),
+            BatchOperation::Replace { entity, .. } | BatchOperation::Merge { entity, .. } => {
+                Some(entity)
+            }
             BatchOperation::Delete { .. } => None,
         }
     }
@@ -255,7 +293,10 @@ impl BatchOperation {
 
 /// Checks the entity-group-transaction rules Azure enforces (Azurite does not enforce all of them):
 /// 1..=100 operations, one partition key, each RowKey once, under 4 MiB.
-pub fn validate_batch(partition_key: &str, operations: &[BatchOperation]) -> Result<(), StorageError> {
+pub fn validate_batch(
+    partition_key: &str,
+    operations: &[BatchOperation],
+) -> Result<(), StorageError> {
     if operations.is_empty() || operations.len() > MAX_BATCH_OPERATIONS {
         return Err(StorageError::invalid_input(format!(
             "an entity group transaction needs 1 to {MAX_BATCH_OPERATIONS} operations, got {}",
@@ -324,7 +365,13 @@ pub enum StorageErrorKind {
 
 impl StorageError {
     pub fn new(kind: StorageErrorKind, message: impl Into<String>) -> Self {
-        StorageError { kind, status: None, code: None, message: message.into(), failed_operation: None }
+        StorageError {
+            kind,
+            status: None,
+            code: None,
+            message: message.into(),
+            failed_operation: None,
+        }
     }
 
     pub fn invalid_input(message: impl Into<String>) -> Self {
@@ -344,7 +391,13 @@ impl StorageError {
             408 | 429 | 500 | 502 | 503 | 504 => StorageErrorKind::Transient,
             _ => StorageErrorKind::Rejected,
         };
-        StorageError { kind, status: Some(status), code, message: message.into(), failed_operation: None }
+        StorageError {
+            kind,
+            status: Some(status),
+            code,
+            message: message.into(),
+            failed_operation: None,
+        }
     }
 
     pub fn is_transient(&self) -> bool {
@@ -380,7 +433,11 @@ pub type StorageResult<T> = Result<T, StorageError>;
 /// themselves, so callers see only final outcomes.
 pub trait TableStore: Send + Sync + 'static {
     /// Runs one query request and returns one page (which may be short or empty with a continuation).
-    fn query_page(&self, table: &str, query: &Query) -> impl Future<Output = StorageResult<Page>> + Send;
+    fn query_page(
+        &self,
+        table: &str,
+        query: &Query,
+    ) -> impl Future<Output = StorageResult<Page>> + Send;
 
     /// Submits one entity group transaction; succeeds only if every operation succeeded.
     /// A failed transaction reports the failing operation in `StorageError::failed_operation`.

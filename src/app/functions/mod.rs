@@ -1,0 +1,9 @@
+//! One module per function of the catalog.
+
+pub mod cancel_scan;
+pub mod get_scan;
+pub mod list_scans;
+pub mod prefix_scan;
+pub mod start_scan;
+pub mod status;
+pub mod table_copy;

@@ -1,0 +1,143 @@
+//! Shared handler state: configuration and storage clients, generic over the storage traits so
+//! in-process tests can use any implementation.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::storage::{
+    BatchOperation, Entity, Page, Query, QueueStore, ReceivedMessage, StorageResult, TableStore,
+};
+
+use super::config::{Config, STORAGE_SETTING};
+use super::tracking::Tracker;
+
+/// Everything a request handler needs.
+pub struct AppState<T, Q> {
+    pub config: Config,
+    /// Table stores by connection (app-setting name); always holds `AzureWebJobsStorage`.
+    pub tables: BTreeMap<String, T>,
+    /// Queues of the function app's own storage account.
+    pub queues: Q,
+}
+
+impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+    pub fn new(config: Config, tables: BTreeMap<String, T>, queues: Q) -> Arc<Self> {
+        assert!(
+            tables.contains_key(STORAGE_SETTING),
+            "the app's own storage account is required"
+        );
+        Arc::new(AppState {
+            config,
+            tables,
+            queues,
+        })
+    }
+
+    /// The store holding the bookkeeping tables.
+    pub fn bookkeeping(&self) -> &T {
+        &self.tables[STORAGE_SETTING]
+    }
+
+    /// Bookkeeping through `store` (usually a counting wrapper of [`AppState::bookkeeping`]).
+    pub fn tracker_on<'a, S: TableStore>(&'a self, store: &'a S) -> Tracker<'a, S> {
+        Tracker::new(store, &self.config.scans_table, &self.config.work_table)
+    }
+}
+
+/// Wraps a store and counts the requests made through it (one per logical call; the adapter's
+/// own retries are not visible here), so each work item can report its storage requests.
+#[derive(Clone)]
+pub struct Counted<S> {
+    inner: S,
+    count: Arc<AtomicU64>,
+}
+
+impl<S> Counted<S> {
+    pub fn new(inner: S, count: Arc<AtomicU64>) -> Self {
+        Counted { inner, count }
+    }
+
+    fn tick(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl<S: TableStore> TableStore for Counted<S> {
+    async fn query_page(&self, table: &str, query: &Query) -> StorageResult<Page> {
+        self.tick();
+        self.inner.query_page(table, query).await
+    }
+    async fn submit_batch(
+        &self,
+        table: &str,
+        pk: &str,
+        operations: &[BatchOperation],
+    ) -> StorageResult<()> {
+        self.tick();
+        self.inner.submit_batch(table, pk, operations).await
+    }
+    async fn get_entity(
+        &self,
+        table: &str,
+        pk: &str,
+        rk: &str,
+    ) -> StorageResult<Option<(Entity, String)>> {
+        self.tick();
+        self.inner.get_entity(table, pk, rk).await
+    }
+    async fn create_table(&self, table: &str) -> StorageResult<bool> {
+        self.tick();
+        self.inner.create_table(table).await
+    }
+    async fn delete_table(&self, table: &str) -> StorageResult<bool> {
+        self.tick();
+        self.inner.delete_table(table).await
+    }
+}
+
+impl<S: QueueStore> QueueStore for Counted<S> {
+    async fn create_queue(&self, queue: &str) -> StorageResult<()> {
+        self.tick();
+        self.inner.create_queue(queue).await
+    }
+    async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
+        self.tick();
+        self.inner.delete_queue(queue).await
+    }
+    async fn put_message(&self, queue: &str, text: &str, delay: Duration) -> StorageResult<()> {
+        self.tick();
+        self.inner.put_message(queue, text, delay).await
+    }
+    async fn get_messages(
+        &self,
+        queue: &str,
+        max: u8,
+        visibility: Duration,
+    ) -> StorageResult<Vec<ReceivedMessage>> {
+        self.tick();
+        self.inner.get_messages(queue, max, visibility).await
+    }
+    async fn delete_message(&self, queue: &str, id: &str, pop_receipt: &str) -> StorageResult<()> {
+        self.tick();
+        self.inner.delete_message(queue, id, pop_receipt).await
+    }
+    async fn update_message(
+        &self,
+        queue: &str,
+        id: &str,
+        pop: &str,
+        visibility: Duration,
+        text: Option<&str>,
+    ) -> StorageResult<String> {
+        self.tick();
+        self.inner
+            .update_message(queue, id, pop, visibility, text)
+            .await
+    }
+    async fn approximate_count(&self, queue: &str) -> StorageResult<u64> {
+        self.tick();
+        self.inner.approximate_count(queue).await
+    }
+}

@@ -1,0 +1,741 @@
+//! Scan bookkeeping: scan records, pending-work rows and sharded counters, kept exact under
+//! at-least-once delivery.
+//!
+//! Layout (both tables live in the `AzureWebJobsStorage` account):
+//! - scans table: one row per scan, PK = scan id (newest first), RK = `scan`.
+//! - work table: per scan, `shards` partitions `{scanId}-{shard:02}`. Each holds one `counter` row
+//!   and the rows of the work items whose id hashes to that shard.
+//!
+//! Invariants that make completion exact:
+//! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
+//!    adds 1 to `Created` on its shard's counter, so each work item is counted once however many
+//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`, so a late
+//!    duplicate parent cannot resurrect a finished child.
+//! 2. Executing a step is not deterministic (Azure may cut pages anywhere, so two executions of
+//!    the same step can split its range differently). So the first execution to finish records
+//!    its outcome (children + counters) on the item's row, guarded by the row's ETag
+//!    (`pending` → `expanded`); every later or concurrent execution adopts the recorded outcome.
+//! 3. Children are registered before their parent completes, and a parent completes (row marked
+//!    done + `Completed += 1` + its row/request counters) in one transaction guarded by the row's
+//!    ETag, so a duplicate completion fails instead of double counting.
+//! 4. Hence Σ Created − Σ Completed is the number of unfinished items, never 0 early. It is
+//!    read with a double collect (two passes over the monotonic counters that agree), which is a
+//!    consistent snapshot.
+
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use serde_json::{json, Map, Value};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::storage::{
+    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+};
+
+use super::messages::shard_of;
+
+const SCAN_ROW: &str = "scan";
+const COUNTER_ROW: &str = "counter";
+/// Optimistic-concurrency retries on a contended counter before giving up (the message retries).
+const MAX_COUNTER_ATTEMPTS: usize = 50;
+
+/// Lifecycle of a scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanState {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl ScanState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScanState::Running => "running",
+            ScanState::Completed => "completed",
+            ScanState::Failed => "failed",
+            ScanState::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> Option<ScanState> {
+        Some(match s {
+            "running" => ScanState::Running,
+            "completed" => ScanState::Completed,
+            "failed" => ScanState::Failed,
+            "cancelled" => ScanState::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+/// A scan's record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScanRecord {
+    pub id: String,
+    pub state: ScanState,
+    /// The validated request, as JSON (no secrets: connections are app-setting names).
+    pub request: Value,
+    pub shards: u32,
+    pub started_at: OffsetDateTime,
+    pub completed_at: Option<OffsetDateTime>,
+    pub error: Option<String>,
+    pub etag: String,
+}
+
+/// Counter values of one shard, or their sum over a scan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Counters {
+    /// Work items registered.
+    pub created: i64,
+    /// Work items finished (done or failed).
+    pub completed: i64,
+    /// Work items that failed for good (poisoned).
+    pub failed: i64,
+    pub rows_scanned: i64,
+    pub rows_written: i64,
+    pub storage_requests: i64,
+    /// Queue messages whose work was committed.
+    pub messages: i64,
+}
+
+const COUNTER_FIELDS: [&str; 7] = [
+    "Created",
+    "Completed",
+    "Failed",
+    "RowsScanned",
+    "RowsWritten",
+    "StorageRequests",
+    "Messages",
+];
+
+impl Counters {
+    fn values(&self) -> [i64; 7] {
+        [
+            self.created,
+            self.completed,
+            self.failed,
+            self.rows_scanned,
+            self.rows_written,
+            self.storage_requests,
+            self.messages,
+        ]
+    }
+
+    fn from_values(v: [i64; 7]) -> Counters {
+        Counters {
+            created: v[0],
+            completed: v[1],
+            failed: v[2],
+            rows_scanned: v[3],
+            rows_written: v[4],
+            storage_requests: v[5],
+            messages: v[6],
+        }
+    }
+
+    pub fn plus(&self, other: &Counters) -> Counters {
+        let (a, b) = (self.values(), other.values());
+        Counters::from_values(std::array::from_fn(|i| a[i] + b[i]))
+    }
+
+    /// Work items registered but not yet finished.
+    pub fn pending(&self) -> i64 {
+        self.created - self.completed
+    }
+
+    fn from_entity(entity: &Entity) -> Counters {
+        Counters::from_values(COUNTER_FIELDS.map(|f| int64(&entity.properties, f)))
+    }
+
+    fn to_entity(self, partition_key: &str) -> Entity {
+        let mut entity = Entity::new(partition_key, COUNTER_ROW);
+        for (name, value) in COUNTER_FIELDS.iter().zip(self.values()) {
+            put_int64(&mut entity.properties, name, value);
+        }
+        entity
+    }
+}
+
+fn int64(props: &Map<String, Value>, name: &str) -> i64 {
+    match props.get(name) {
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn put_int64(props: &mut Map<String, Value>, name: &str, value: i64) {
+    props.insert(name.to_string(), Value::String(value.to_string()));
+    props.insert(
+        format!("{name}@odata.type"),
+        Value::String("Edm.Int64".into()),
+    );
+}
+
+fn put_time(props: &mut Map<String, Value>, name: &str, value: OffsetDateTime) {
+    props.insert(name.to_string(), Value::String(format_time(value)));
+    props.insert(
+        format!("{name}@odata.type"),
+        Value::String("Edm.DateTime".into()),
+    );
+}
+
+/// RFC 3339 in UTC with millisecond precision.
+pub fn format_time(t: OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    let t = t
+        .replace_nanosecond(t.millisecond() as u32 * 1_000_000)
+        .unwrap_or(t);
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+fn get_time(props: &Map<String, Value>, name: &str) -> Option<OffsetDateTime> {
+    props
+        .get(name)
+        .and_then(Value::as_str)
+        .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok())
+}
+
+fn get_str(props: &Map<String, Value>, name: &str) -> Option<String> {
+    props.get(name).and_then(Value::as_str).map(str::to_string)
+}
+
+/// State of one work item's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkState {
+    /// Not yet executed (or executed without recording an outcome).
+    Pending {
+        etag: String,
+    },
+    /// Executed; its outcome (JSON) is recorded and must be used by whoever finishes it.
+    Expanded {
+        etag: String,
+        outcome: String,
+    },
+    Finished,
+}
+
+/// Recorded outcomes are split over string properties of at most this many characters
+/// (Azure allows 64 KiB, i.e. 32K UTF-16 units, per string property).
+const OUTCOME_CHUNK: usize = 30_000;
+const MAX_OUTCOME_CHUNKS: usize = 30;
+
+/// Why an outcome could not be recorded.
+#[derive(Debug)]
+pub enum RecordError {
+    /// Another execution recorded or finished first: here is the row now.
+    Lost(Option<WorkState>),
+    Storage(StorageError),
+}
+
+impl From<StorageError> for RecordError {
+    fn from(e: StorageError) -> Self {
+        RecordError::Storage(e)
+    }
+}
+
+/// Result of trying to complete a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Committed; `shard_idle` says the shard had no unfinished items left afterwards.
+    Committed { shard_idle: bool },
+    /// Someone else completed it first (duplicate delivery).
+    Duplicate,
+}
+
+/// Bookkeeping over a table store.
+pub struct Tracker<'a, T: TableStore> {
+    store: &'a T,
+    scans_table: &'a str,
+    work_table: &'a str,
+}
+
+/// A child work item to register: its id and its queue message text.
+pub struct NewWork {
+    pub id: String,
+    pub kind: &'static str,
+}
+
+fn shard_partition(scan_id: &str, shard: u32) -> String {
+    format!("{scan_id}-{shard:02}")
+}
+
+fn backoff(attempt: usize) -> Duration {
+    let base = 5u64 << attempt.min(6);
+    Duration::from_millis(base + rand::random::<u64>() % base)
+}
+
+impl<'a, T: TableStore> Tracker<'a, T> {
+    pub fn new(store: &'a T, scans_table: &'a str, work_table: &'a str) -> Self {
+        Tracker {
+            store,
+            scans_table,
+            work_table,
+        }
+    }
+
+    /// Creates the bookkeeping tables if missing.
+    pub async fn ensure_tables(&self) -> Result<(), StorageError> {
+        self.store.create_table(self.scans_table).await?;
+        self.store.create_table(self.work_table).await?;
+        Ok(())
+    }
+
+    /// Registers a new scan's counters and root work item. The scan record is written separately
+    /// by [`Tracker::insert_scan`] after the root message is queued, so a record never exists
+    /// without its work.
+    pub async fn create_scan_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        root: &NewWork,
+    ) -> Result<(), StorageError> {
+        let root_shard = shard_of(&root.id, shards);
+        try_join_all((0..shards).map(|shard| async move {
+            let pk = shard_partition(scan_id, shard);
+            let mut ops = Vec::new();
+            let mut counters = Counters::default();
+            if shard == root_shard {
+                ops.push(BatchOperation::Insert(work_row(&pk, root)));
+                counters.created = 1;
+            }
+            ops.push(BatchOperation::Insert(counters.to_entity(&pk)));
+            self.store.submit_batch(self.work_table, &pk, &ops).await
+        }))
+        .await?;
+        Ok(())
+    }
+
+    pub async fn insert_scan(&self, record: &ScanRecord) -> Result<(), StorageError> {
+        let mut entity = Entity::new(record.id.clone(), SCAN_ROW);
+        let p = &mut entity.properties;
+        p.insert("State".into(), json!(record.state.as_str()));
+        p.insert("Request".into(), json!(record.request.to_string()));
+        p.insert("Shards".into(), json!(record.shards));
+        put_time(p, "StartedAt", record.started_at);
+        self.store
+            .submit_batch(
+                self.scans_table,
+                &record.id,
+                &[BatchOperation::Insert(entity)],
+            )
+            .await
+    }
+
+    fn parse_scan(entity: Entity, etag: String) -> Option<ScanRecord> {
+        let p = &entity.properties;
+        Some(ScanRecord {
+            state: ScanState::parse(&get_str(p, "State")?)?,
+            request: serde_json::from_str(&get_str(p, "Request")?).ok()?,
+            shards: p.get("Shards").and_then(Value::as_u64)? as u32,
+            started_at: get_time(p, "StartedAt")?,
+            completed_at: get_time(p, "CompletedAt"),
+            error: get_str(p, "Error"),
+            id: entity.partition_key,
+            etag,
+        })
+    }
+
+    pub async fn get_scan(&self, scan_id: &str) -> Result<Option<ScanRecord>, StorageError> {
+        match self
+            .store
+            .get_entity(self.scans_table, scan_id, SCAN_ROW)
+            .await
+        {
+            Ok(found) => Ok(found.and_then(|(e, etag)| Self::parse_scan(e, etag))),
+            // No scans table yet: no scan was ever started.
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The most recent scans, newest first (scan ids sort newest first).
+    pub async fn list_scans(&self, top: u32) -> Result<Vec<ScanRecord>, StorageError> {
+        let query = Query {
+            filter: Some(Filter::rk(CompareOp::Eq, SCAN_ROW)),
+            top: Some(top),
+            select: None,
+            continuation: None,
+        };
+        let mut scans = Vec::new();
+        let mut query = query;
+        // Follow continuations past empty pages until we have `top` rows or the table ends.
+        loop {
+            let page = self.store.query_page(self.scans_table, &query).await?;
+            scans.extend(
+                page.entities
+                    .into_iter()
+                    .filter_map(|e| Self::parse_scan(e, String::new())),
+            );
+            match page.continuation {
+                Some(c) if scans.len() < top as usize => query.continuation = Some(c),
+                _ => break,
+            }
+        }
+        scans.truncate(top as usize);
+        Ok(scans)
+    }
+
+    /// Moves a running scan to `state` (with `error`); returns false if it was no longer running.
+    pub async fn finish_scan(
+        &self,
+        scan_id: &str,
+        state: ScanState,
+        error: Option<&str>,
+    ) -> Result<bool, StorageError> {
+        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+            let Some(record) = self.get_scan(scan_id).await? else {
+                return Ok(false);
+            };
+            if record.state != ScanState::Running {
+                return Ok(false);
+            }
+            let mut entity = Entity::new(scan_id, SCAN_ROW);
+            entity
+                .properties
+                .insert("State".into(), json!(state.as_str()));
+            put_time(
+                &mut entity.properties,
+                "CompletedAt",
+                OffsetDateTime::now_utc(),
+            );
+            if let Some(e) = error {
+                entity
+                    .properties
+                    .insert("Error".into(), json!(truncate(e, 8000)));
+            }
+            let op = BatchOperation::Merge {
+                entity,
+                etag: Some(record.etag),
+            };
+            match self
+                .store
+                .submit_batch(self.scans_table, scan_id, &[op])
+                .await
+            {
+                Ok(()) => return Ok(true),
+                Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                    tokio::time::sleep(backoff(attempt)).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Transient,
+            "scan record stayed contended",
+        ))
+    }
+
+    async fn read_counter(
+        &self,
+        scan_id: &str,
+        shard: u32,
+    ) -> Result<(Counters, String), StorageError> {
+        let pk = shard_partition(scan_id, shard);
+        match self
+            .store
+            .get_entity(self.work_table, &pk, COUNTER_ROW)
+            .await?
+        {
+            Some((entity, etag)) => Ok((Counters::from_entity(&entity), etag)),
+            None => Err(StorageError::new(
+                StorageErrorKind::NotFound,
+                format!("counter row of {pk} is missing"),
+            )),
+        }
+    }
+
+    /// Every shard's counters, read concurrently.
+    pub async fn shard_counters(
+        &self,
+        scan_id: &str,
+        shards: u32,
+    ) -> Result<Vec<Counters>, StorageError> {
+        try_join_all(
+            (0..shards).map(|s| async move { self.read_counter(scan_id, s).await.map(|(c, _)| c) }),
+        )
+        .await
+    }
+
+    /// Sum of all shards' counters (not a snapshot; fine for display).
+    pub async fn totals(&self, scan_id: &str, shards: u32) -> Result<Counters, StorageError> {
+        Ok(self
+            .shard_counters(scan_id, shards)
+            .await?
+            .iter()
+            .fold(Counters::default(), |a, c| a.plus(c)))
+    }
+
+    /// Whether every registered work item has finished, judged on a consistent snapshot: two
+    /// collections of the (monotonic) counters that agree exactly.
+    pub async fn is_drained(&self, scan_id: &str, shards: u32) -> Result<bool, StorageError> {
+        let first = self.shard_counters(scan_id, shards).await?;
+        let total = first.iter().fold(Counters::default(), |a, c| a.plus(c));
+        if total.pending() != 0 {
+            return Ok(false);
+        }
+        let second = self.shard_counters(scan_id, shards).await?;
+        Ok(first == second)
+    }
+
+    /// Reads a work item's row.
+    pub async fn work_state(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+    ) -> Result<Option<WorkState>, StorageError> {
+        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        Ok(self
+            .store
+            .get_entity(self.work_table, &pk, work_id)
+            .await?
+            .map(
+                |(entity, etag)| match entity.properties.get("State").and_then(Value::as_str) {
+                    Some("pending") => WorkState::Pending { etag },
+                    Some("expanded") => {
+                        let outcome: String = (0..MAX_OUTCOME_CHUNKS)
+                            .map_while(|i| {
+                                entity
+                                    .properties
+                                    .get(&format!("Outcome{i}"))
+                                    .and_then(Value::as_str)
+                            })
+                            .collect();
+                        WorkState::Expanded { etag, outcome }
+                    }
+                    _ => WorkState::Finished,
+                },
+            ))
+    }
+
+    /// Records an item's outcome (`pending` → `expanded`) if no other execution did first.
+    /// Returns the row's new ETag.
+    pub async fn record_outcome(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        pending_etag: &str,
+        outcome: &str,
+    ) -> Result<String, RecordError> {
+        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        let chunks: Vec<String> = outcome
+            .chars()
+            .collect::<Vec<_>>()
+            .chunks(OUTCOME_CHUNK)
+            .map(|c| c.iter().collect())
+            .collect();
+        if chunks.len() > MAX_OUTCOME_CHUNKS {
+            return Err(RecordError::Storage(StorageError::invalid_input(format!(
+                "outcome of {work_id} is too large to record ({} chars)",
+                outcome.len()
+            ))));
+        }
+        let mut row = Entity::new(pk.clone(), work_id);
+        row.properties.insert("State".into(), json!("expanded"));
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            row.properties.insert(format!("Outcome{i}"), json!(chunk));
+        }
+        let op = BatchOperation::Merge {
+            entity: row,
+            etag: Some(pending_etag.to_string()),
+        };
+        match self.store.submit_batch(self.work_table, &pk, &[op]).await {
+            Ok(()) => match self.work_state(scan_id, shards, work_id).await? {
+                Some(WorkState::Expanded { etag, .. }) => Ok(etag),
+                other => Err(RecordError::Lost(other)),
+            },
+            Err(e)
+                if matches!(
+                    e.kind,
+                    StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                ) =>
+            {
+                Err(RecordError::Lost(
+                    self.work_state(scan_id, shards, work_id).await?,
+                ))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Registers children: inserts each missing row together with its shard's `Created` count.
+    /// Rows that already exist (from an earlier attempt of the same parent) are left alone.
+    pub async fn register_children(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        children: &[NewWork],
+    ) -> Result<(), StorageError> {
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<&NewWork>> = Default::default();
+        for child in children {
+            by_shard
+                .entry(shard_of(&child.id, shards))
+                .or_default()
+                .push(child);
+        }
+        let groups: Vec<(u32, Vec<&NewWork>)> = by_shard
+            .into_iter()
+            .flat_map(|(shard, items)| {
+                items
+                    .chunks(99)
+                    .map(|c| (shard, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        try_join_all(
+            groups
+                .into_iter()
+                .map(|(shard, items)| self.register_group(scan_id, shard, items)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn register_group(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        mut items: Vec<&NewWork>,
+    ) -> Result<(), StorageError> {
+        let pk = shard_partition(scan_id, shard);
+        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+            if items.is_empty() {
+                return Ok(());
+            }
+            let (counters, etag) = self.read_counter(scan_id, shard).await?;
+            let mut ops: Vec<BatchOperation> = items
+                .iter()
+                .map(|w| BatchOperation::Insert(work_row(&pk, w)))
+                .collect();
+            let updated = Counters {
+                created: counters.created + items.len() as i64,
+                ..counters
+            };
+            ops.push(BatchOperation::Replace {
+                entity: updated.to_entity(&pk),
+                etag: Some(etag),
+            });
+            match self.store.submit_batch(self.work_table, &pk, &ops).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                    tokio::time::sleep(backoff(attempt)).await
+                }
+                Err(e) if e.kind == StorageErrorKind::Conflict => match e.failed_operation {
+                    Some(i) if i < items.len() => {
+                        items.remove(i);
+                    }
+                    _ => {
+                        // The service did not say which insert failed: look them up.
+                        let mut missing = Vec::new();
+                        for item in items {
+                            if self
+                                .store
+                                .get_entity(self.work_table, &pk, &item.id)
+                                .await?
+                                .is_none()
+                            {
+                                missing.push(item);
+                            }
+                        }
+                        items = missing;
+                    }
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Transient,
+            format!("counter of {pk} stayed contended"),
+        ))
+    }
+
+    /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
+    /// counter row. `delta.completed` is set here.
+    pub async fn complete(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        failure: Option<&str>,
+    ) -> Result<Completion, StorageError> {
+        let shard = shard_of(work_id, shards);
+        let pk = shard_partition(scan_id, shard);
+        delta.completed = 1;
+        delta.failed = i64::from(failure.is_some());
+        delta.messages = 1;
+        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+            let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
+            let updated = counters.plus(&delta);
+            let mut row = Entity::new(pk.clone(), work_id);
+            row.properties.insert(
+                "State".into(),
+                json!(if failure.is_some() { "failed" } else { "done" }),
+            );
+            put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
+            if let Some(f) = failure {
+                row.properties
+                    .insert("Error".into(), json!(truncate(f, 8000)));
+            }
+            let ops = [
+                // Replace, not merge: the recorded outcome is no longer needed.
+                BatchOperation::Replace {
+                    entity: row,
+                    etag: Some(work_etag.to_string()),
+                },
+                BatchOperation::Replace {
+                    entity: updated.to_entity(&pk),
+                    etag: Some(counter_etag),
+                },
+            ];
+            match self.store.submit_batch(self.work_table, &pk, &ops).await {
+                Ok(()) => {
+                    return Ok(Completion::Committed {
+                        shard_idle: updated.pending() == 0,
+                    })
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                    ) =>
+                {
+                    match e.failed_operation {
+                        Some(0) => return Ok(Completion::Duplicate),
+                        Some(_) => {}
+                        None => match self.work_state(scan_id, shards, work_id).await? {
+                            Some(
+                                WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
+                            ) if etag == work_etag => {}
+                            _ => return Ok(Completion::Duplicate),
+                        },
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Transient,
+            format!("counter of {pk} stayed contended"),
+        ))
+    }
+}
+
+fn work_row(partition_key: &str, work: &NewWork) -> Entity {
+    let mut row = Entity::new(partition_key, work.id.clone());
+    row.properties.insert("State".into(), json!("pending"));
+    row.properties.insert("Kind".into(), json!(work.kind));
+    put_time(&mut row.properties, "CreatedAt", OffsetDateTime::now_utc());
+    row
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    s.chars().take(max_chars).collect()
+}

@@ -1,0 +1,74 @@
+//! Azure naming and key rules, checked before anything is written.
+
+/// Azure table names: 3–63 alphanumeric characters starting with a letter, not `tables`.
+pub fn table_name(name: &str) -> Result<(), String> {
+    let ok_chars = name.chars().all(|c| c.is_ascii_alphanumeric());
+    let starts_with_letter = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic());
+    if !(3..=63).contains(&name.len()) || !ok_chars || !starts_with_letter {
+        return Err(format!(
+            "{name:?} is not a valid table name (3-63 letters and digits, starting with a letter)"
+        ));
+    }
+    if name.eq_ignore_ascii_case("tables") {
+        return Err("\"tables\" is a reserved table name".into());
+    }
+    Ok(())
+}
+
+/// Azure queue names: 3–63 lowercase letters, digits and single hyphens, starting and ending
+/// with a letter or digit. Leaves room for the host's `-poison` suffix.
+pub fn queue_name(name: &str) -> Result<(), String> {
+    let valid = (3..=56).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid queue name (3-56 lowercase letters, digits and single hyphens, so that \"-poison\" still fits)"
+        ))
+    }
+}
+
+/// Characters Azure forbids in PartitionKey and RowKey values: `/`, `\`, `#`, `?` and control
+/// characters U+0000–U+001F and U+007F–U+009F. Keys are also limited to 1 KiB.
+pub fn key(value: &str) -> Result<(), String> {
+    if let Some(c) = value
+        .chars()
+        .find(|c| matches!(c, '/' | '\\' | '#' | '?') || c.is_control())
+    {
+        return Err(format!(
+            "contains the character {c:?}, which Azure does not allow in keys"
+        ));
+    }
+    if value.encode_utf16().count() * 2 > 1024 {
+        return Err("is longer than the 1 KiB Azure allows for a key".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_keys() {
+        assert!(table_name("Source1").is_ok());
+        assert!(table_name("1abc").is_err());
+        assert!(table_name("ab").is_err());
+        assert!(table_name("has-dash").is_err());
+        assert!(table_name("Tables").is_err());
+        assert!(queue_name("tablescan-prefixscan").is_ok());
+        assert!(queue_name("Upper").is_err());
+        assert!(queue_name("a--b").is_err());
+        assert!(key("Microsoft.Extensions").is_ok());
+        assert!(key("a/b").is_err());
+        assert!(key("tab\there").is_err());
+        assert!(key("\u{7F}").is_err());
+        assert!(key(&"x".repeat(600)).is_err());
+    }
+}

@@ -1,0 +1,404 @@
+//! The life of one queue work item, shared by the PrefixScan and TableCopy functions:
+//! decode → check the scan is running and the item unfinished → execute (or adopt the outcome
+//! an earlier execution recorded) → register and enqueue children → commit completion with
+//! counters → detect the end of the scan. See `tracking` for why this is exact under
+//! at-least-once delivery.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use futures::future::try_join_all;
+use serde::{Deserialize, Serialize};
+
+use crate::storage::{QueueStore, StorageError, TableStore};
+
+use super::config::STORAGE_SETTING;
+use super::messages::{
+    self, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
+};
+use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
+use super::state::{AppState, Counted};
+use super::tracking::{Completion, Counters, NewWork, RecordError, ScanState, WorkState};
+
+/// What executing a work item produced: children to spawn and counters to add.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkOutcome {
+    #[serde(rename = "c")]
+    pub children: Vec<ChildSpec>,
+    #[serde(rename = "d")]
+    pub delta: Counters,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<crate::scan::ScanError> for WorkError {
+    fn from(e: crate::scan::ScanError) -> Self {
+        match e {
+            crate::scan::ScanError::Storage(s) => WorkError::Storage(s),
+            other => WorkError::Failed(other.to_string()),
+        }
+    }
+}
+
+impl From<MessageError> for WorkError {
+    fn from(e: MessageError) -> Self {
+        WorkError::Failed(e.to_string())
+    }
+}
+
+/// Where a begun item stands.
+enum Progress {
+    /// Not executed yet: execute it, then record the outcome under this ETag.
+    Fresh { etag: String },
+    /// An earlier execution recorded this outcome: finish it without executing again.
+    Recorded { etag: String, outcome: WorkOutcome },
+}
+
+/// A decoded, unfinished work item.
+pub struct Begun<M> {
+    pub message: M,
+    pub invocation: QueueInvocation,
+    pub work_id: String,
+    progress: Progress,
+    /// Storage requests made on behalf of this item.
+    pub requests: Arc<AtomicU64>,
+}
+
+impl<M> Begun<M> {
+    /// Whether the item still has to be executed (no outcome was recorded by an earlier attempt).
+    pub fn needs_execution(&self) -> bool {
+        matches!(self.progress, Progress::Fresh { .. })
+    }
+}
+
+/// Messages that belong to a scan.
+pub trait ScanWork: WorkMessage {
+    fn scan(&self) -> &ScanContext;
+}
+
+impl ScanWork for StepMessage {
+    fn scan(&self) -> &ScanContext {
+        &self.scan
+    }
+}
+
+impl ScanWork for CopyMessage {
+    fn scan(&self) -> &ScanContext {
+        &self.scan
+    }
+}
+
+fn reply(status: StatusCode, line: String) -> InvocationResponse {
+    if status.is_success() {
+        tracing::info!("{line}");
+        InvocationResponse::ok(vec![line])
+    } else {
+        tracing::warn!("{line}");
+        InvocationResponse::failed(status, vec![line])
+    }
+}
+
+fn parse_outcome(work_id: &str, json: &str) -> Result<WorkOutcome, WorkError> {
+    serde_json::from_str(json)
+        .map_err(|e| WorkError::Failed(format!("{work_id}: recorded outcome is unreadable: {e}")))
+}
+
+impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+    /// A store for `connection` that counts requests into `requests`.
+    pub fn counted_table(
+        &self,
+        connection: &str,
+        requests: &Arc<AtomicU64>,
+    ) -> Result<Counted<T>, WorkError> {
+        let store = self.tables.get(connection).ok_or_else(|| {
+            WorkError::Failed(format!(
+                "connection {connection} is not configured on this app"
+            ))
+        })?;
+        Ok(Counted::new(store.clone(), requests.clone()))
+    }
+
+    /// The queue message of a child of `scan`.
+    fn child_message(
+        &self,
+        scan: &ScanContext,
+        child: &ChildSpec,
+    ) -> Result<(String, &'static str, String, String), MessageError> {
+        match child {
+            ChildSpec::Step(step) => {
+                let m = StepMessage {
+                    scan: scan.clone(),
+                    step: step.clone(),
+                };
+                Ok((
+                    messages::work_id(&m),
+                    StepMessage::NAME,
+                    self.config.prefix_scan_queue.clone(),
+                    messages::encode(&m)?,
+                ))
+            }
+            ChildSpec::Copy(work) => {
+                let m = CopyMessage {
+                    scan: scan.clone(),
+                    work: work.clone(),
+                };
+                Ok((
+                    messages::work_id(&m),
+                    CopyMessage::NAME,
+                    self.config.table_copy_queue.clone(),
+                    messages::encode(&m)?,
+                ))
+            }
+        }
+    }
+
+    /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
+    /// send right away (malformed message, duplicate, dropped scan).
+    pub async fn begin<M: ScanWork>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
+        let request: InvocationRequest = serde_json::from_slice(body).map_err(|e| {
+            reply(
+                StatusCode::BAD_REQUEST,
+                format!("invalid invocation payload: {e}"),
+            )
+        })?;
+        let invocation = request
+            .queue_invocation()
+            .map_err(|e| reply(StatusCode::BAD_REQUEST, e.to_string()))?;
+        // A message that cannot be decoded never will be: fail it so the host poisons it.
+        let message: M = messages::decode(&invocation.message).map_err(|e| {
+            reply(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("rejected {} message: {e}", M::NAME),
+            )
+        })?;
+        let work_id = messages::work_id(&message);
+        let scan = message.scan();
+        let requests = Arc::new(AtomicU64::new(0));
+        let store = self
+            .counted_table(STORAGE_SETTING, &requests)
+            .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let tracker = self.tracker_on(&store);
+        let last_attempt = invocation.dequeue_count >= self.config.max_dequeue_count;
+        let storage_failure = |e: StorageError| {
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{work_id}: storage: {e}"),
+            )
+        };
+        match tracker
+            .get_scan(&scan.scan_id)
+            .await
+            .map_err(storage_failure)?
+        {
+            None if last_attempt => {
+                return Err(reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: scan {} does not exist; dropping the message",
+                        scan.scan_id
+                    ),
+                ))
+            }
+            // The starter writes the record right after queuing the root: retry until it exists.
+            None => {
+                return Err(reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: scan {} is not recorded yet", scan.scan_id),
+                ))
+            }
+            Some(record) if record.state != ScanState::Running => {
+                return Err(reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: scan {} is {}; dropping its work",
+                        scan.scan_id,
+                        record.state.as_str()
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+        let progress = match tracker
+            .work_state(&scan.scan_id, scan.shards, &work_id)
+            .await
+            .map_err(storage_failure)?
+        {
+            Some(WorkState::Pending { etag }) => Progress::Fresh { etag },
+            Some(WorkState::Expanded { etag, outcome }) => {
+                let outcome = parse_outcome(&work_id, &outcome)
+                    .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                Progress::Recorded { etag, outcome }
+            }
+            Some(WorkState::Finished) => {
+                return Err(reply(
+                    StatusCode::OK,
+                    format!("{work_id}: already done (duplicate delivery)"),
+                ))
+            }
+            None => {
+                return Err(reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "{work_id}: no work row for this message in scan {}",
+                        scan.scan_id
+                    ),
+                ))
+            }
+        };
+        Ok(Begun {
+            message,
+            invocation,
+            work_id,
+            progress,
+            requests,
+        })
+    }
+
+    /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
+    /// `result` is ignored when an earlier execution's outcome was recorded.
+    pub async fn finish<M: ScanWork>(
+        &self,
+        begun: Begun<M>,
+        result: Result<WorkOutcome, WorkError>,
+    ) -> InvocationResponse {
+        let scan_id = begun.message.scan().scan_id.clone();
+        match self.commit(&begun, result).await {
+            Ok(line) => reply(StatusCode::OK, line),
+            Err(e) => {
+                let status = match &e {
+                    WorkError::Storage(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                reply(
+                    status,
+                    format!(
+                        "{} (scan {scan_id}, attempt {}): {e}",
+                        begun.work_id, begun.invocation.dequeue_count
+                    ),
+                )
+            }
+        }
+    }
+
+    async fn commit<M: ScanWork>(
+        &self,
+        begun: &Begun<M>,
+        result: Result<WorkOutcome, WorkError>,
+    ) -> Result<String, WorkError> {
+        let scan = begun.message.scan();
+        let store = self.counted_table(STORAGE_SETTING, &begun.requests)?;
+        let tracker = self.tracker_on(&store);
+        let (etag, outcome) = match (&begun.progress, result) {
+            (Progress::Recorded { etag, outcome }, _) => (etag.clone(), outcome.clone()),
+            (Progress::Fresh { etag }, Ok(outcome)) => {
+                let json = serde_json::to_string(&outcome).expect("outcomes serialize");
+                match tracker
+                    .record_outcome(&scan.scan_id, scan.shards, &begun.work_id, etag, &json)
+                    .await
+                {
+                    Ok(etag) => (etag, outcome),
+                    // Another execution got there first: its outcome is the one that counts.
+                    Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
+                        (etag, parse_outcome(&begun.work_id, &outcome)?)
+                    }
+                    Err(RecordError::Lost(_)) => {
+                        return Ok(format!("{}: finished by another delivery", begun.work_id))
+                    }
+                    Err(RecordError::Storage(e)) => return Err(e.into()),
+                }
+            }
+            (Progress::Fresh { etag }, Err(e))
+                if begun.invocation.dequeue_count >= self.config.max_dequeue_count =>
+            {
+                let reason = format!(
+                    "work item {} ({}) failed after {} attempts: {e}",
+                    begun.work_id,
+                    M::NAME,
+                    begun.invocation.dequeue_count
+                );
+                tracker
+                    .complete(
+                        &scan.scan_id,
+                        scan.shards,
+                        &begun.work_id,
+                        etag,
+                        Counters::default(),
+                        Some(&reason),
+                    )
+                    .await?;
+                tracker
+                    .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
+                    .await?;
+                return Err(WorkError::Failed(reason));
+            }
+            (Progress::Fresh { .. }, Err(e)) => return Err(e),
+        };
+
+        let children = outcome
+            .children
+            .iter()
+            .map(|c| self.child_message(scan, c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let new_work: Vec<NewWork> = children
+            .iter()
+            .map(|(id, kind, _, _)| NewWork {
+                id: id.clone(),
+                kind,
+            })
+            .collect();
+        tracker
+            .register_children(&scan.scan_id, scan.shards, &new_work)
+            .await?;
+        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
+        try_join_all(
+            children
+                .iter()
+                .map(|(_, _, queue, text)| queues.put_message(queue, text, Duration::ZERO)),
+        )
+        .await?;
+        let mut delta = outcome.delta;
+        // Count the completion's own counter read and transaction too.
+        delta.storage_requests = begun.requests.load(Ordering::Relaxed) as i64 + 2;
+        match tracker
+            .complete(
+                &scan.scan_id,
+                scan.shards,
+                &begun.work_id,
+                &etag,
+                delta,
+                None,
+            )
+            .await?
+        {
+            Completion::Duplicate => Ok(format!(
+                "{}: completed concurrently by another delivery",
+                begun.work_id
+            )),
+            Completion::Committed { shard_idle } => {
+                if shard_idle
+                    && tracker.is_drained(&scan.scan_id, scan.shards).await?
+                    && tracker
+                        .finish_scan(&scan.scan_id, ScanState::Completed, None)
+                        .await?
+                {
+                    tracing::info!(scan = %scan.scan_id, "scan completed");
+                }
+                Ok(format!(
+                    "{}: done ({} children, {} rows scanned, {} rows written)",
+                    begun.work_id,
+                    children.len(),
+                    delta.rows_scanned,
+                    delta.rows_written
+                ))
+            }
+        }
+    }
+}

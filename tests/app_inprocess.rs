@@ -1,0 +1,473 @@
+//! The function app's router in-process (`oneshot`): protocol handling, API validation, and the
+//! whole work-item lifecycle driven by a test pump that delivers queue messages like the host
+//! does — including duplicate deliveries. Storage here is the in-memory store: these are fast
+//! logic tests; the end-to-end tests run the real binary under the local host on Azurite.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use tablescan::app::config::Config;
+use tablescan::app::server::app;
+use tablescan::app::state::AppState;
+use tablescan::storage::memory::{MemoryTableStore, Pagination};
+use tablescan::storage::memory_queue::MemoryQueueStore;
+use tablescan::storage::{Entity, MessageEncoding, QueueStore};
+
+type State = Arc<AppState<MemoryTableStore, MemoryQueueStore>>;
+
+fn state_with(tables: MemoryTableStore, extra: &[(&str, &str)]) -> (State, MemoryQueueStore) {
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    settings.insert(
+        "AzureWebJobsStorage".into(),
+        "UseDevelopmentStorage=true".into(),
+    );
+    settings.insert("TABLESCAN_COUNTER_SHARDS".into(), "4".into());
+    for (k, v) in extra {
+        settings.insert(k.to_string(), v.to_string());
+    }
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    let mut map = BTreeMap::new();
+    map.insert("AzureWebJobsStorage".to_string(), tables);
+    (AppState::new(config, map, queues.clone()), queues)
+}
+
+async fn call(
+    state: &State,
+    method: &str,
+    uri: &str,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> (StatusCode, Value) {
+    let mut builder = Request::builder().method(method).uri(uri);
+    if let Some(ct) = content_type {
+        builder = builder.header("content-type", ct);
+    }
+    let response = app(state.clone())
+        .oneshot(builder.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let ct = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        ct.as_deref(),
+        Some("application/json"),
+        "every response is JSON ({method} {uri} → {status})"
+    );
+    (status, serde_json::from_slice(&bytes).expect("JSON body"))
+}
+
+async fn post_json(state: &State, uri: &str, body: Value) -> (StatusCode, Value) {
+    call(
+        state,
+        "POST",
+        uri,
+        Some("application/json"),
+        body.to_string().into_bytes(),
+    )
+    .await
+}
+
+/// Builds the host's payload for a queue message exactly as §3.3 of the protocol reference.
+fn host_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str) -> Vec<u8> {
+    let double = serde_json::to_string(decoded).unwrap();
+    json!({
+        "Data": { "message": double },
+        "Metadata": {
+            "DequeueCount": dequeue_count.to_string(),
+            "Id": format!("\"{id}\""),
+            "PopReceipt": "\"pop\"",
+            "InsertionTime": "2026-11-22T00:00:00+00:00",
+            "sys": { "MethodName": function, "UtcNow": "2026-11-22T00:00:00Z", "RandGuid": "00000000-0000-0000-0000-000000000000" }
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Delivers messages until both queues are empty. With `duplicates`, each message is delivered
+/// twice concurrently before it is deleted. Returns invocations made.
+async fn pump(
+    state: &State,
+    queues: &MemoryQueueStore,
+    duplicates: bool,
+    max_dequeue: u64,
+) -> usize {
+    let mut invocations = 0;
+    for _ in 0..10_000 {
+        let mut any = false;
+        for (queue, function) in [
+            ("tablescan-prefixscan", "PrefixScan"),
+            ("tablescan-tablecopy", "TableCopy"),
+        ] {
+            let messages = queues
+                .get_messages(queue, 32, std::time::Duration::ZERO)
+                .await
+                .unwrap_or_default();
+            for m in messages {
+                any = true;
+                let decoded =
+                    String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap()).unwrap();
+                let payload = host_payload(function, &decoded, m.dequeue_count, &m.id);
+                let uri = format!("/{function}");
+                let (status, _) = if duplicates {
+                    let (a, b) = tokio::join!(
+                        call(
+                            state,
+                            "POST",
+                            &uri,
+                            Some("application/json"),
+                            payload.clone()
+                        ),
+                        call(
+                            state,
+                            "POST",
+                            &uri,
+                            Some("application/json"),
+                            payload.clone()
+                        )
+                    );
+                    invocations += 1;
+                    if a.0.is_success() {
+                        a
+                    } else {
+                        b
+                    }
+                } else {
+                    call(state, "POST", &uri, Some("application/json"), payload).await
+                };
+                invocations += 1;
+                if status.is_success() || m.dequeue_count >= max_dequeue {
+                    queues
+                        .delete_message(queue, &m.id, &m.pop_receipt)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        if !any {
+            return invocations;
+        }
+    }
+    panic!("queues never drained");
+}
+
+fn source_rows() -> Vec<Entity> {
+    let mut rows = Vec::new();
+    for (i, pk) in [
+        "",
+        "Microsoft.A",
+        "Microsoft.AspNet",
+        "Microsoft.AspNet.Mvc",
+        "System.X",
+        "it's",
+        "Z\u{FFFF}",
+        "\u{1F600}",
+    ]
+    .iter()
+    .enumerate()
+    {
+        for v in 0..(3 + i * 7) {
+            let mut e = Entity::new(*pk, format!("{v}.0.{i}"));
+            e.properties
+                .insert("Downloads".into(), json!(format!("{}", v * 1000)));
+            e.properties
+                .insert("Downloads@odata.type".into(), json!("Edm.Int64"));
+            e.properties.insert("Listed".into(), json!(v % 2 == 0));
+            e.properties
+                .insert("Title".into(), json!(format!("package {pk} v{v}")));
+            rows.push(e);
+        }
+    }
+    rows
+}
+
+#[tokio::test]
+async fn copy_scan_completes_exactly_with_duplicate_deliveries() {
+    for (duplicates, strategy, take) in [
+        (false, "prefix", 2),
+        (true, "prefix", 3),
+        (true, "serial", 5),
+    ] {
+        let tables = MemoryTableStore::new(Pagination::adversarial(7, 0.2));
+        tables.load("Source", source_rows());
+        let (state, queues) = state_with(tables.clone(), &[]);
+        let (status, body) = post_json(&state, "/api/scans", json!({
+            "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "strategy": strategy, "takeCount": take
+        }))
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        let id = body["id"].as_str().unwrap().to_string();
+        assert_eq!(body["state"], "running");
+
+        pump(&state, &queues, duplicates, 5).await;
+        let (status, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+        assert_eq!(status, StatusCode::OK);
+        let total = source_rows().len() as i64;
+        assert_eq!(body["state"], "completed", "{body}");
+        assert_eq!(body["rowsScanned"], total, "{body}");
+        assert_eq!(body["rowsWritten"], total, "{body}");
+        assert_eq!(body["pendingWorkItems"], 0);
+        assert_eq!(body["failedWorkItems"], 0);
+        assert!(body["completedAt"].is_string());
+        assert_eq!(
+            tables.rows("Dest"),
+            tables.rows("Source"),
+            "destination equals source ({strategy}, dup {duplicates})"
+        );
+        assert!(queues.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn count_scan_with_prefix_and_bounds() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (status, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({
+            "driver": "count", "sourceTable": "Source", "partitionKeyPrefix": "Microsoft.",
+            "partitionKeyLowerBound": "Microsoft.A", "takeCount": 1
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    pump(&state, &queues, false, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    let expected = source_rows()
+        .iter()
+        .filter(|e| {
+            e.partition_key.starts_with("Microsoft.") && e.partition_key.as_str() > "Microsoft.A"
+        })
+        .count();
+    assert_eq!(body["state"], "completed");
+    assert_eq!(body["rowsScanned"], expected as i64);
+    assert_eq!(body["rowsWritten"], 0);
+    assert!(tables.rows("Dest").is_empty());
+}
+
+#[tokio::test]
+async fn poisoned_work_fails_the_scan_with_a_reason() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[("TABLESCAN_TEST_FAIL_PREFIX", "System.")]);
+    let (_, body) = post_json(&state, "/api/scans", json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "takeCount": 2})).await;
+    let id = body["id"].as_str().unwrap().to_string();
+    pump(&state, &queues, false, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(body["state"], "failed", "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("System."),
+        "{body}"
+    );
+    assert_eq!(body["failedWorkItems"], 1);
+}
+
+#[tokio::test]
+async fn cancel_drops_pending_work() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (_, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "count", "sourceTable": "Source", "takeCount": 1}),
+    )
+    .await;
+    let id = body["id"].as_str().unwrap().to_string();
+    let (status, body) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["state"], "cancelled");
+    pump(&state, &queues, false, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(body["state"], "cancelled");
+    assert_eq!(body["rowsScanned"], 0);
+    let (status, body) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = call(&state, "GET", "/api/scans", None, vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["scans"][0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn bad_requests_get_4xx_naming_the_field_and_write_nothing() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let base = json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest"});
+    let with = |k: &str, v: Value| {
+        let mut b = base.clone();
+        b[k] = v;
+        b
+    };
+    let without = |k: &str| {
+        let mut b = base.clone();
+        b.as_object_mut().unwrap().remove(k);
+        b
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (with("takeCount", json!(0)), "takeCount"),
+        (with("takeCount", json!(1001)), "takeCount"),
+        (with("takeCount", json!("ten")), "takeCount"),
+        (with("driver", json!("delete")), "driver"),
+        (without("driver"), "driver"),
+        (without("sourceTable"), "sourceTable"),
+        (without("destinationTable"), "destinationTable"),
+        (with("sourceTable", json!("bad-name")), "sourceTable"),
+        (with("sourceTable", json!("Missing")), "sourceTable"),
+        (
+            with("destinationTable", json!("source")),
+            "destinationTable",
+        ),
+        (with("surprise", json!(1)), "surprise"),
+        (
+            with("partitionKeyPrefix", json!("a/b")),
+            "partitionKeyPrefix",
+        ),
+        (
+            with("partitionKeyLowerBound", json!("x#")),
+            "partitionKeyLowerBound",
+        ),
+        (
+            with("partitionKeyUpperBound", json!("\u{1}")),
+            "partitionKeyUpperBound",
+        ),
+        (
+            json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "partitionKeyLowerBound": "b", "partitionKeyUpperBound": "a"}),
+            "partitionKeyLowerBound",
+        ),
+        (
+            with("segmentsPerFirstPrefix", json!(0)),
+            "segmentsPerFirstPrefix",
+        ),
+        (
+            with(
+                "sourceConnection",
+                json!("DefaultEndpointsProtocol=https;AccountName=x;AccountKey=y"),
+            ),
+            "sourceConnection",
+        ),
+        (
+            json!({"driver": "count", "sourceTable": "Source", "destinationTable": "Dest"}),
+            "destinationTable",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+        assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
+    }
+    let (status, reply) = call(
+        &state,
+        "POST",
+        "/api/scans",
+        Some("application/json"),
+        b"{not json".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("InvalidJson"))
+    );
+    let (status, _) = call(
+        &state,
+        "POST",
+        "/api/scans",
+        Some("text/plain"),
+        base.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let huge = json!({"driver": "count", "sourceTable": "Source", "partitionKeyPrefix": "x".repeat(100_000)});
+    let (status, _) = post_json(&state, "/api/scans", huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, reply) = call(
+        &state,
+        "GET",
+        "/api/scans/0000000000000-deadbeef",
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("NotFound"))
+    );
+    let (status, _) = call(&state, "GET", "/api/scans/../etc", None, vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, reply) = call(
+        &state,
+        "PUT",
+        "/api/scans",
+        Some("application/json"),
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("MethodNotAllowed"))
+    );
+    // Nothing was written: no bookkeeping tables, no destination, no queue messages.
+    assert!(tables.rows("Dest").is_empty());
+    assert!(tables.rows("TablescanScans").is_empty());
+    assert!(queues.is_empty());
+}
+
+#[tokio::test]
+async fn queue_functions_reject_malformed_invocations_with_json_errors() {
+    let (state, _) = state_with(MemoryTableStore::default(), &[]);
+    let (status, _) = call(&state, "GET", "/", None, vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    let cases: Vec<Vec<u8>> = vec![
+        b"not json".to_vec(),
+        json!({"Data": {}}).to_string().into_bytes(),
+        host_payload(
+            "PrefixScan",
+            "{\"n\":\"scan-step\",\"v\":9,\"d\":{}}",
+            1,
+            "a",
+        ),
+        host_payload(
+            "PrefixScan",
+            "{\"n\":\"table-copy\",\"v\":1,\"d\":{}}",
+            1,
+            "a",
+        ),
+        host_payload(
+            "PrefixScan",
+            "{\"n\":\"scan-step\",\"v\":1,\"d\":{\"s\":",
+            1,
+            "a",
+        ),
+    ];
+    for payload in cases {
+        let (status, body) = call(
+            &state,
+            "POST",
+            "/PrefixScan",
+            Some("application/json"),
+            payload.clone(),
+        )
+        .await;
+        assert!(
+            status.is_client_error() || status.is_server_error(),
+            "{}",
+            String::from_utf8_lossy(&payload)
+        );
+        assert!(body["Logs"][0].as_str().is_some(), "{body}");
+        assert!(body.get("Outputs").is_some());
+    }
+}
