@@ -194,16 +194,17 @@ fn source_rows() -> Vec<Entity> {
 
 #[tokio::test]
 async fn copy_scan_completes_exactly_with_duplicate_deliveries() {
-    for (duplicates, strategy, take) in [
-        (false, "prefix", 2),
-        (true, "prefix", 3),
-        (true, "serial", 5),
+    for (duplicates, strategy, take, split) in [
+        (false, "prefix", 2, "page"),
+        (true, "prefix", 3, "page"),
+        (true, "serial", 5, "page"),
+        (true, "prefix", 4, "partitionKey"),
     ] {
         let tables = MemoryTableStore::new(Pagination::adversarial(7, 0.2));
         tables.load("Source", source_rows());
         let (state, queues) = state_with(tables.clone(), &[]);
         let (status, body) = post_json(&state, "/api/scans", json!({
-            "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "strategy": strategy, "takeCount": take
+            "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "strategy": strategy, "takeCount": take, "workSplit": split
         }))
         .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");

@@ -49,6 +49,13 @@ pub struct ScanContext {
     pub destination: Option<TableRef>,
     #[serde(rename = "p")]
     pub params: ScanParameters,
+    /// How copy work is split (copy driver only).
+    #[serde(rename = "ws", default, skip_serializing_if = "is_default_split")]
+    pub work_split: WorkSplit,
+}
+
+fn is_default_split(split: &WorkSplit) -> bool {
+    *split == WorkSplit::Page
 }
 
 /// A typed queue message: its envelope name and version, and the function that handles it.
@@ -98,6 +105,20 @@ pub enum CopyWork {
         from: (String, String),
         to: (String, String),
     },
+    /// The reference design's split (kept for honest comparison): named rows of one partition,
+    /// re-read with `PK eq pk and RK between first and last` and checked to all be there.
+    Rows { pk: String, row_keys: Vec<String> },
+}
+
+/// How the copy driver splits work into TableCopy messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WorkSplit {
+    /// One work item per scanned page (tablescan's design): about one extra read per 1,000 rows.
+    #[default]
+    Page,
+    /// One work item per partition key carrying its row keys (the reference design).
+    PartitionKey,
 }
 
 /// A child a work item spawns, in the compact form recorded on the parent's row.
@@ -209,6 +230,7 @@ mod tests {
                 table: "Dst".into(),
             }),
             params: ScanParameters::default(),
+            work_split: WorkSplit::Page,
         }
     }
 

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 
-use crate::app::messages::{ChildSpec, CopyWork, Driver, StepMessage};
+use crate::app::messages::{
+    self, ChildSpec, CopyMessage, CopyWork, Driver, ScanContext, StepMessage, WorkSplit,
+};
 use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::{Scanner, Step};
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::{Entity, QueueStore, TableStore, MAX_MESSAGE_TEXT};
 
 pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
@@ -60,16 +62,123 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
             Step::Segment { entities, .. } => {
                 outcome.delta.rows_scanned += entities.len() as i64;
                 if scan.driver == Driver::Copy {
-                    let (first, last) = (&entities[0], &entities[entities.len() - 1]);
-                    let work = CopyWork::Range {
-                        from: (first.partition_key.clone(), first.row_key.clone()),
-                        to: (last.partition_key.clone(), last.row_key.clone()),
-                    };
-                    outcome.children.push(ChildSpec::Copy(work));
+                    outcome.children.extend(
+                        copy_work(scan.work_split, &entities)
+                            .into_iter()
+                            .map(ChildSpec::Copy),
+                    );
                 }
             }
             next => outcome.children.push(ChildSpec::Step(next)),
         }
     }
     Ok(outcome)
+}
+
+/// Splits one scanned page (keys only, in order) into copy work items.
+pub fn copy_work(split: WorkSplit, rows: &[Entity]) -> Vec<CopyWork> {
+    match split {
+        WorkSplit::Page => {
+            let (first, last) = (&rows[0], &rows[rows.len() - 1]);
+            vec![CopyWork::Range {
+                from: (first.partition_key.clone(), first.row_key.clone()),
+                to: (last.partition_key.clone(), last.row_key.clone()),
+            }]
+        }
+        WorkSplit::PartitionKey => {
+            let mut out = Vec::new();
+            for group in rows.chunk_by(|a, b| a.partition_key == b.partition_key) {
+                let row_keys: Vec<String> = group.iter().map(|e| e.row_key.clone()).collect();
+                split_rows(&group[0].partition_key, row_keys, &mut out);
+            }
+            out
+        }
+    }
+}
+
+/// Halves a partition's row-key list until each message fits the queue (as the reference does).
+fn split_rows(pk: &str, row_keys: Vec<String>, out: &mut Vec<CopyWork>) {
+    let work = CopyWork::Rows {
+        pk: pk.to_string(),
+        row_keys,
+    };
+    let fits = || -> bool {
+        // Size as it will be queued: envelope with a scan context, base64-encoded.
+        let bytes = serde_json::to_vec(&work)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        (bytes + 2048) * 4 / 3 < MAX_MESSAGE_TEXT
+    };
+    if fits() {
+        out.push(work);
+        return;
+    }
+    let CopyWork::Rows { row_keys, .. } = work else {
+        unreachable!()
+    };
+    if row_keys.len() == 1 {
+        out.push(CopyWork::Rows {
+            pk: pk.to_string(),
+            row_keys,
+        });
+        return;
+    }
+    let mut first = row_keys;
+    let second = first.split_off(first.len() / 2);
+    split_rows(pk, first, out);
+    split_rows(pk, second, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_split_is_one_item_per_partition_and_fits_the_queue() {
+        let mut rows = vec![
+            Entity::new("a", "1"),
+            Entity::new("a", "2"),
+            Entity::new("b", "1"),
+        ];
+        let items = copy_work(WorkSplit::PartitionKey, &rows);
+        assert_eq!(items.len(), 2);
+        rows.clear();
+        for i in 0..1000 {
+            rows.push(Entity::new("big", format!("{i:04}-{}", "r".repeat(200))));
+        }
+        let items = copy_work(WorkSplit::PartitionKey, &rows);
+        assert!(items.len() >= 4, "{} items", items.len());
+        let total: usize = items
+            .iter()
+            .map(|w| {
+                if let CopyWork::Rows { row_keys, .. } = w {
+                    row_keys.len()
+                } else {
+                    0
+                }
+            })
+            .sum();
+        assert_eq!(total, 1000);
+        let scan = ScanContext {
+            scan_id: "x".into(),
+            shards: 1,
+            driver: Driver::Copy,
+            strategy: crate::scan::Strategy::Prefix,
+            source: messages::TableRef {
+                connection: "c".into(),
+                table: "t".into(),
+            },
+            destination: None,
+            params: crate::scan::ScanParameters::default(),
+            work_split: WorkSplit::PartitionKey,
+        };
+        for work in items {
+            messages::encode(&CopyMessage {
+                scan: scan.clone(),
+                work,
+            })
+            .expect("fits in a queue message");
+        }
+        assert_eq!(copy_work(WorkSplit::Page, &rows).len(), 1);
+    }
 }

@@ -17,7 +17,9 @@ use time::OffsetDateTime;
 
 use crate::app::config::STORAGE_SETTING;
 use crate::app::error::ApiError;
-use crate::app::messages::{self, Driver, ScanContext, StepMessage, TableRef, WorkMessage};
+use crate::app::messages::{
+    self, Driver, ScanContext, StepMessage, TableRef, WorkMessage, WorkSplit,
+};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, NewWork, ScanRecord, ScanState};
 use crate::app::validate;
@@ -63,6 +65,9 @@ pub struct ScanRequest {
     pub segments_per_first_prefix: u32,
     #[serde(default = "default_one")]
     pub segments_per_subsequent_prefix: u32,
+    /// How copy work is split: `page` (default) or `partitionKey` (the reference design).
+    #[serde(default)]
+    pub work_split: WorkSplit,
     /// App-setting name of the source's connection (must be allowed by `TABLESCAN_CONNECTIONS`).
     #[serde(default = "default_connection")]
     pub source_connection: String,
@@ -123,7 +128,14 @@ impl ScanRequest {
                     ));
                 }
             }
-            (Driver::Count, None) => {}
+            (Driver::Count, None) => {
+                if self.work_split != WorkSplit::Page {
+                    return Err(ApiError::field(
+                        "workSplit",
+                        "is only used by the copy driver",
+                    ));
+                }
+            }
         }
         for (field, name) in [
             ("sourceConnection", &self.source_connection),
@@ -248,6 +260,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
             table,
         }),
         params,
+        work_split: request.work_split,
     };
     let root = StepMessage {
         scan: context,

@@ -93,12 +93,32 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
         .destination
         .as_ref()
         .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
-    let CopyWork::Range { from, to } = &begun.message.work;
+    let (filter, expected) = match &begun.message.work {
+        CopyWork::Range { from, to } => (range_filter(from, to), None),
+        CopyWork::Rows { pk, row_keys } => {
+            let (first, last) = (row_keys.first(), row_keys.last());
+            let (Some(first), Some(last)) = (first, last) else {
+                return Ok(WorkOutcome::default());
+            };
+            let filter = Filter::and(vec![
+                Filter::pk(CompareOp::Eq, pk.clone()),
+                Filter::rk(CompareOp::Ge, first.clone()),
+                Filter::rk(CompareOp::Le, last.clone()),
+            ]);
+            (
+                filter,
+                Some(row_keys.iter().collect::<std::collections::HashSet<_>>()),
+            )
+        }
+    };
+    let first_pk = match &begun.message.work {
+        CopyWork::Range { from, .. } => &from.0,
+        CopyWork::Rows { pk, .. } => pk,
+    };
     if let Some(prefix) = &state.config.test_fail_prefix {
-        if from.0.starts_with(prefix.as_str()) {
+        if first_pk.starts_with(prefix.as_str()) {
             return Err(WorkError::Failed(format!(
-                "forced failure for partition {:?} (TABLESCAN_TEST_FAIL_PREFIX)",
-                from.0
+                "forced failure for partition {first_pk:?} (TABLESCAN_TEST_FAIL_PREFIX)"
             )));
         }
     }
@@ -106,7 +126,7 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
     let target = state.counted_table(&destination.connection, &begun.requests)?;
 
     let mut query = Query {
-        filter: Some(range_filter(from, to)),
+        filter: Some(filter),
         top: Some(MAX_TAKE),
         select: None,
         continuation: None,
@@ -118,6 +138,16 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
         match page.continuation {
             Some(c) => query.continuation = Some(c),
             None => break,
+        }
+    }
+    if let Some(expected) = expected {
+        rows.retain(|e| expected.contains(&e.row_key));
+        if rows.len() != expected.len() {
+            return Err(WorkError::Failed(format!(
+                "expected {} rows of partition {first_pk:?}, found {}",
+                expected.len(),
+                rows.len()
+            )));
         }
     }
     let written = rows.len() as i64;
