@@ -9,6 +9,7 @@ pub mod functions;
 pub mod messages;
 pub mod protocol;
 pub mod server;
+pub mod stage;
 pub mod state;
 pub mod tracking;
 pub mod validate;
