@@ -524,3 +524,48 @@ impl Drop for RunningHost {
         }
     }
 }
+
+/// A queue store that cannot exist: for apps with HTTP triggers only, where no storage
+/// connection is needed (`Host::start::<NoStorage, _>(config, |_| Err(..))`).
+pub enum NoStorage {}
+
+impl QueueStore for NoStorage {
+    async fn create_queue(&self, _: &str) -> crate::storage::StorageResult<()> {
+        match *self {}
+    }
+    async fn delete_queue(&self, _: &str) -> crate::storage::StorageResult<bool> {
+        match *self {}
+    }
+    async fn put_message(
+        &self,
+        _: &str,
+        _: &str,
+        _: Duration,
+    ) -> crate::storage::StorageResult<()> {
+        match *self {}
+    }
+    async fn get_messages(
+        &self,
+        _: &str,
+        _: u8,
+        _: Duration,
+    ) -> crate::storage::StorageResult<Vec<crate::storage::ReceivedMessage>> {
+        match *self {}
+    }
+    async fn delete_message(&self, _: &str, _: &str, _: &str) -> crate::storage::StorageResult<()> {
+        match *self {}
+    }
+    async fn update_message(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: Duration,
+        _: Option<&str>,
+    ) -> crate::storage::StorageResult<String> {
+        match *self {}
+    }
+    async fn approximate_count(&self, _: &str) -> crate::storage::StorageResult<u64> {
+        match *self {}
+    }
+}
