@@ -98,10 +98,21 @@ impl<S: QueueStore> QueueListener<S> {
                 }
                 tokio::select! {
                     _ = notified => {}
-                    _ = stop.changed() => {}
+                    r = stop.changed() => if r.is_err() { break 'poll },
                 }
             }
             while tasks.try_join_next().is_some() {}
+            // Poll only while the handler is up: messages received for a handler that is
+            // (re)starting would sit invisible, and a handler the host gave up on takes no work.
+            tokio::select! {
+                ready = self.invoker.worker.ready() => {
+                    if let Err(why) = ready {
+                        self.log.warn(format!("{} [{}] stopped polling {queue}: {why}", self.label, self.function));
+                        break 'poll;
+                    }
+                }
+                r = stop.changed() => if r.is_err() { break 'poll } else { continue 'poll },
+            }
             let batch = self.options.batch_size.min(32) as u8;
             let delay = match self
                 .source
@@ -147,7 +158,7 @@ impl<S: QueueStore> QueueListener<S> {
             };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = stop.changed() => {}
+                r = stop.changed() => if r.is_err() { break 'poll },
             }
         }
         let pending = in_flight.count.load(Ordering::SeqCst);
