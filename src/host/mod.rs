@@ -50,6 +50,8 @@ use self::outputs::{OutputTarget, QueueTarget, ResolvedOutput};
 use self::queue::{poison_queue_name, QueueListener};
 use self::route::RouteTemplate;
 use self::worker::{Worker, WorkerSpec, WorkerStatus};
+use crate::storage::connection::StorageAccount;
+use crate::storage::counters::RequestCounters;
 use crate::storage::QueueStore;
 
 /// `tablescan host` command-line arguments.
@@ -386,6 +388,69 @@ impl Host {
     }
 }
 
+impl Host {
+    /// [`Host::start`] with Azure Storage (or Azurite) queues from the connection strings in app settings.
+    pub async fn start_azure(config: HostConfig) -> Result<RunningHost, HostError> {
+        let counters = Arc::new(RequestCounters::new());
+        Host::start(config, move |connection| {
+            StorageAccount::parse(connection)
+                .map(|account| account.queue_store(counters.clone()))
+                .map_err(|e| e.0)
+        })
+        .await
+    }
+}
+
+/// `tablescan host`: runs the app until Ctrl-C / SIGTERM (or until a handler fails too often).
+pub async fn run_host(args: HostArgs) -> Result<(), HostError> {
+    // The CLI may already have a subscriber; otherwise show the host's log at info level.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .try_init();
+    let mut config = HostConfig::new(&args.app_dir);
+    config.listen = SocketAddr::from(([127, 0, 0, 1], args.port));
+    config.instances = usize::from(args.instances);
+    config.settings_file = args.settings;
+    let host = Host::start_azure(config).await?;
+    tracing::info!(
+        target: "tablescan::host",
+        "host running with {} instance(s) on http://{} (a local development host); Ctrl-C to stop",
+        host.instance_count(),
+        host.http_addr()
+    );
+    let result = tokio::select! {
+        _ = shutdown_signal() => Ok(()),
+        e = host.failed() => Err(e),
+    };
+    host.shutdown().await;
+    result
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async {
+                match term.as_mut() {
+                    Some(t) => { t.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 impl config::FunctionConfig {
     fn trigger_route(&self) -> String {
         match &self.trigger {
@@ -567,5 +632,43 @@ impl QueueStore for NoStorage {
     }
     async fn approximate_count(&self, _: &str) -> crate::storage::StorageResult<u64> {
         match *self {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::HostArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        host: HostArgs,
+    }
+
+    #[test]
+    fn host_args_defaults_and_limits() {
+        let cli = Cli::try_parse_from(["t", "--app-dir", "staged"]).unwrap();
+        assert_eq!(cli.host.app_dir, std::path::PathBuf::from("staged"));
+        assert_eq!(
+            (cli.host.port, cli.host.instances, cli.host.settings),
+            (7071, 1, None)
+        );
+        let cli = Cli::try_parse_from([
+            "t",
+            "--app-dir",
+            "a",
+            "--port",
+            "0",
+            "--instances",
+            "3",
+            "--settings",
+            "s.json",
+        ])
+        .unwrap();
+        assert_eq!((cli.host.port, cli.host.instances), (0, 3));
+        assert!(Cli::try_parse_from(["t", "--app-dir", "a", "--instances", "0"]).is_err());
+        assert!(Cli::try_parse_from(["t"]).is_err());
     }
 }
