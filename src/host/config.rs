@@ -1148,7 +1148,9 @@ mod tests {
 
     #[test]
     fn errors_name_file_and_field() {
-        let cases: &[(&str, &[(&str, &str)], &str, &str)] = &[
+        // (host.json, functions, file in the error, field in the error)
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: &[Case] = &[
             (
                 r#"{"customHandler":{}}"#,
                 &[("Work", QUEUE_FN)],
