@@ -4,10 +4,15 @@
 //! Nothing here knows about Azure Functions or about scans. The scan engine talks to [`TableStore`];
 //! the function app and the local host talk to [`QueueStore`].
 
+pub mod azure;
+pub mod azure_queue;
+pub mod azure_table;
+pub mod connection;
 pub mod counters;
 pub mod keys;
 pub mod memory;
 pub mod memory_queue;
+pub mod retry;
 
 use std::fmt;
 use std::future::Future;

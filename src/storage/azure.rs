@@ -1,0 +1,260 @@
+//! What the Azure table and queue adapters share: sending requests through the SDK pipeline
+//! (signing, our pooled client), counting and retrying each attempt, and turning SDK errors into
+//! [`StorageError`]s without leaking secrets.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use azure_core::error::ErrorKind;
+use azure_core::headers::{Headers, ERROR_CODE};
+use azure_core::{
+    BytesStream, CollectedResponse, Context, HttpClient, Method, Pipeline, Policy, PolicyResult,
+    Request, Response, Url,
+};
+use azure_storage::clients::ServiceType;
+use bytes::Bytes;
+
+use super::connection::StorageAccount;
+use super::counters::{RequestCounters, RequestKind};
+use super::retry::{retry, RetryPolicy};
+use super::{StorageError, StorageErrorKind, StorageResult};
+
+/// The per-service plumbing both adapters use.
+#[derive(Clone)]
+pub(crate) struct Service {
+    pipeline: Pipeline,
+    service_type: ServiceType,
+    /// Service base URL without a trailing slash.
+    pub(crate) base: String,
+    pub(crate) counters: Arc<RequestCounters>,
+    pub(crate) retry: RetryPolicy,
+}
+
+impl Service {
+    pub(crate) fn new(
+        account: &StorageAccount,
+        service_type: ServiceType,
+        base: &str,
+        counters: Arc<RequestCounters>,
+    ) -> Self {
+        Service {
+            pipeline: azure_storage::clients::new_pipeline_from_options(
+                account.client_options(),
+                account.credentials(),
+            ),
+            service_type,
+            base: base.to_string(),
+            counters,
+            retry: account.retry_policy(),
+        }
+    }
+
+    /// Runs `op` under the retry policy, counting every attempt as one request of `kind`.
+    pub(crate) async fn attempts<T, F, Fut>(&self, kind: RequestKind, mut op: F) -> StorageResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = StorageResult<T>>,
+    {
+        retry(&self.retry, || {
+            self.counters.record(kind);
+            op()
+        })
+        .await
+    }
+
+    /// Sends one request we built ourselves through the signing pipeline and collects the body.
+    /// Non-2xx statuses come back as `Err` (the SDK's no-retry policy does that).
+    pub(crate) async fn send_raw(
+        &self,
+        method: Method,
+        url: Url,
+        headers: Headers,
+        body: Option<Bytes>,
+    ) -> azure_core::Result<CollectedResponse> {
+        let mut request =
+            azure_storage::clients::finalize_request(url, method, headers, body.map(Into::into))?;
+        let mut context = Context::new();
+        context.insert(self.service_type);
+        let response = self.pipeline.send(&context, &mut request).await?;
+        CollectedResponse::from_response(response).await
+    }
+
+    /// `base` + `/` + an already percent-encoded path.
+    pub(crate) fn url(&self, encoded_path: &str) -> StorageResult<Url> {
+        Url::parse(&format!("{}/{}", self.base, encoded_path))
+            .map_err(|e| StorageError::invalid_input(format!("cannot build a request URL: {e}")))
+    }
+}
+
+/// The pipeline's last policy: sends with our pooled client and, for error responses, lifts the
+/// Table service's `{"odata.error":{"code","message":{"value"}}}` body into the form the SDK's error
+/// type reads (`x-ms-error-code` header, `{"error":{"code","message"}}` body). Without this, crate
+/// operations lose the error code whenever the service puts it only in the body (Azurite does for
+/// 400s) and every table error message.
+#[derive(Debug)]
+pub(crate) struct ErrorDetailsTransport {
+    pub(crate) client: Arc<dyn HttpClient>,
+}
+
+impl Policy for ErrorDetailsTransport {
+    // `Policy` is an `async_trait`; this is its desugared form.
+    fn send<'a, 'b, 'c, 'd, 't>(
+        &'a self,
+        _ctx: &'b Context,
+        request: &'c mut Request,
+        _next: &'d [Arc<dyn Policy>],
+    ) -> Pin<Box<dyn Future<Output = PolicyResult> + Send + 't>>
+    where
+        'a: 't,
+        'b: 't,
+        'c: 't,
+        'd: 't,
+        Self: 't,
+    {
+        Box::pin(async move {
+            let response = self.client.execute_request(request).await?;
+            if response.status().is_success() {
+                return Ok(response);
+            }
+            let (status, mut headers, body) = response.deconstruct();
+            let mut bytes = body.collect().await?;
+            if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                if let Some(error) = value.get("odata.error") {
+                    let code = error
+                        .get("code")
+                        .and_then(|c| c.as_str())
+                        .map(str::to_string);
+                    let message = error
+                        .get("message")
+                        .and_then(|m| m.get("value").or(Some(m)))
+                        .and_then(|m| m.as_str())
+                        .map(str::to_string);
+                    if let (Some(code), None) = (&code, headers.get_optional_str(&ERROR_CODE)) {
+                        headers.insert(ERROR_CODE, code.clone());
+                    }
+                    let normalized =
+                        serde_json::json!({"error": {"code": code, "message": message}});
+                    bytes = serde_json::to_vec(&normalized).unwrap_or_default().into();
+                    headers.insert("content-type", "application/json");
+                }
+            }
+            Ok(Response::new(
+                status,
+                headers,
+                Box::pin(BytesStream::new(bytes)),
+            ))
+        })
+    }
+}
+
+/// Maps an SDK error: HTTP statuses with the service's error code, I/O (timeouts, resets,
+/// refused connections) as transient, anything else as an unusable response.
+pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> StorageError {
+    match error.kind() {
+        ErrorKind::HttpResponse { status, error_code } => {
+            let status = u16::from(*status);
+            let detail = error
+                .as_http_error()
+                .and_then(|h| h.error_message())
+                .map(first_line);
+            let message = match detail {
+                Some(detail) => format!("{operation} failed: {detail}"),
+                None => format!("{operation} failed"),
+            };
+            StorageError::from_status(status, error_code.clone(), redact(&message))
+        }
+        ErrorKind::Io => StorageError::new(
+            StorageErrorKind::Transient,
+            redact(&format!("{operation} failed: {}", error_chain(&error))),
+        ),
+        ErrorKind::Credential => StorageError::new(
+            StorageErrorKind::Rejected,
+            redact(&format!(
+                "{operation}: credential error: {}",
+                error_chain(&error)
+            )),
+        ),
+        _ => {
+            StorageError::invalid_response(redact(&format!("{operation}: {}", error_chain(&error))))
+        }
+    }
+}
+
+/// `error: source: source ...`, for I/O errors whose cause is in the chain.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}
+
+/// Removes SAS signatures from text that may quote a request URL (reqwest errors do).
+pub(crate) fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = find_ascii_ci(rest, "sig=") {
+        let value_start = pos + 4;
+        out.push_str(&rest[..value_start]);
+        out.push_str("REDACTED");
+        let tail = &rest[value_start..];
+        let end = tail
+            .find(['&', ')', ' ', '"', '\'', ',', '\n', '>'])
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn find_ascii_ci(haystack: &str, needle: &str) -> Option<usize> {
+    haystack.to_ascii_lowercase().find(needle)
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, for key literals in URLs.
+pub(crate) fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for byte in s.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_removes_sas_signatures() {
+        let s = "error sending request for url (https://a.table.core.windows.net/t()?sv=1&SIG=abc%2Bdef&se=2)";
+        let r = redact(s);
+        assert!(!r.contains("abc%2Bdef"), "{r}");
+        assert!(r.contains("SIG=REDACTED&se=2)"), "{r}");
+        assert_eq!(redact("no secrets"), "no secrets");
+        assert_eq!(redact("sig=x"), "sig=REDACTED");
+    }
+
+    #[test]
+    fn percent_encoding_keeps_only_unreserved() {
+        assert_eq!(percent_encode("a'b c"), "a%27b%20c");
+        assert_eq!(percent_encode("é"), "%C3%A9");
+        assert_eq!(percent_encode("\u{FFFF}"), "%EF%BF%BF");
+        assert_eq!(percent_encode("Az09-._~"), "Az09-._~");
+        assert_eq!(percent_encode("%+/(),="), "%25%2B%2F%28%29%2C%3D");
+    }
+}

@@ -1,0 +1,600 @@
+//! [`TableStore`] over Azure Table Storage (and Azurite) with `azure_data_tables` 0.21.
+//!
+//! Queries and table create/delete go through the crate. Point reads and entity group
+//! transactions are built here over the same signing pipeline, because the crate puts keys into
+//! entity URLs without doubling `'` (so keys with quotes address the wrong entity or fail), and its
+//! transaction response drops each operation's error body, so a failed transaction looks like
+//! success unless every status is checked, and the failing operation's index and error code are lost.
+
+use std::sync::Arc;
+
+use azure_core::headers::{HeaderName, Headers};
+use azure_core::{Continuable, Method};
+use azure_data_tables::clients::{TableClient, TableServiceClient, TableServiceClientBuilder};
+use azure_storage::clients::ServiceType;
+use azure_storage::CloudLocation;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Map, Value};
+
+use super::azure::{map_sdk_error, percent_encode, Service};
+use super::connection::StorageAccount;
+use super::counters::{RequestCounters, RequestKind};
+use super::{
+    validate_batch, BatchOperation, Continuation, Entity, Page, Query, StorageError,
+    StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
+};
+
+/// `Accept` for reads: full metadata, so every typed property comes with its `@odata.type`
+/// (this is also what the crate's query builder sends, so point reads and queries agree).
+const ACCEPT_FULL_METADATA: &str = "application/json;odata=fullmetadata";
+const ACCEPT_MINIMAL_METADATA: &str = "application/json;odata=minimalmetadata";
+
+/// Azure Table Storage behind the [`TableStore`] interface. Cheap to clone; clones share the
+/// HTTP connection pool and the request counters.
+#[derive(Clone)]
+pub struct AzureTableStore {
+    service: Service,
+    client: TableServiceClient,
+}
+
+impl AzureTableStore {
+    pub(crate) fn new(account: &StorageAccount, counters: Arc<RequestCounters>) -> Self {
+        let location = CloudLocation::Custom {
+            account: account.account_name().to_string(),
+            uri: account.table_endpoint().to_string(),
+        };
+        let client = TableServiceClientBuilder::with_location(location, account.credentials())
+            .client_options(account.client_options())
+            .build();
+        AzureTableStore {
+            service: Service::new(
+                account,
+                ServiceType::Table,
+                account.table_endpoint(),
+                counters,
+            ),
+            client,
+        }
+    }
+
+    /// The counters every request of this store is recorded in.
+    pub fn counters(&self) -> &Arc<RequestCounters> {
+        &self.service.counters
+    }
+
+    /// The table service base URL.
+    pub fn endpoint(&self) -> &str {
+        &self.service.base
+    }
+
+    fn table(&self, table: &str) -> TableClient {
+        self.client.table_client(table)
+    }
+
+    async fn query_once(&self, table: &str, query: &Query) -> StorageResult<Page> {
+        let mut builder = self.table(table).query();
+        if let Some(filter) = &query.filter {
+            builder = builder.filter(filter.to_odata());
+        }
+        if let Some(top) = query.top {
+            builder = builder.top(top);
+        }
+        if let Some(columns) = select_list(&query.select) {
+            builder = builder.select(columns);
+        }
+        if let Some(continuation) = &query.continuation {
+            builder = builder.initial_partition_key(continuation.next_partition_key.clone());
+            if let Some(row_key) = &continuation.next_row_key {
+                builder = builder.initial_row_key(row_key.clone());
+            }
+        }
+        // The stream sends one request per item; we take only the first page.
+        let mut pages = builder.into_stream::<Map<String, Value>>();
+        let page = pages
+            .next()
+            .await
+            .ok_or_else(|| StorageError::invalid_response("query produced no response"))?
+            .map_err(|e| map_sdk_error(&format!("query on table {table}"), e))?;
+        let continuation = page
+            .continuation()
+            .map(|(next_partition_key, next_row_key)| Continuation {
+                next_partition_key,
+                next_row_key,
+            });
+        let entities = page
+            .entities
+            .into_iter()
+            .map(entity_from_wire)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Page {
+            entities,
+            continuation,
+        })
+    }
+
+    async fn get_once(
+        &self,
+        table: &str,
+        partition_key: &str,
+        row_key: &str,
+    ) -> StorageResult<Option<(Entity, String)>> {
+        let url = self
+            .service
+            .url(&entity_path(table, partition_key, row_key))?;
+        let mut headers = Headers::new();
+        headers.insert("accept", ACCEPT_FULL_METADATA);
+        let response = match self.service.send_raw(Method::Get, url, headers, None).await {
+            Ok(response) => response,
+            Err(e) => {
+                let error = map_sdk_error(&format!("point read in table {table}"), e);
+                // A missing entity is an answer; a missing table is an error.
+                if error.kind == StorageErrorKind::NotFound
+                    && error.code.as_deref() != Some("TableNotFound")
+                {
+                    return Ok(None);
+                }
+                return Err(error);
+            }
+        };
+        let etag = response
+            .headers()
+            .get_optional_string(&HeaderName::from_static("etag"))
+            .ok_or_else(|| StorageError::invalid_response("point read response without an ETag"))?;
+        let object: Map<String, Value> = serde_json::from_slice(response.body()).map_err(|e| {
+            StorageError::invalid_response(format!("point read returned invalid JSON: {e}"))
+        })?;
+        Ok(Some((entity_from_wire(object)?, etag)))
+    }
+
+    async fn batch_once(&self, table: &str, body: &BatchBody) -> StorageResult<()> {
+        let url = self.service.url("$batch")?;
+        let mut headers = Headers::new();
+        headers.insert(
+            "content-type",
+            format!("multipart/mixed; boundary={}", body.batch_boundary),
+        );
+        headers.insert("accept", ACCEPT_MINIMAL_METADATA);
+        headers.insert("dataserviceversion", "3.0");
+        headers.insert("maxdataserviceversion", "3.0;NetFx");
+        let response = self
+            .service
+            .send_raw(Method::Post, url, headers, Some(body.bytes.clone()))
+            .await
+            .map_err(|e| map_sdk_error(&format!("entity group transaction on table {table}"), e))?;
+        let text = std::str::from_utf8(response.body()).map_err(|_| {
+            StorageError::invalid_response("entity group transaction response is not UTF-8")
+        })?;
+        batch_outcome(body.operations, &parse_batch_response(text))
+    }
+}
+
+impl TableStore for AzureTableStore {
+    async fn query_page(&self, table: &str, query: &Query) -> StorageResult<Page> {
+        if let Some(top) = query.top {
+            if top == 0 || top > MAX_TAKE {
+                return Err(StorageError::invalid_input(format!(
+                    "$top must be 1..={MAX_TAKE}, got {top}"
+                )));
+            }
+        }
+        self.service
+            .attempts(RequestKind::Query, || self.query_once(table, query))
+            .await
+    }
+
+    async fn submit_batch(
+        &self,
+        table: &str,
+        partition_key: &str,
+        operations: &[BatchOperation],
+    ) -> StorageResult<()> {
+        validate_batch(partition_key, operations)?;
+        let body = build_batch_body(&self.service.base, table, partition_key, operations)?;
+        self.service
+            .attempts(RequestKind::Batch, || self.batch_once(table, &body))
+            .await
+    }
+
+    async fn get_entity(
+        &self,
+        table: &str,
+        partition_key: &str,
+        row_key: &str,
+    ) -> StorageResult<Option<(Entity, String)>> {
+        self.service
+            .attempts(RequestKind::PointRead, || {
+                self.get_once(table, partition_key, row_key)
+            })
+            .await
+    }
+
+    async fn create_table(&self, table: &str) -> StorageResult<bool> {
+        let result = self
+            .service
+            .attempts(RequestKind::TableAdmin, || async {
+                self.table(table)
+                    .create()
+                    .await
+                    .map_err(|e| map_sdk_error(&format!("create table {table}"), e))
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.kind == StorageErrorKind::Conflict
+                    && e.code.as_deref() == Some("TableAlreadyExists") =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete_table(&self, table: &str) -> StorageResult<bool> {
+        let result = self
+            .service
+            .attempts(RequestKind::TableAdmin, || async {
+                self.table(table)
+                    .delete()
+                    .await
+                    .map_err(|e| map_sdk_error(&format!("delete table {table}"), e))
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// [`Entity::from_wire`], plus an explicit `Edm.Double` annotation on every fractional JSON
+/// number. The service does not annotate doubles in responses; a whole double comes back as
+/// `3.0`, and written back unannotated it would be stored as Int32, so copying an entity would
+/// silently change a property's type. A number with a fraction or exponent can only be a Double.
+fn entity_from_wire(object: Map<String, Value>) -> StorageResult<Entity> {
+    let mut entity = Entity::from_wire(object)?;
+    let doubles: Vec<String> = entity
+        .properties
+        .iter()
+        .filter(|(name, value)| value.is_f64() && !name.contains('@'))
+        .map(|(name, _)| format!("{name}@odata.type"))
+        .filter(|annotation| !entity.properties.contains_key(annotation))
+        .collect();
+    for annotation in doubles {
+        entity
+            .properties
+            .insert(annotation, Value::String("Edm.Double".into()));
+    }
+    Ok(entity)
+}
+
+/// `$select` with PartitionKey and RowKey always included.
+fn select_list(select: &Option<Vec<String>>) -> Option<String> {
+    let columns = select.as_ref()?;
+    let mut all: Vec<&str> = vec!["PartitionKey", "RowKey"];
+    for column in columns {
+        if !all.contains(&column.as_str()) {
+            all.push(column);
+        }
+    }
+    Some(all.join(","))
+}
+
+/// The entity's URL path: `table(PartitionKey='..',RowKey='..')` with `'` doubled inside the key
+/// literals (OData string syntax) and then everything but unreserved characters percent-encoded.
+pub(crate) fn entity_path(table: &str, partition_key: &str, row_key: &str) -> String {
+    format!(
+        "{}(PartitionKey='{}',RowKey='{}')",
+        percent_encode(table),
+        percent_encode(&partition_key.replace('\'', "''")),
+        percent_encode(&row_key.replace('\'', "''"))
+    )
+}
+
+/// A serialized entity group transaction, built once and re-sent unchanged on retries.
+struct BatchBody {
+    batch_boundary: String,
+    bytes: Bytes,
+    operations: usize,
+}
+
+/// Builds the multipart/mixed body of an entity group transaction (one changeset, CRLF lines).
+fn build_batch_body(
+    base: &str,
+    table: &str,
+    partition_key: &str,
+    operations: &[BatchOperation],
+) -> StorageResult<BatchBody> {
+    let batch_boundary = format!("batch_{}", uuid::Uuid::new_v4());
+    let changeset = format!("changeset_{}", uuid::Uuid::new_v4());
+    let mut s = String::new();
+    s.push_str(&format!(
+        "--{batch_boundary}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n"
+    ));
+    for op in operations {
+        let entity_url = format!("{base}/{}", entity_path(table, partition_key, op.row_key()));
+        let (method, url, if_match, entity) = match op {
+            BatchOperation::Insert(e) => (
+                "POST",
+                format!("{base}/{}", percent_encode(table)),
+                None,
+                Some(e),
+            ),
+            BatchOperation::Upsert(e) => ("PUT", entity_url, None, Some(e)),
+            BatchOperation::Replace { entity, etag } => (
+                "PUT",
+                entity_url,
+                Some(etag.as_deref().unwrap_or("*")),
+                Some(entity),
+            ),
+            BatchOperation::Merge { entity, etag } => (
+                "MERGE",
+                entity_url,
+                Some(etag.as_deref().unwrap_or("*")),
+                Some(entity),
+            ),
+            BatchOperation::Delete { etag, .. } => (
+                "DELETE",
+                entity_url,
+                Some(etag.as_deref().unwrap_or("*")),
+                None,
+            ),
+        };
+        s.push_str(&format!("--{changeset}\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n"));
+        s.push_str(&format!("{method} {url} HTTP/1.1\r\n"));
+        s.push_str(&format!(
+            "Accept: {ACCEPT_MINIMAL_METADATA}\r\nDataServiceVersion: 3.0\r\n"
+        ));
+        if let Some(if_match) = if_match {
+            s.push_str(&format!("If-Match: {if_match}\r\n"));
+        }
+        match entity {
+            Some(entity) => {
+                let json = serde_json::to_string(&entity.to_wire()).map_err(|e| {
+                    StorageError::invalid_input(format!("entity cannot be serialized: {e}"))
+                })?;
+                s.push_str("Content-Type: application/json\r\nPrefer: return-no-content\r\n");
+                s.push_str(&format!("Content-Length: {}\r\n\r\n{json}\r\n", json.len()));
+            }
+            None => s.push_str("\r\n"),
+        }
+    }
+    s.push_str(&format!("--{changeset}--\r\n--{batch_boundary}--\r\n"));
+    Ok(BatchBody {
+        batch_boundary,
+        bytes: Bytes::from(s),
+        operations: operations.len(),
+    })
+}
+
+/// One operation's response inside a batch response.
+#[derive(Debug, Clone, PartialEq)]
+struct SubResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+/// Splits a batch response into its `HTTP/1.1 ...` parts, in order. Boundaries need not be
+/// known: every part starts with a status line, and its body ends at the next `--` boundary line.
+fn parse_batch_response(text: &str) -> Vec<SubResponse> {
+    enum State {
+        Outside,
+        Headers,
+        Body,
+    }
+    let mut parts: Vec<SubResponse> = Vec::new();
+    let mut state = State::Outside;
+    for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+        if let Some(rest) = line.strip_prefix("HTTP/1.1 ") {
+            let status = rest
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            parts.push(SubResponse {
+                status,
+                headers: Vec::new(),
+                body: String::new(),
+            });
+            state = State::Headers;
+            continue;
+        }
+        match state {
+            State::Outside => {}
+            State::Headers if line.is_empty() => state = State::Body,
+            State::Headers => {
+                if let (Some(part), Some((name, value))) = (parts.last_mut(), line.split_once(':'))
+                {
+                    part.headers
+                        .push((name.trim().to_string(), value.trim().to_string()));
+                }
+            }
+            State::Body if line.starts_with("--") => state = State::Outside,
+            State::Body => {
+                if let Some(part) = parts.last_mut() {
+                    if !part.body.is_empty() {
+                        part.body.push('\n');
+                    }
+                    part.body.push_str(line);
+                }
+            }
+        }
+    }
+    parts
+}
+
+/// Decides a transaction's outcome from its operation responses: any non-2xx part fails the
+/// whole transaction, reported with the service's code and (from the `index:` prefix of the
+/// error message) the failing operation.
+fn batch_outcome(operations: usize, parts: &[SubResponse]) -> StorageResult<()> {
+    if let Some(failed) = parts.iter().find(|p| !(200..300).contains(&p.status)) {
+        let (code, detail) = odata_error(&failed.body);
+        let (index, detail) = split_operation_index(&detail);
+        let index = index
+            .or_else(|| (operations == 1).then_some(0))
+            .filter(|i| *i < operations);
+        let mut error = StorageError::from_status(
+            failed.status,
+            code,
+            format!(
+                "entity group transaction failed: {}",
+                detail.lines().next().unwrap_or("").trim()
+            ),
+        );
+        error.failed_operation = index;
+        return Err(error);
+    }
+    if parts.len() != operations {
+        return Err(StorageError::invalid_response(format!(
+            "entity group transaction answered {} operations out of {operations}",
+            parts.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `(code, message)` from `{"odata.error":{"code":..,"message":{"value":..}}}`.
+fn odata_error(body: &str) -> (Option<String>, String) {
+    let Ok(value) = serde_json::from_str::<Value>(body.trim()) else {
+        return (None, body.trim().chars().take(200).collect());
+    };
+    let error = value.get("odata.error").or_else(|| value.get("error"));
+    let code = error
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let message = error
+        .and_then(|e| e.get("message"))
+        .and_then(|m| m.get("value").or(Some(m)))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    (code, message)
+}
+
+/// Splits `"3:The specified entity already exists."` into `(Some(3), "The specified ...")`.
+fn split_operation_index(message: &str) -> (Option<usize>, String) {
+    if let Some((prefix, rest)) = message.split_once(':') {
+        if !prefix.is_empty() && prefix.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(index) = prefix.parse() {
+                return (Some(index), rest.to_string());
+            }
+        }
+    }
+    (None, message.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entity_paths_double_and_encode_quotes() {
+        assert_eq!(
+            entity_path("t1", "it's", "a b"),
+            "t1(PartitionKey='it%27%27s',RowKey='a%20b')"
+        );
+        assert_eq!(
+            entity_path("t1", "", "\u{FFFF}"),
+            "t1(PartitionKey='',RowKey='%EF%BF%BF')"
+        );
+    }
+
+    #[test]
+    fn select_always_has_the_keys_once() {
+        assert_eq!(select_list(&None), None);
+        assert_eq!(
+            select_list(&Some(vec![])).as_deref(),
+            Some("PartitionKey,RowKey")
+        );
+        assert_eq!(
+            select_list(&Some(vec!["A".into(), "RowKey".into()])).as_deref(),
+            Some("PartitionKey,RowKey,A")
+        );
+    }
+
+    #[test]
+    fn batch_body_has_one_part_per_operation_with_if_match() {
+        let mut e = Entity::new("p'k", "r1");
+        e.properties.insert("N".into(), Value::from(1));
+        let ops = vec![
+            BatchOperation::Insert(e.clone()),
+            BatchOperation::Replace {
+                entity: Entity::new("p'k", "r2"),
+                etag: Some("W/\"x\"".into()),
+            },
+            BatchOperation::Delete {
+                row_key: "r3".into(),
+                etag: None,
+            },
+        ];
+        let body = build_batch_body("http://h/acct", "tbl", "p'k", &ops).unwrap();
+        let text = std::str::from_utf8(&body.bytes).unwrap();
+        assert!(text.starts_with(&format!("--{}\r\n", body.batch_boundary)));
+        assert!(text.contains("POST http://h/acct/tbl HTTP/1.1\r\n"));
+        assert!(text
+            .contains("PUT http://h/acct/tbl(PartitionKey='p%27%27k',RowKey='r2') HTTP/1.1\r\n"));
+        assert!(text.contains("If-Match: W/\"x\"\r\n"));
+        assert!(text.contains(
+            "DELETE http://h/acct/tbl(PartitionKey='p%27%27k',RowKey='r3') HTTP/1.1\r\n"
+        ));
+        assert!(text.contains("If-Match: *\r\n"));
+        assert_eq!(text.matches("Content-Transfer-Encoding: binary").count(), 3);
+        assert!(text.ends_with(&format!("--{}--\r\n", body.batch_boundary)));
+    }
+
+    const FAILED: &str = "--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_2\r\n\r\n\
+        --changesetresponse_2\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n\
+        HTTP/1.1 409 Conflict\r\nContent-ID: 2\r\nContent-Type: application/json;odata=minimalmetadata;charset=utf-8\r\n\r\n\
+        {\"odata.error\":{\"code\":\"EntityAlreadyExists\",\"message\":{\"lang\":\"en-US\",\"value\":\"1:The specified entity already exists.\\nRequestId:abc\\nTime:2024\"}}}\r\n\
+        --changesetresponse_2--\r\n--batchresponse_1--\r\n";
+
+    #[test]
+    fn failed_transaction_reports_code_and_index() {
+        let parts = parse_batch_response(FAILED);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].status, 409);
+        let err = batch_outcome(3, &parts).unwrap_err();
+        assert_eq!(err.kind, StorageErrorKind::Conflict);
+        assert_eq!(err.code.as_deref(), Some("EntityAlreadyExists"));
+        assert_eq!(err.failed_operation, Some(1));
+        assert_eq!(
+            err.message,
+            "entity group transaction failed: The specified entity already exists."
+        );
+    }
+
+    #[test]
+    fn successful_transaction_needs_every_operation_answered() {
+        let ok = "--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_2\r\n\r\n\
+            --changesetresponse_2\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n\
+            HTTP/1.1 204 No Content\r\nETag: W/\"a\"\r\n\r\n\r\n\
+            --changesetresponse_2\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n\
+            HTTP/1.1 204 No Content\r\nETag: W/\"b\"\r\n\r\n\r\n\
+            --changesetresponse_2--\r\n--batchresponse_1--\r\n";
+        let parts = parse_batch_response(ok);
+        assert_eq!(
+            parts.iter().map(|p| p.status).collect::<Vec<_>>(),
+            vec![204, 204]
+        );
+        assert!(batch_outcome(2, &parts).is_ok());
+        let err = batch_outcome(3, &parts).unwrap_err();
+        assert_eq!(err.kind, StorageErrorKind::InvalidResponse);
+    }
+
+    #[test]
+    fn operation_index_prefix_parsing() {
+        assert_eq!(
+            split_operation_index("99:One of the request inputs is not valid."),
+            (Some(99), "One of the request inputs is not valid.".into())
+        );
+        assert_eq!(
+            split_operation_index("Time:2024"),
+            (None, "Time:2024".into())
+        );
+        assert_eq!(split_operation_index("no index"), (None, "no index".into()));
+    }
+}

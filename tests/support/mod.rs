@@ -1,0 +1,73 @@
+//! Helpers shared by the integration tests that run against Azurite (`mod support;`).
+//!
+//! One Azurite serves the whole test process (started lazily); each test isolates itself by
+//! using its own uniquely named tables and queues.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tablescan::azurite::Azurite;
+use tablescan::storage::azure_queue::AzureQueueStore;
+use tablescan::storage::azure_table::AzureTableStore;
+use tablescan::storage::connection::StorageAccount;
+use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::TableStore;
+
+/// The Azurite shared by this test process.
+pub fn azurite() -> &'static Azurite {
+    Azurite::shared()
+}
+
+/// An account on the shared Azurite with its own HTTP client. Not shared between tests on
+/// purpose: each `#[tokio::test]` has its own runtime, and a pooled connection dies with the
+/// runtime that opened it ("dispatch task is gone"), which would show up as retried requests.
+pub fn account() -> StorageAccount {
+    azurite().account()
+}
+
+/// A name unique within this test process and across runs, valid both as a table name
+/// (alphanumeric, starts with a letter, 3..=63) and as a queue name (lowercase letters and digits).
+/// `prefix` must start with a letter; it is lowercased and stripped of other characters.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut name: String = prefix
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    assert!(
+        name.starts_with(|c: char| c.is_ascii_lowercase()),
+        "prefix {prefix:?} must start with a letter"
+    );
+    let suffix = format!(
+        "{}x{:x}",
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        rand::random::<u32>()
+    );
+    name.truncate(63 - suffix.len());
+    name.push_str(&suffix);
+    name
+}
+
+/// Fresh counters and a table store on the shared Azurite.
+pub fn table_store() -> (AzureTableStore, Arc<RequestCounters>) {
+    let counters = Arc::new(RequestCounters::new());
+    (account().table_store(counters.clone()), counters)
+}
+
+/// Fresh counters and a queue store on the shared Azurite.
+pub fn queue_store() -> (AzureQueueStore, Arc<RequestCounters>) {
+    let counters = Arc::new(RequestCounters::new());
+    (account().queue_store(counters.clone()), counters)
+}
+
+/// Creates a uniquely named table and returns its name.
+pub async fn new_table<T: TableStore>(store: &T, prefix: &str) -> String {
+    let name = unique_name(prefix);
+    assert!(
+        store.create_table(&name).await.expect("create table"),
+        "table {name} already existed"
+    );
+    name
+}
