@@ -1,8 +1,15 @@
 //! Command-line entry point. Each command lives with the layer it drives.
 
+use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::scan::{list, ScanError, ScanParameters, Strategy};
+use crate::storage::connection::StorageAccount;
+use crate::storage::counters::RequestCounters;
 
 /// tablescan: parallel scans of Azure Table Storage on Azure Functions.
 #[derive(Debug, Parser)]
@@ -13,9 +20,145 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Run the custom handler (what the Functions host starts; reads app settings from the environment).
+    Handler,
+    /// Scan a table in-process, depth-first, and print its rows in (PartitionKey, RowKey) order.
+    List(ListArgs),
+    /// Assemble a runnable function app folder: host.json, one folder per function, the handler.
+    Stage(crate::app::stage::StageArgs),
+    /// Run a staged function app locally without Core Tools (a development and test stand-in for
+    /// the Azure Functions host).
+    Host(crate::host::HostArgs),
+    /// The main job end to end on a local default: seed, copy with a prefix scan through the local
+    /// host, show progress, verify, compare with a serial scan.
+    Demo(crate::demo::DemoArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    /// `PartitionKey<TAB>RowKey` per line.
+    Tsv,
+    /// One JSON object per line with every typed property (`Name@odata.type` annotations).
+    Jsonl,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StrategyArg {
+    Prefix,
+    Serial,
+}
+
+#[derive(Debug, Args)]
+struct ListArgs {
+    /// Table to scan.
+    #[arg(long)]
+    table: String,
+    /// Only partition keys starting with this.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Exclusive lower partition-key bound.
+    #[arg(long)]
+    lower: Option<String>,
+    /// Exclusive upper partition-key bound.
+    #[arg(long)]
+    upper: Option<String>,
+    /// Page size, 1..=1000.
+    #[arg(long, default_value_t = 1000)]
+    take: u32,
+    /// Columns to read besides PartitionKey and RowKey (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    select: Option<Vec<String>>,
+    /// Read the rest of a discovered partition inline instead of as its own step.
+    #[arg(long)]
+    no_expand: bool,
+    #[arg(long, value_enum, default_value = "prefix")]
+    strategy: StrategyArg,
+    #[arg(long, value_enum, default_value = "tsv")]
+    format: Format,
+    /// Storage connection string; default: $AzureWebJobsStorage, else UseDevelopmentStorage=true.
+    #[arg(long, env = "TABLESCAN_CONNECTION_STRING", hide_env_values = true)]
+    connection_string: Option<String>,
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+}
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {}
+    let result = match cli.command {
+        Command::Handler => runtime().block_on(crate::app::handler::serve_from_env()),
+        Command::List(args) => runtime().block_on(run_list(args)),
+        Command::Stage(args) => crate::app::stage::run_stage(args).map(|_| ()).map_err(|e| e.to_string()),
+        Command::Host(args) => runtime().block_on(crate::host::run_host(args)).map_err(|e| e.to_string()),
+        Command::Demo(args) => runtime().block_on(crate::demo::run_demo(args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The connection string for developer commands: flag, else `AzureWebJobsStorage`, else Azurite.
+pub fn connection_string(flag: Option<String>) -> String {
+    flag.or_else(|| std::env::var("AzureWebJobsStorage").ok()).unwrap_or_else(|| "UseDevelopmentStorage=true".to_string())
+}
+
+async fn run_list(args: ListArgs) -> Result<(), String> {
+    let params = ScanParameters {
+        prefix: args.prefix,
+        lower: args.lower,
+        upper: args.upper,
+        take: args.take,
+        select: args.select,
+        expand_partition_keys: !args.no_expand,
+        ..ScanParameters::default()
+    };
+    params.validate().map_err(|e| format!("--{}: {}", cli_flag(e.field), e.message))?;
+    let strategy = match args.strategy {
+        StrategyArg::Prefix => Strategy::Prefix,
+        StrategyArg::Serial => Strategy::Serial,
+    };
+    let account = StorageAccount::parse(&connection_string(args.connection_string)).map_err(|e| e.to_string())?;
+    let counters = Arc::new(RequestCounters::new());
+    let store = account.table_store(counters.clone());
+    let started = Instant::now();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut rows = 0u64;
+    let format = args.format;
+    let result = list(&store, &args.table, &params, strategy, |segment| {
+        for entity in segment {
+            rows += 1;
+            let line = match format {
+                Format::Tsv => format!("{}\t{}", entity.partition_key, entity.row_key),
+                Format::Jsonl => serde_json::Value::Object(entity.to_wire()).to_string(),
+            };
+            writeln!(out, "{line}").map_err(|e| ScanError::InvalidStep(format!("cannot write output: {e}")))?;
+        }
+        Ok(())
+    })
+    .await;
+    out.flush().map_err(|e| e.to_string())?;
+    match result {
+        Err(ScanError::Storage(e)) if e.is_not_found() => Err(format!("table {} does not exist ({e})", args.table)),
+        Err(e) => Err(e.to_string()),
+        Ok(queries) => {
+            eprintln!("{rows} rows, {queries} queries, {:.2} s ({} account)", started.elapsed().as_secs_f64(), account.account_name());
+            Ok(())
+        }
+    }
+}
+
+fn cli_flag(field: &str) -> &str {
+    match field {
+        "takeCount" => "take",
+        "partitionKeyLowerBound" => "lower",
+        "segmentsPerFirstPrefix" | "segmentsPerSubsequentPrefix" => "segments",
+        other => other,
+    }
 }

@@ -10,6 +10,8 @@
 pub mod app;
 pub mod azurite;
 pub mod cli;
+pub mod dataset;
+pub mod demo;
 pub mod host;
 pub mod scan;
 pub mod storage;

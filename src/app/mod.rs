@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod functions;
+pub mod handler;
 pub mod messages;
 pub mod protocol;
 pub mod server;

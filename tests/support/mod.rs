@@ -4,6 +4,8 @@
 //! using its own uniquely named tables and queues.
 #![allow(dead_code)]
 
+pub mod e2e;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 
-use crate::app::messages::{
-    self, ChildSpec, CopyMessage, CopyWork, Driver, ScanContext, StepMessage, WorkSplit,
-};
+use crate::app::messages::{ChildSpec, CopyWork, Driver, StepMessage, WorkSplit};
 use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
@@ -132,6 +130,7 @@ fn split_rows(pk: &str, row_keys: Vec<String>, out: &mut Vec<CopyWork>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::messages::{self, CopyMessage, ScanContext};
 
     #[test]
     fn reference_split_is_one_item_per_partition_and_fits_the_queue() {

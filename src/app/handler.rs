@@ -1,0 +1,60 @@
+//! `tablescan handler`: the custom-handler process the Functions host starts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::storage::connection::StorageAccount;
+use crate::storage::counters::RequestCounters;
+
+use super::config::{Config, STORAGE_SETTING};
+use super::server;
+use super::state::AppState;
+
+/// Logs go to stdout: the host logs a handler's stderr lines as errors.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout).with_ansi(false).with_target(false).try_init();
+}
+
+/// Reads the app settings, connects to storage and serves until SIGTERM / Ctrl-C.
+pub async fn serve_from_env() -> Result<(), String> {
+    init_logging();
+    let config = Config::from_env().map_err(|e| e.to_string())?;
+    let counters = Arc::new(RequestCounters::new());
+    let mut tables = BTreeMap::new();
+    for (name, connection_string) in &config.connections {
+        let account = StorageAccount::parse(connection_string).map_err(|e| format!("app setting {name}: {e}"))?;
+        tables.insert(name.clone(), account.table_store(counters.clone()));
+    }
+    let own = StorageAccount::parse(&config.connections[STORAGE_SETTING]).map_err(|e| format!("app setting {STORAGE_SETTING}: {e}"))?;
+    let queues = own.queue_store(counters);
+    let listener = TcpListener::bind(("127.0.0.1", config.port)).await.map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%address, ?config, "tablescan handler listening");
+    let state = AppState::new(config, tables, queues);
+    server::run(listener, state, shutdown_signal()).await.map_err(|e| e.to_string())
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what the host sends when it stops or restarts the handler).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}

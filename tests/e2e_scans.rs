@@ -1,0 +1,114 @@
+//! End to end: scans started over HTTP through the local Functions host, executed by the real
+//! handler binary, on Azurite. Destination equals source row for row and property for property,
+//! and the counters are exact.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::e2e::{rows, seed, TestApp};
+use support::unique_name;
+use tablescan::dataset;
+use tablescan::storage::Entity;
+
+/// A small dataset with realistic keys plus adversarial ones.
+fn source_entities() -> Vec<Entity> {
+    let mut all: Vec<Entity> = dataset::entities(400, 11, dataset::RowsPerKey::default()).flatten().collect();
+    for (pk, rk) in [("", "empty-pk"), ("it's", "o'clock"), ("Ünïcödé", "1"), ("\u{1F600}", "smile"), ("Z\u{FFFF}", "max"), ("Microsoft.", "exact-prefix")] {
+        all.push(dataset::entity(pk, 0).with_row_key(rk));
+    }
+    all
+}
+
+trait WithRowKey {
+    fn with_row_key(self, rk: &str) -> Entity;
+}
+
+impl WithRowKey for Entity {
+    fn with_row_key(mut self, rk: &str) -> Entity {
+        self.row_key = rk.to_string();
+        self
+    }
+}
+
+async fn start_scan(app: &TestApp, body: Value) -> String {
+    let (status, reply, location) = app.post_scan(&body).await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    assert_eq!(location.as_deref(), Some(format!("/api/scans/{id}").as_str()));
+    id
+}
+
+fn assert_counters(status: &Value, scanned: usize, written: usize) {
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["rowsScanned"], scanned as i64, "{status}");
+    assert_eq!(status["rowsWritten"], written as i64, "{status}");
+    assert_eq!(status["pendingWorkItems"], 0, "{status}");
+    assert_eq!(status["failedWorkItems"], 0, "{status}");
+    assert!(status["messagesProcessed"].as_i64().unwrap() >= 1);
+    assert!(status["storageRequests"].as_i64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_and_count_scans_are_exact() {
+    let app = TestApp::start(1, &[]).await;
+    let source = unique_name("Source");
+    let entities = source_entities();
+    seed(&app.store, &source, entities.clone()).await;
+    let source_rows = rows(&app.store, &source).await;
+    assert_eq!(source_rows.len(), entities.len());
+
+    // Prefix copy (small pages so discovery really recurses) and serial copy.
+    for (strategy, take) in [("prefix", 7), ("serial", 50)] {
+        let destination = unique_name("Dest");
+        let id = start_scan(&app, json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "strategy": strategy, "takeCount": take})).await;
+        let status = app.wait_for_end(&id, Duration::from_secs(180)).await;
+        assert_counters(&status, source_rows.len(), source_rows.len());
+        assert_eq!(rows(&app.store, &destination).await, source_rows, "{strategy} copy equals source");
+    }
+
+    // Count with a prefix and bounds.
+    let expected = source_rows
+        .iter()
+        .filter(|e| e.partition_key.starts_with("Microsoft.") && e.partition_key.as_str() > "Microsoft.AspNetCore" && e.partition_key.as_str() < "Microsoft.Extensions.Z")
+        .count();
+    assert!(expected > 0);
+    let id = start_scan(&app, json!({"driver": "count", "sourceTable": source, "partitionKeyPrefix": "Microsoft.", "partitionKeyLowerBound": "Microsoft.AspNetCore", "partitionKeyUpperBound": "Microsoft.Extensions.Z", "takeCount": 5})).await;
+    let status = app.wait_for_end(&id, Duration::from_secs(120)).await;
+    assert_counters(&status, expected, 0);
+
+    // The list shows the newest scan first.
+    let (status, list) = app.get("/api/scans").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["scans"][0]["id"], id.as_str());
+    assert_eq!(app.queued_messages().await, 0, "no message left in any queue");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_poison() {
+    let app = TestApp::start(1, &[("TABLESCAN_TEST_FAIL_PREFIX", "System.")]).await;
+    let source = unique_name("Source");
+    seed(&app.store, &source, source_entities()).await;
+
+    // A poisoned work item fails the scan with the failing item and its error, within bounded time.
+    let destination = unique_name("Dest");
+    let id = start_scan(&app, json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 20})).await;
+    let status = app.wait_for_end(&id, Duration::from_secs(120)).await;
+    assert_eq!(status["state"], "failed", "{status}");
+    assert!(status["error"].as_str().unwrap().contains("System."), "{status}");
+    assert_eq!(status["failedWorkItems"], 1, "{status}");
+
+    // Cancel: the scan ends cancelled and stays so.
+    let id = start_scan(&app, json!({"driver": "count", "sourceTable": source, "takeCount": 1})).await;
+    let (code, body) = app.delete(&format!("/api/scans/{id}")).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["state"], "cancelled");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, body) = app.get(&format!("/api/scans/{id}")).await;
+    assert_eq!(body["state"], "cancelled");
+    let (code, _) = app.delete(&format!("/api/scans/{id}")).await;
+    assert_eq!(code, 409);
+    app.shutdown().await;
+}

@@ -1,0 +1,166 @@
+//! End-to-end harness: the real `tablescan` binary staged as a function app, run by the local
+//! Functions host (`tablescan::host`), on the shared Azurite, with unique queue and table names.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tablescan::host::{Host, HostConfig, RunningHost};
+use tablescan::scan::{list, ScanParameters, Strategy};
+use tablescan::storage::azure_table::AzureTableStore;
+use tablescan::storage::{Entity, QueueStore, TableStore};
+
+use super::{queue_store, table_store, unique_name};
+
+/// Unique names for one test's app.
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub prefix_queue: String,
+    pub copy_queue: String,
+    pub scans_table: String,
+    pub work_table: String,
+}
+
+pub struct TestApp {
+    pub host: Option<RunningHost>,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub store: AzureTableStore,
+    pub names: Names,
+    pub dir: tempfile::TempDir,
+}
+
+/// Makes the staged host.json fast for tests: quick polling, immediate retry of failed messages.
+fn tune_host_json(dir: &std::path::Path, function_timeout: &str) {
+    let path = dir.join("host.json");
+    let mut host: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let queues = &mut host["extensions"]["queues"];
+    queues["maxPollingInterval"] = "00:00:00.200".into();
+    queues["visibilityTimeout"] = "00:00:00".into();
+    host["functionTimeout"] = function_timeout.into();
+    std::fs::write(&path, serde_json::to_string_pretty(&host).unwrap()).unwrap();
+}
+
+impl TestApp {
+    /// Stages the app, starts `instances` host instances with `settings` added.
+    pub async fn start(instances: usize, settings: &[(&str, &str)]) -> TestApp {
+        let dir = tempfile::tempdir().unwrap();
+        tablescan::app::stage::stage(dir.path(), std::path::Path::new(env!("CARGO_BIN_EXE_tablescan"))).expect("stage");
+        tune_host_json(dir.path(), "00:01:00");
+        let names = Names {
+            prefix_queue: unique_name("ps"),
+            copy_queue: unique_name("tc"),
+            scans_table: unique_name("Scans"),
+            work_table: unique_name("Work"),
+        };
+        let mut config = HostConfig::new(dir.path());
+        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        config.instances = instances;
+        config.inherit_env = true;
+        config.capture_logs = true;
+        let connection = super::azurite().connection_string();
+        let mut all = vec![
+            ("AzureWebJobsStorage", connection.as_str()),
+            ("TABLESCAN_PREFIXSCAN_QUEUE", names.prefix_queue.as_str()),
+            ("TABLESCAN_TABLECOPY_QUEUE", names.copy_queue.as_str()),
+            ("TABLESCAN_SCANS_TABLE", names.scans_table.as_str()),
+            ("TABLESCAN_WORK_TABLE", names.work_table.as_str()),
+            ("TABLESCAN_COUNTER_SHARDS", "4"),
+            ("RUST_LOG", "warn"),
+        ];
+        all.extend_from_slice(settings);
+        for (k, v) in all {
+            config.settings.insert(k.to_string(), v.to_string());
+        }
+        let host = Host::start(config, |cs| {
+            tablescan::storage::connection::StorageAccount::parse(cs)
+                .map(|a| a.queue_store(std::sync::Arc::new(tablescan::storage::counters::RequestCounters::new())))
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .expect("host starts");
+        host.wait_ready(Duration::from_secs(60)).await.expect("handler ready");
+        let base = format!("http://{}", host.http_addr());
+        TestApp { host: Some(host), base, client: reqwest::Client::new(), store: table_store().0, names, dir }
+    }
+
+    pub fn host(&self) -> &RunningHost {
+        self.host.as_ref().expect("host running")
+    }
+
+    pub async fn post_scan(&self, body: &Value) -> (u16, Value, Option<String>) {
+        let response = self.client.post(format!("{}/api/scans", self.base)).json(body).send().await.unwrap();
+        let status = response.status().as_u16();
+        let location = response.headers().get("location").map(|v| v.to_str().unwrap().to_string());
+        (status, response.json().await.unwrap(), location)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let response = self.client.delete(format!("{}{path}", self.base)).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    /// Polls a scan until it leaves `running` (or panics after `timeout`).
+    pub async fn wait_for_end(&self, id: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (status, body) = self.get(&format!("/api/scans/{id}")).await;
+            assert_eq!(status, 200, "{body}");
+            if body["state"] != "running" {
+                return body;
+            }
+            if Instant::now() > deadline {
+                let logs = self.host().log_lines();
+                let tail = logs[logs.len().saturating_sub(40)..].join("\n");
+                panic!("scan {id} still running after {timeout:?}: {body}\n--- host log tail ---\n{tail}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Approximate message count of every queue of the app, poison queues included.
+    pub async fn queued_messages(&self) -> u64 {
+        let queues = queue_store().0;
+        let mut total = 0;
+        for q in [&self.names.prefix_queue, &self.names.copy_queue] {
+            for name in [q.clone(), format!("{q}-poison")] {
+                total += queues.approximate_count(&name).await.unwrap_or(0);
+            }
+        }
+        total
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(host) = self.host.take() {
+            host.shutdown().await;
+        }
+    }
+}
+
+/// Every row of a table in key order.
+pub async fn rows(store: &AzureTableStore, table: &str) -> Vec<Entity> {
+    let mut all = Vec::new();
+    list(store, table, &ScanParameters::default(), Strategy::Serial, |segment| {
+        all.extend(segment);
+        Ok(())
+    })
+    .await
+    .expect("read table");
+    all
+}
+
+/// Seeds `table` with `entities` (any order) in same-partition batches.
+pub async fn seed(store: &AzureTableStore, table: &str, entities: Vec<Entity>) {
+    store.create_table(table).await.unwrap();
+    let mut sorted = entities;
+    sorted.sort_by(|a, b| {
+        tablescan::storage::compare_keys(&a.partition_key, &b.partition_key).then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
+    });
+    for (pk, ops) in tablescan::app::functions::table_copy::batches(sorted) {
+        store.submit_batch(table, &pk, &ops).await.unwrap();
+    }
+}
