@@ -1424,3 +1424,59 @@ async fn azurite_batch_misparses_row_keys_containing_quote_comma() {
         .is_some());
     store.delete_table(&table).await.unwrap();
 }
+
+/// Not a test by itself: the child half of `azurite_dies_with_its_killed_owner`, run in a
+/// separate process that starts Azurite, reports its port and waits to be killed.
+#[test]
+#[ignore = "helper process for azurite_dies_with_its_killed_owner"]
+fn orphan_owner_helper() {
+    if std::env::var_os("TABLESCAN_ORPHAN_HELPER").is_none() {
+        return;
+    }
+    let azurite = Azurite::start_blocking().unwrap();
+    println!("TABLE_PORT={}", azurite.table_port());
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// SIGKILL the process owning an Azurite (so no destructor runs): Azurite must still go away.
+#[test]
+fn azurite_dies_with_its_killed_owner() {
+    use std::io::BufRead;
+    let mut owner = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "orphan_owner_helper",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("TABLESCAN_ORPHAN_HELPER", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(owner.stdout.take().unwrap());
+    let port: u16 = stdout
+        .lines()
+        .map_while(Result::ok)
+        // libtest prints "test orphan_owner_helper ... " before the helper's own output.
+        .find_map(|line| {
+            line.split_once("TABLE_PORT=")
+                .map(|(_, p)| p.trim().parse().unwrap())
+        })
+        .expect("the helper reports Azurite's port");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "Azurite is up"
+    );
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Azurite outlived its killed owner (port {port})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
