@@ -82,7 +82,10 @@ struct ListArgs {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 pub fn main() -> ExitCode {
@@ -90,8 +93,12 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Handler => runtime().block_on(crate::app::handler::serve_from_env()),
         Command::List(args) => runtime().block_on(run_list(args)),
-        Command::Stage(args) => crate::app::stage::run_stage(args).map(|_| ()).map_err(|e| e.to_string()),
-        Command::Host(args) => runtime().block_on(crate::host::run_host(args)).map_err(|e| e.to_string()),
+        Command::Stage(args) => crate::app::stage::run_stage(args)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Command::Host(args) => runtime()
+            .block_on(crate::host::run_host(args))
+            .map_err(|e| e.to_string()),
         Command::Demo(args) => runtime().block_on(crate::demo::run_demo(args)),
     };
     match result {
@@ -105,7 +112,8 @@ pub fn main() -> ExitCode {
 
 /// The connection string for developer commands: flag, else `AzureWebJobsStorage`, else Azurite.
 pub fn connection_string(flag: Option<String>) -> String {
-    flag.or_else(|| std::env::var("AzureWebJobsStorage").ok()).unwrap_or_else(|| "UseDevelopmentStorage=true".to_string())
+    flag.or_else(|| std::env::var("AzureWebJobsStorage").ok())
+        .unwrap_or_else(|| "UseDevelopmentStorage=true".to_string())
 }
 
 async fn run_list(args: ListArgs) -> Result<(), String> {
@@ -118,12 +126,15 @@ async fn run_list(args: ListArgs) -> Result<(), String> {
         expand_partition_keys: !args.no_expand,
         ..ScanParameters::default()
     };
-    params.validate().map_err(|e| format!("--{}: {}", cli_flag(e.field), e.message))?;
+    params
+        .validate()
+        .map_err(|e| format!("--{}: {}", cli_flag(e.field), e.message))?;
     let strategy = match args.strategy {
         StrategyArg::Prefix => Strategy::Prefix,
         StrategyArg::Serial => Strategy::Serial,
     };
-    let account = StorageAccount::parse(&connection_string(args.connection_string)).map_err(|e| e.to_string())?;
+    let account = StorageAccount::parse(&connection_string(args.connection_string))
+        .map_err(|e| e.to_string())?;
     let counters = Arc::new(RequestCounters::new());
     let store = account.table_store(counters.clone());
     let started = Instant::now();
@@ -138,17 +149,24 @@ async fn run_list(args: ListArgs) -> Result<(), String> {
                 Format::Tsv => format!("{}\t{}", entity.partition_key, entity.row_key),
                 Format::Jsonl => serde_json::Value::Object(entity.to_wire()).to_string(),
             };
-            writeln!(out, "{line}").map_err(|e| ScanError::InvalidStep(format!("cannot write output: {e}")))?;
+            writeln!(out, "{line}")
+                .map_err(|e| ScanError::InvalidStep(format!("cannot write output: {e}")))?;
         }
         Ok(())
     })
     .await;
     out.flush().map_err(|e| e.to_string())?;
     match result {
-        Err(ScanError::Storage(e)) if e.is_not_found() => Err(format!("table {} does not exist ({e})", args.table)),
+        Err(ScanError::Storage(e)) if e.is_not_found() => {
+            Err(format!("table {} does not exist ({e})", args.table))
+        }
         Err(e) => Err(e.to_string()),
         Ok(queries) => {
-            eprintln!("{rows} rows, {queries} queries, {:.2} s ({} account)", started.elapsed().as_secs_f64(), account.account_name());
+            eprintln!(
+                "{rows} rows, {queries} queries, {:.2} s ({} account)",
+                started.elapsed().as_secs_f64(),
+                account.account_name()
+            );
             Ok(())
         }
     }

@@ -22,10 +22,50 @@ const NAMESPACES: &[(&str, u32)] = &[
     ("", 27),
 ];
 const WORDS: &[&str] = &[
-    "Extensions", "Core", "Json", "Http", "Logging", "Data", "Sql", "Identity", "AspNetCore", "Configuration", "Caching",
-    "Storage", "Blobs", "Tables", "Queues", "Security", "Runtime", "Collections", "Threading", "Text", "Net", "IO",
-    "Linq", "Reflection", "Diagnostics", "Hosting", "Options", "Primitives", "Abstractions", "Client", "Server", "Tools",
-    "Analyzers", "Compilers", "Build", "Tasks", "Mvc", "Razor", "Web", "Forms", "Android", "iOS", "Maps", "Auth",
+    "Extensions",
+    "Core",
+    "Json",
+    "Http",
+    "Logging",
+    "Data",
+    "Sql",
+    "Identity",
+    "AspNetCore",
+    "Configuration",
+    "Caching",
+    "Storage",
+    "Blobs",
+    "Tables",
+    "Queues",
+    "Security",
+    "Runtime",
+    "Collections",
+    "Threading",
+    "Text",
+    "Net",
+    "IO",
+    "Linq",
+    "Reflection",
+    "Diagnostics",
+    "Hosting",
+    "Options",
+    "Primitives",
+    "Abstractions",
+    "Client",
+    "Server",
+    "Tools",
+    "Analyzers",
+    "Compilers",
+    "Build",
+    "Tasks",
+    "Mvc",
+    "Razor",
+    "Web",
+    "Forms",
+    "Android",
+    "iOS",
+    "Maps",
+    "Auth",
 ];
 
 /// Rows per partition key: mostly a few versions, sometimes many (popular packages).
@@ -50,7 +90,18 @@ pub fn partition_keys(rows: u64, seed: u64, per_key: RowsPerKey) -> Vec<(String,
     let mut remaining = rows;
     while remaining > 0 {
         let mut pick = rng.gen_range(0..total_weight);
-        let namespace = NAMESPACES.iter().find(|(_, w)| if pick < *w { true } else { pick -= w; false }).map(|(n, _)| *n).unwrap_or("");
+        let namespace = NAMESPACES
+            .iter()
+            .find(|(_, w)| {
+                if pick < *w {
+                    true
+                } else {
+                    pick -= w;
+                    false
+                }
+            })
+            .map(|(n, _)| *n)
+            .unwrap_or("");
         let parts = rng.gen_range(1..=3);
         let mut id = namespace.to_string();
         for i in 0..parts {
@@ -61,7 +112,11 @@ pub fn partition_keys(rows: u64, seed: u64, per_key: RowsPerKey) -> Vec<(String,
         }
         if namespace.is_empty() && rng.gen_bool(0.5) {
             // The long tail: short, lower-case community package names.
-            id = format!("{}{}", WORDS[rng.gen_range(0..WORDS.len())].to_lowercase(), rng.gen_range(0..10_000));
+            id = format!(
+                "{}{}",
+                WORDS[rng.gen_range(0..WORDS.len())].to_lowercase(),
+                rng.gen_range(0..10_000)
+            );
         }
         if !seen.insert(id.clone()) {
             continue;
@@ -105,26 +160,64 @@ pub fn entity(id: &str, index: u32) -> Entity {
     typed(p, "Title", json!(format!("{id} {}", version(index))), None);
     typed(p, "Authors", json!(format!("author{}", h % 997)), None);
     typed(p, "VersionIndex", json!(index), None);
-    typed(p, "Downloads", json!((h % 50_000_000_000).to_string()), Some("Edm.Int64"));
-    typed(p, "Rating", json!((h % 50) as f64 / 10.0), Some("Edm.Double"));
+    typed(
+        p,
+        "Downloads",
+        json!((h % 50_000_000_000).to_string()),
+        Some("Edm.Int64"),
+    );
+    typed(
+        p,
+        "Rating",
+        json!((h % 50) as f64 / 10.0),
+        Some("Edm.Double"),
+    );
     typed(p, "Listed", json!(h % 7 != 0), None);
     let day = 1_420_070_400 + (h % 300_000_000) as i64;
     let published = time::OffsetDateTime::from_unix_timestamp(day).expect("valid time");
-    typed(p, "Published", json!(published.format(&time::format_description::well_known::Rfc3339).expect("formats")), Some("Edm.DateTime"));
-    let bytes: Vec<u8> = (0..16).map(|i| (h >> (i % 8 * 8)) as u8 ^ i as u8).collect();
-    typed(p, "Hash", json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)), Some("Edm.Binary"));
-    let g = format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", h as u32, (h >> 32) as u16, (h >> 48) as u16 & 0xfff, index & 0xfff, h & 0xffff_ffff_ffff);
+    typed(
+        p,
+        "Published",
+        json!(published
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("formats")),
+        Some("Edm.DateTime"),
+    );
+    let bytes: Vec<u8> = (0..16)
+        .map(|i| (h >> (i % 8 * 8)) as u8 ^ i as u8)
+        .collect();
+    typed(
+        p,
+        "Hash",
+        json!(base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            bytes
+        )),
+        Some("Edm.Binary"),
+    );
+    let g = format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        h as u32,
+        (h >> 32) as u16,
+        (h >> 48) as u16 & 0xfff,
+        index & 0xfff,
+        h & 0xffff_ffff_ffff
+    );
     typed(p, "PackageId", json!(g), Some("Edm.Guid"));
     e
 }
 
 /// Every row of the dataset, grouped by partition key (in generation order, not key order).
 pub fn entities(rows: u64, seed: u64, per_key: RowsPerKey) -> impl Iterator<Item = Vec<Entity>> {
-    partition_keys(rows, seed, per_key).into_iter().map(|(id, count)| (0..count).map(|i| entity(&id, i)).collect())
+    partition_keys(rows, seed, per_key)
+        .into_iter()
+        .map(|(id, count)| (0..count).map(|i| entity(&id, i)).collect())
 }
 
 fn fxhash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]
@@ -137,10 +230,20 @@ mod tests {
         let b = partition_keys(10_000, 1, RowsPerKey::default());
         assert_eq!(a, b);
         assert_eq!(a.iter().map(|(_, n)| u64::from(*n)).sum::<u64>(), 10_000);
-        let microsoft = a.iter().filter(|(id, _)| id.starts_with("Microsoft.")).count();
-        assert!(microsoft * 5 > a.len(), "a big shared namespace: {microsoft} of {}", a.len());
+        let microsoft = a
+            .iter()
+            .filter(|(id, _)| id.starts_with("Microsoft."))
+            .count();
+        assert!(
+            microsoft * 5 > a.len(),
+            "a big shared namespace: {microsoft} of {}",
+            a.len()
+        );
         let mean = 10_000.0 / a.len() as f64;
-        assert!((2.0..5.0).contains(&mean), "about 3 rows per key, got {mean}");
+        assert!(
+            (2.0..5.0).contains(&mean),
+            "about 3 rows per key, got {mean}"
+        );
         let e = entity("Microsoft.Extensions.Logging", 3);
         assert_eq!(e.properties["Downloads@odata.type"], "Edm.Int64");
         assert_eq!(e.properties["PackageId@odata.type"], "Edm.Guid");

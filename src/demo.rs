@@ -52,28 +52,57 @@ pub struct Storage {
 
 impl Storage {
     pub async fn open() -> Result<Storage, String> {
-        match std::env::var("AzureWebJobsStorage").ok().filter(|v| !v.trim().is_empty()) {
+        match std::env::var("AzureWebJobsStorage")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
             Some(cs) => {
-                let account = StorageAccount::parse(&cs).map_err(|e| format!("AzureWebJobsStorage: {e}"))?;
-                eprintln!("storage: account {} from AzureWebJobsStorage", account.account_name());
-                Ok(Storage { connection_string: cs, account, _azurite: None })
+                let account =
+                    StorageAccount::parse(&cs).map_err(|e| format!("AzureWebJobsStorage: {e}"))?;
+                eprintln!(
+                    "storage: account {} from AzureWebJobsStorage",
+                    account.account_name()
+                );
+                Ok(Storage {
+                    connection_string: cs,
+                    account,
+                    _azurite: None,
+                })
             }
             None => {
                 eprintln!("storage: starting Azurite (installing it from npm on first use)...");
-                let azurite = Azurite::start().await.map_err(|e| format!("cannot start Azurite: {e}"))?;
+                let azurite = Azurite::start()
+                    .await
+                    .map_err(|e| format!("cannot start Azurite: {e}"))?;
                 let cs = azurite.connection_string();
                 let account = StorageAccount::parse(&cs).map_err(|e| e.to_string())?;
-                eprintln!("storage: Azurite tables {} queues {}", azurite.table_endpoint(), azurite.queue_endpoint());
-                Ok(Storage { connection_string: cs, account, _azurite: Some(azurite) })
+                eprintln!(
+                    "storage: Azurite tables {} queues {}",
+                    azurite.table_endpoint(),
+                    azurite.queue_endpoint()
+                );
+                Ok(Storage {
+                    connection_string: cs,
+                    account,
+                    _azurite: Some(azurite),
+                })
             }
         }
     }
 }
 
 /// Writes the dataset into `table` (created if needed) with concurrent same-partition batches.
-pub async fn seed(store: &AzureTableStore, table: &str, rows: u64, seed: u64, per_key: RowsPerKey) -> Result<(), StorageError> {
+pub async fn seed(
+    store: &AzureTableStore,
+    table: &str,
+    rows: u64,
+    seed: u64,
+    per_key: RowsPerKey,
+) -> Result<(), StorageError> {
     store.create_table(table).await?;
-    let groups: Vec<_> = dataset::entities(rows, seed, per_key).flat_map(batches).collect();
+    let groups: Vec<_> = dataset::entities(rows, seed, per_key)
+        .flat_map(batches)
+        .collect();
     stream::iter(groups)
         .map(|(pk, ops)| async move { store.submit_batch(table, &pk, &ops).await })
         .buffer_unordered(32)
@@ -86,18 +115,27 @@ pub async fn seed(store: &AzureTableStore, table: &str, rows: u64, seed: u64, pe
 pub async fn fingerprint(store: &AzureTableStore, table: &str) -> Result<(u64, String), String> {
     let mut hasher = Sha256::new();
     let mut rows = 0u64;
-    list(store, table, &ScanParameters::default(), Strategy::Serial, |segment| {
-        for entity in segment {
-            rows += 1;
-            hasher.update(Value::Object(entity.to_wire()).to_string().as_bytes());
-            hasher.update(b"\n");
-        }
-        Ok(())
-    })
+    list(
+        store,
+        table,
+        &ScanParameters::default(),
+        Strategy::Serial,
+        |segment| {
+            for entity in segment {
+                rows += 1;
+                hasher.update(Value::Object(entity.to_wire()).to_string().as_bytes());
+                hasher.update(b"\n");
+            }
+            Ok(())
+        },
+    )
     .await
     .map_err(|e| format!("reading {table}: {e}"))?;
     let digest = hasher.finalize();
-    Ok((rows, digest.iter().take(8).map(|b| format!("{b:02x}")).collect()))
+    Ok((
+        rows,
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect(),
+    ))
 }
 
 /// The result of one scan through the local host.
@@ -109,12 +147,31 @@ pub struct RunSummary {
 }
 
 /// Starts a scan with an HTTP POST, as a user would with curl, and shows progress until it ends.
-pub async fn run_scan(client: &reqwest::Client, base: &str, label: &str, body: Value, total_rows: u64, quiet: bool) -> Result<RunSummary, String> {
+pub async fn run_scan(
+    client: &reqwest::Client,
+    base: &str,
+    label: &str,
+    body: Value,
+    total_rows: u64,
+    quiet: bool,
+) -> Result<RunSummary, String> {
     let started = Instant::now();
-    let response = client.post(format!("{base}/api/scans")).json(&body).send().await.map_err(|e| format!("POST /api/scans: {e}"))?;
+    let response = client
+        .post(format!("{base}/api/scans"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("POST /api/scans: {e}"))?;
     let status = response.status();
-    let location = response.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let reply: Value = response.json().await.map_err(|e| format!("POST /api/scans reply: {e}"))?;
+    let location = response
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let reply: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("POST /api/scans reply: {e}"))?;
     let _ = reply.get("id");
     if status.as_u16() != 202 {
         return Err(format!("POST /api/scans answered {status}: {reply}"));
@@ -122,8 +179,15 @@ pub async fn run_scan(client: &reqwest::Client, base: &str, label: &str, body: V
     let location = location.ok_or("POST /api/scans answered without a Location header")?;
     let last = loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let response = client.get(format!("{base}{location}")).send().await.map_err(|e| format!("GET {location}: {e}"))?;
-        let last: Value = response.json().await.map_err(|e| format!("GET {location}: {e}"))?;
+        let response = client
+            .get(format!("{base}{location}"))
+            .send()
+            .await
+            .map_err(|e| format!("GET {location}: {e}"))?;
+        let last: Value = response
+            .json()
+            .await
+            .map_err(|e| format!("GET {location}: {e}"))?;
         if !quiet {
             draw_progress(label, &last, total_rows, started.elapsed());
         }
@@ -134,19 +198,31 @@ pub async fn run_scan(client: &reqwest::Client, base: &str, label: &str, body: V
                 if !quiet {
                     eprintln!();
                 }
-                return Err(format!("{label} scan ended {:?}: {}", other.unwrap_or("?"), last["error"]));
+                return Err(format!(
+                    "{label} scan ended {:?}: {}",
+                    other.unwrap_or("?"),
+                    last["error"]
+                ));
             }
         }
     };
     if !quiet {
         eprintln!();
     }
-    Ok(RunSummary { label: label.to_string(), status: last, wall: started.elapsed() })
+    Ok(RunSummary {
+        label: label.to_string(),
+        status: last,
+        wall: started.elapsed(),
+    })
 }
 
 fn draw_progress(label: &str, status: &Value, total: u64, elapsed: Duration) {
     let done = status["rowsWritten"].as_i64().unwrap_or(0) as u64;
-    let fraction = if total == 0 { 1.0 } else { (done as f64 / total as f64).min(1.0) };
+    let fraction = if total == 0 {
+        1.0
+    } else {
+        (done as f64 / total as f64).min(1.0)
+    };
     let width = 30;
     let filled = (fraction * width as f64).round() as usize;
     let rate = done as f64 / elapsed.as_secs_f64().max(0.001);
@@ -161,21 +237,35 @@ fn draw_progress(label: &str, status: &Value, total: u64, elapsed: Duration) {
 }
 
 /// Stages the function app into a temporary folder and starts the local host on it.
-pub async fn start_app(storage: &Storage, instances: usize, port: u16, settings: &[(&str, String)]) -> Result<(tempfile::TempDir, RunningHost), String> {
+pub async fn start_app(
+    storage: &Storage,
+    instances: usize,
+    port: u16,
+    settings: &[(&str, String)],
+) -> Result<(tempfile::TempDir, RunningHost), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let binary = std::env::current_exe().map_err(|e| e.to_string())?;
     crate::app::stage::stage(dir.path(), &binary).map_err(|e| e.to_string())?;
     let mut config = HostConfig::new(dir.path());
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     config.instances = instances;
-    config.settings.insert("AzureWebJobsStorage".into(), storage.connection_string.clone());
+    config.settings.insert(
+        "AzureWebJobsStorage".into(),
+        storage.connection_string.clone(),
+    );
     for (k, v) in settings {
         config.settings.insert(k.to_string(), v.clone());
     }
-    let host = Host::start(config, |cs| StorageAccount::parse(cs).map(|a| a.queue_store(Arc::new(RequestCounters::new()))).map_err(|e| e.to_string()))
+    let host = Host::start(config, |cs| {
+        StorageAccount::parse(cs)
+            .map(|a| a.queue_store(Arc::new(RequestCounters::new())))
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("cannot start the local Functions host: {e}"))?;
+    host.wait_ready(Duration::from_secs(60))
         .await
-        .map_err(|e| format!("cannot start the local Functions host: {e}"))?;
-    host.wait_ready(Duration::from_secs(60)).await.map_err(|e| format!("the handler did not become ready: {e}"))?;
+        .map_err(|e| format!("the handler did not become ready: {e}"))?;
     Ok((dir, host))
 }
 
@@ -185,11 +275,15 @@ pub async fn run_demo(args: DemoArgs) -> Result<(), String> {
     let store = storage.account.table_store(counters);
     let suffix = format!("{:06x}", rand::random::<u32>() & 0xffffff);
     let source = format!("DemoSource{suffix}");
-    let per_key = RowsPerKey { mean: args.rows_per_key };
+    let per_key = RowsPerKey {
+        mean: args.rows_per_key,
+    };
 
     let t = Instant::now();
     eprintln!("seeding {} rows into {source} ...", args.rows);
-    seed(&store, &source, args.rows, args.seed, per_key).await.map_err(|e| format!("seeding {source}: {e}"))?;
+    seed(&store, &source, args.rows, args.seed, per_key)
+        .await
+        .map_err(|e| format!("seeding {source}: {e}"))?;
     eprintln!("seeded in {:.1} s", t.elapsed().as_secs_f64());
     let (source_rows, source_sum) = fingerprint(&store, &source).await?;
 
@@ -197,11 +291,24 @@ pub async fn run_demo(args: DemoArgs) -> Result<(), String> {
     let base = format!("http://{}", host.http_addr());
     let client = reqwest::Client::new();
     let mut runs = Vec::new();
-    let variants: &[(&str, &str)] = if args.no_serial { &[("prefix", "prefix")] } else { &[("prefix", "prefix"), ("serial", "serial")] };
+    let variants: &[(&str, &str)] = if args.no_serial {
+        &[("prefix", "prefix")]
+    } else {
+        &[("prefix", "prefix"), ("serial", "serial")]
+    };
     for (label, strategy) in variants {
-        let destination = format!("Demo{}{suffix}", if *label == "prefix" { "Prefix" } else { "Serial" });
+        let destination = format!(
+            "Demo{}{suffix}",
+            if *label == "prefix" {
+                "Prefix"
+            } else {
+                "Serial"
+            }
+        );
         let body = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "strategy": strategy});
-        eprintln!("\n$ curl -X POST {base}/api/scans -H 'Content-Type: application/json' -d '{body}'");
+        eprintln!(
+            "\n$ curl -X POST {base}/api/scans -H 'Content-Type: application/json' -d '{body}'"
+        );
         let run = run_scan(&client, &base, label, body, source_rows, false).await;
         let run = match run {
             Ok(r) => r,
@@ -220,13 +327,24 @@ pub async fn run_demo(args: DemoArgs) -> Result<(), String> {
     }
     host.shutdown().await;
 
-    println!("\n{:<8} {:>9} {:>9} {:>10} {:>14} {:>10}", "scan", "rows", "wall s", "rows/s", "requests/1k", "messages");
+    println!(
+        "\n{:<8} {:>9} {:>9} {:>10} {:>14} {:>10}",
+        "scan", "rows", "wall s", "rows/s", "requests/1k", "messages"
+    );
     for run in &runs {
         let s = &run.status;
         let rows = s["rowsWritten"].as_i64().unwrap_or(0);
         let secs = run.wall.as_secs_f64();
         let per_k = s["storageRequests"].as_f64().unwrap_or(0.0) * 1000.0 / (rows.max(1) as f64);
-        println!("{:<8} {:>9} {:>9.1} {:>10.0} {:>14.1} {:>10}", run.label, rows, secs, rows as f64 / secs, per_k, s["messagesProcessed"]);
+        println!(
+            "{:<8} {:>9} {:>9.1} {:>10.0} {:>14.1} {:>10}",
+            run.label,
+            rows,
+            secs,
+            rows as f64 / secs,
+            per_k,
+            s["messagesProcessed"]
+        );
     }
     println!("\nEvery copy verified: {source_rows} rows, checksum {source_sum}.");
     println!("Note: Azurite evaluates every filter by scanning the whole table, so prefix queries are far slower there than on Azure.");

@@ -14,8 +14,17 @@ use tablescan::storage::Entity;
 
 /// A small dataset with realistic keys plus adversarial ones.
 fn source_entities() -> Vec<Entity> {
-    let mut all: Vec<Entity> = dataset::entities(400, 11, dataset::RowsPerKey::default()).flatten().collect();
-    for (pk, rk) in [("", "empty-pk"), ("it's", "o'clock"), ("Ünïcödé", "1"), ("\u{1F600}", "smile"), ("Z\u{FFFF}", "max"), ("Microsoft.", "exact-prefix")] {
+    let mut all: Vec<Entity> = dataset::entities(400, 11, dataset::RowsPerKey::default())
+        .flatten()
+        .collect();
+    for (pk, rk) in [
+        ("", "empty-pk"),
+        ("it's", "o'clock"),
+        ("Ünïcödé", "1"),
+        ("\u{1F600}", "smile"),
+        ("Z\u{FFFF}", "max"),
+        ("Microsoft.", "exact-prefix"),
+    ] {
         all.push(dataset::entity(pk, 0).with_row_key(rk));
     }
     all
@@ -36,7 +45,10 @@ async fn start_scan(app: &TestApp, body: Value) -> String {
     let (status, reply, location) = app.post_scan(&body).await;
     assert_eq!(status, 202, "{reply}");
     let id = reply["id"].as_str().unwrap().to_string();
-    assert_eq!(location.as_deref(), Some(format!("/api/scans/{id}").as_str()));
+    assert_eq!(
+        location.as_deref(),
+        Some(format!("/api/scans/{id}").as_str())
+    );
     id
 }
 
@@ -65,13 +77,21 @@ async fn copy_and_count_scans_are_exact() {
         let id = start_scan(&app, json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "strategy": strategy, "takeCount": take})).await;
         let status = app.wait_for_end(&id, Duration::from_secs(180)).await;
         assert_counters(&status, source_rows.len(), source_rows.len());
-        assert_eq!(rows(&app.store, &destination).await, source_rows, "{strategy} copy equals source");
+        assert_eq!(
+            rows(&app.store, &destination).await,
+            source_rows,
+            "{strategy} copy equals source"
+        );
     }
 
     // Count with a prefix and bounds.
     let expected = source_rows
         .iter()
-        .filter(|e| e.partition_key.starts_with("Microsoft.") && e.partition_key.as_str() > "Microsoft.AspNetCore" && e.partition_key.as_str() < "Microsoft.Extensions.Z")
+        .filter(|e| {
+            e.partition_key.starts_with("Microsoft.")
+                && e.partition_key.as_str() > "Microsoft.AspNetCore"
+                && e.partition_key.as_str() < "Microsoft.Extensions.Z"
+        })
         .count();
     assert!(expected > 0);
     let id = start_scan(&app, json!({"driver": "count", "sourceTable": source, "partitionKeyPrefix": "Microsoft.", "partitionKeyLowerBound": "Microsoft.AspNetCore", "partitionKeyUpperBound": "Microsoft.Extensions.Z", "takeCount": 5})).await;
@@ -82,7 +102,11 @@ async fn copy_and_count_scans_are_exact() {
     let (status, list) = app.get("/api/scans").await;
     assert_eq!(status, 200);
     assert_eq!(list["scans"][0]["id"], id.as_str());
-    assert_eq!(app.queued_messages().await, 0, "no message left in any queue");
+    assert_eq!(
+        app.queued_messages().await,
+        0,
+        "no message left in any queue"
+    );
     app.shutdown().await;
 }
 
@@ -97,11 +121,18 @@ async fn cancel_and_poison() {
     let id = start_scan(&app, json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 20})).await;
     let status = app.wait_for_end(&id, Duration::from_secs(120)).await;
     assert_eq!(status["state"], "failed", "{status}");
-    assert!(status["error"].as_str().unwrap().contains("System."), "{status}");
+    assert!(
+        status["error"].as_str().unwrap().contains("System."),
+        "{status}"
+    );
     assert_eq!(status["failedWorkItems"], 1, "{status}");
 
     // Cancel: the scan ends cancelled and stays so.
-    let id = start_scan(&app, json!({"driver": "count", "sourceTable": source, "takeCount": 1})).await;
+    let id = start_scan(
+        &app,
+        json!({"driver": "count", "sourceTable": source, "takeCount": 1}),
+    )
+    .await;
     let (code, body) = app.delete(&format!("/api/scans/{id}")).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["state"], "cancelled");

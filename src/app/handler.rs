@@ -14,8 +14,14 @@ use super::state::AppState;
 
 /// Logs go to stdout: the host logs a handler's stderr lines as errors.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout).with_ansi(false).with_target(false).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stdout)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
 }
 
 /// Reads the app settings, connects to storage and serves until SIGTERM / Ctrl-C.
@@ -25,16 +31,22 @@ pub async fn serve_from_env() -> Result<(), String> {
     let counters = Arc::new(RequestCounters::new());
     let mut tables = BTreeMap::new();
     for (name, connection_string) in &config.connections {
-        let account = StorageAccount::parse(connection_string).map_err(|e| format!("app setting {name}: {e}"))?;
+        let account = StorageAccount::parse(connection_string)
+            .map_err(|e| format!("app setting {name}: {e}"))?;
         tables.insert(name.clone(), account.table_store(counters.clone()));
     }
-    let own = StorageAccount::parse(&config.connections[STORAGE_SETTING]).map_err(|e| format!("app setting {STORAGE_SETTING}: {e}"))?;
+    let own = StorageAccount::parse(&config.connections[STORAGE_SETTING])
+        .map_err(|e| format!("app setting {STORAGE_SETTING}: {e}"))?;
     let queues = own.queue_store(counters);
-    let listener = TcpListener::bind(("127.0.0.1", config.port)).await.map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
+    let listener = TcpListener::bind(("127.0.0.1", config.port))
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%address, ?config, "tablescan handler listening");
     let state = AppState::new(config, tables, queues);
-    server::run(listener, state, shutdown_signal()).await.map_err(|e| e.to_string())
+    server::run(listener, state, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Resolves on Ctrl-C or SIGTERM (what the host sends when it stops or restarts the handler).

@@ -44,7 +44,11 @@ impl TestApp {
     /// Stages the app, starts `instances` host instances with `settings` added.
     pub async fn start(instances: usize, settings: &[(&str, &str)]) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
-        tablescan::app::stage::stage(dir.path(), std::path::Path::new(env!("CARGO_BIN_EXE_tablescan"))).expect("stage");
+        tablescan::app::stage::stage(
+            dir.path(),
+            std::path::Path::new(env!("CARGO_BIN_EXE_tablescan")),
+        )
+        .expect("stage");
         tune_host_json(dir.path(), "00:01:00");
         let names = Names {
             prefix_queue: unique_name("ps"),
@@ -73,14 +77,27 @@ impl TestApp {
         }
         let host = Host::start(config, |cs| {
             tablescan::storage::connection::StorageAccount::parse(cs)
-                .map(|a| a.queue_store(std::sync::Arc::new(tablescan::storage::counters::RequestCounters::new())))
+                .map(|a| {
+                    a.queue_store(std::sync::Arc::new(
+                        tablescan::storage::counters::RequestCounters::new(),
+                    ))
+                })
                 .map_err(|e| e.to_string())
         })
         .await
         .expect("host starts");
-        host.wait_ready(Duration::from_secs(60)).await.expect("handler ready");
+        host.wait_ready(Duration::from_secs(60))
+            .await
+            .expect("handler ready");
         let base = format!("http://{}", host.http_addr());
-        TestApp { host: Some(host), base, client: reqwest::Client::new(), store: table_store().0, names, dir }
+        TestApp {
+            host: Some(host),
+            base,
+            client: reqwest::Client::new(),
+            store: table_store().0,
+            names,
+            dir,
+        }
     }
 
     pub fn host(&self) -> &RunningHost {
@@ -88,19 +105,38 @@ impl TestApp {
     }
 
     pub async fn post_scan(&self, body: &Value) -> (u16, Value, Option<String>) {
-        let response = self.client.post(format!("{}/api/scans", self.base)).json(body).send().await.unwrap();
+        let response = self
+            .client
+            .post(format!("{}/api/scans", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
-        let location = response.headers().get("location").map(|v| v.to_str().unwrap().to_string());
+        let location = response
+            .headers()
+            .get("location")
+            .map(|v| v.to_str().unwrap().to_string());
         (status, response.json().await.unwrap(), location)
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         (response.status().as_u16(), response.json().await.unwrap())
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let response = self.client.delete(format!("{}{path}", self.base)).send().await.unwrap();
+        let response = self
+            .client
+            .delete(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         (response.status().as_u16(), response.json().await.unwrap())
     }
 
@@ -144,10 +180,16 @@ impl TestApp {
 /// Every row of a table in key order.
 pub async fn rows(store: &AzureTableStore, table: &str) -> Vec<Entity> {
     let mut all = Vec::new();
-    list(store, table, &ScanParameters::default(), Strategy::Serial, |segment| {
-        all.extend(segment);
-        Ok(())
-    })
+    list(
+        store,
+        table,
+        &ScanParameters::default(),
+        Strategy::Serial,
+        |segment| {
+            all.extend(segment);
+            Ok(())
+        },
+    )
     .await
     .expect("read table");
     all
@@ -158,7 +200,8 @@ pub async fn seed(store: &AzureTableStore, table: &str, entities: Vec<Entity>) {
     store.create_table(table).await.unwrap();
     let mut sorted = entities;
     sorted.sort_by(|a, b| {
-        tablescan::storage::compare_keys(&a.partition_key, &b.partition_key).then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
+        tablescan::storage::compare_keys(&a.partition_key, &b.partition_key)
+            .then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
     });
     for (pk, ops) in tablescan::app::functions::table_copy::batches(sorted) {
         store.submit_batch(table, &pk, &ops).await.unwrap();
