@@ -13,5 +13,6 @@ pub mod cli;
 pub mod dataset;
 pub mod demo;
 pub mod host;
+pub mod proxy;
 pub mod scan;
 pub mod storage;

@@ -1,0 +1,508 @@
+//! A storage proxy for tests and benchmarks: sits between a client (the handler, the host) and
+//! Azurite, counts every request by kind and table/queue, and injects faults the way Azure
+//! produces them — 503 ServerBusy and 500 OperationTimedOut with the service's real error bodies,
+//! slow responses, and connection resets before or after the request reached storage.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::storage::connection::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
+use crate::storage::counters::RequestKind;
+
+/// Which service a proxy listener fronts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Table,
+    Queue,
+}
+
+/// Probabilities (0..=1) of each fault, applied per request of the selected kinds.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPolicy {
+    /// 503 ServerBusy without forwarding.
+    pub server_busy: f64,
+    /// 500 OperationTimedOut without forwarding.
+    pub operation_timed_out: f64,
+    /// Close the connection without forwarding.
+    pub reset_before: f64,
+    /// Forward, then close the connection instead of answering: the request took effect but the
+    /// client cannot know (the hardest case for idempotency).
+    pub reset_after: f64,
+    /// Delay the response by a random time up to `max_delay`.
+    pub delay: f64,
+    pub max_delay: Duration,
+    /// Only requests of these kinds are faulted; empty means all kinds.
+    pub kinds: Vec<RequestKind>,
+}
+
+impl FaultPolicy {
+    /// No faults: count only.
+    pub fn none() -> Self {
+        FaultPolicy::default()
+    }
+
+    fn applies_to(&self, kind: RequestKind) -> bool {
+        self.kinds.is_empty() || self.kinds.contains(&kind)
+    }
+}
+
+/// Request counts by kind and by the table or queue they addressed.
+pub type Counts = BTreeMap<(String, String), u64>;
+
+struct Shared {
+    faults: Mutex<FaultPolicy>,
+    rng: Mutex<StdRng>,
+    counts: Mutex<Counts>,
+    injected: AtomicU64,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+/// A running proxy for one Azurite (table and queue services). Stops when dropped.
+pub struct StorageProxy {
+    table_addr: SocketAddr,
+    queue_addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+}
+
+fn kind_name(kind: RequestKind) -> &'static str {
+    match kind {
+        RequestKind::Query => "query",
+        RequestKind::Batch => "batch",
+        RequestKind::PointRead => "point_read",
+        RequestKind::TableAdmin => "table_admin",
+        RequestKind::QueuePut => "queue_put",
+        RequestKind::QueueGet => "queue_get",
+        RequestKind::QueueDelete => "queue_delete",
+        RequestKind::QueueUpdate => "queue_update",
+        RequestKind::QueueAdmin => "queue_admin",
+    }
+}
+
+/// Classifies a request and names the table or queue it addresses.
+fn classify(
+    service: Service,
+    method: &hyper::Method,
+    path: &str,
+    query: &str,
+    body: &[u8],
+) -> (RequestKind, String) {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // Path-style URLs: /{account}/{resource}...
+    let resource = segments.get(1).copied().unwrap_or("");
+    match service {
+        Service::Table => {
+            if resource == "$batch" {
+                return (RequestKind::Batch, batch_table(body));
+            }
+            let name = resource.split('(').next().unwrap_or("").to_string();
+            if name.eq_ignore_ascii_case("Tables") {
+                let table = resource.split('\'').nth(1).unwrap_or("").to_string();
+                return (RequestKind::TableAdmin, table);
+            }
+            let kind = match *method {
+                hyper::Method::GET if resource.contains("PartitionKey=") => RequestKind::PointRead,
+                hyper::Method::GET => RequestKind::Query,
+                _ => RequestKind::TableAdmin,
+            };
+            (kind, name)
+        }
+        Service::Queue => {
+            let queue = resource.to_string();
+            let messages = segments.get(2) == Some(&"messages");
+            let kind = match (method.clone(), messages, segments.len() > 3) {
+                (hyper::Method::POST, true, false) => RequestKind::QueuePut,
+                (hyper::Method::GET, true, _) if !query.contains("peekonly=true") => {
+                    RequestKind::QueueGet
+                }
+                (hyper::Method::DELETE, true, true) => RequestKind::QueueDelete,
+                (hyper::Method::PUT, true, true) => RequestKind::QueueUpdate,
+                _ => RequestKind::QueueAdmin,
+            };
+            (kind, queue)
+        }
+    }
+}
+
+/// The table an entity group transaction writes to, from its first operation's URL.
+fn batch_table(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    for line in text.lines() {
+        let Some((_, rest)) = line.split_once(" http") else {
+            continue;
+        };
+        let Some(url) = rest.split_whitespace().next() else {
+            continue;
+        };
+        let path = url.splitn(4, '/').nth(3).unwrap_or("");
+        if let Some(resource) = path.split('/').nth(1) {
+            return resource.split('(').next().unwrap_or("").to_string();
+        }
+    }
+    String::new()
+}
+
+fn error_response(
+    service: Service,
+    status: StatusCode,
+    code: &str,
+    message: &str,
+) -> Response<Full<Bytes>> {
+    let request_id = uuid::Uuid::new_v4();
+    let (content_type, body) = match service {
+        Service::Table => (
+            "application/json;odata=minimalmetadata;streaming=true;charset=utf-8",
+            serde_json::json!({"odata.error": {"code": code, "message": {"lang": "en-US", "value": format!("{message}\nRequestId:{request_id}")}}}).to_string(),
+        ),
+        Service::Queue => (
+            "application/xml",
+            format!("<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>{code}</Code><Message>{message}\nRequestId:{request_id}</Message></Error>"),
+        ),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("x-ms-error-code", code)
+        .header("x-ms-request-id", request_id.to_string())
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
+
+enum Fault {
+    None,
+    ServerBusy,
+    TimedOut,
+    ResetBefore,
+    ResetAfter,
+    Delay(Duration),
+}
+
+impl Shared {
+    fn pick_fault(&self, kind: RequestKind) -> Fault {
+        let policy = self.faults.lock().unwrap().clone();
+        if !policy.applies_to(kind) {
+            return Fault::None;
+        }
+        let mut rng = self.rng.lock().unwrap();
+        let mut roll = |p: f64| p > 0.0 && rng.gen_bool(p.min(1.0));
+        let fault = if roll(policy.server_busy) {
+            Fault::ServerBusy
+        } else if roll(policy.operation_timed_out) {
+            Fault::TimedOut
+        } else if roll(policy.reset_before) {
+            Fault::ResetBefore
+        } else if roll(policy.reset_after) {
+            Fault::ResetAfter
+        } else if roll(policy.delay) && !policy.max_delay.is_zero() {
+            Fault::Delay(Duration::from_millis(
+                rng.gen_range(0..=policy.max_delay.as_millis() as u64),
+            ))
+        } else {
+            Fault::None
+        };
+        if !matches!(fault, Fault::None) {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+        }
+        fault
+    }
+}
+
+#[derive(Debug)]
+struct Reset;
+
+impl std::fmt::Display for Reset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset by the fault proxy")
+    }
+}
+
+impl std::error::Error for Reset {}
+
+async fn handle(
+    service: Service,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Reset> {
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map_err(|_| Reset)?.to_bytes();
+    let path = parts.uri.path().to_string();
+    let query = parts.uri.query().unwrap_or("").to_string();
+    let (kind, resource) = classify(service, &parts.method, &path, &query, &body);
+    *shared
+        .counts
+        .lock()
+        .unwrap()
+        .entry((kind_name(kind).to_string(), resource))
+        .or_default() += 1;
+
+    let fault = shared.pick_fault(kind);
+    match fault {
+        Fault::ServerBusy => {
+            return Ok(error_response(
+                service,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServerBusy",
+                "The server is busy.",
+            ))
+        }
+        Fault::TimedOut => {
+            return Ok(error_response(
+                service,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "OperationTimedOut",
+                "Operation could not be completed within the specified time.",
+            ))
+        }
+        Fault::ResetBefore => return Err(Reset),
+        Fault::Delay(d) => tokio::time::sleep(d).await,
+        Fault::None | Fault::ResetAfter => {}
+    }
+    let uri = format!(
+        "http://{upstream}{}",
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+    );
+    let mut forward = Request::builder().method(parts.method).uri(uri);
+    for (name, value) in &parts.headers {
+        if name != hyper::header::HOST {
+            forward = forward.header(name, value);
+        }
+    }
+    // Azurite checks the Host header against the URL it signs; keep the client's view of it.
+    if let Some(host) = parts.headers.get(hyper::header::HOST) {
+        forward = forward.header(hyper::header::HOST, host);
+    }
+    let forward = forward.body(Full::new(body)).map_err(|_| Reset)?;
+    let response = shared.client.request(forward).await.map_err(|_| Reset)?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.map_err(|_| Reset)?.to_bytes();
+    if matches!(fault, Fault::ResetAfter) {
+        return Err(Reset);
+    }
+    Ok(Response::from_parts(parts, Full::new(body)))
+}
+
+async fn serve(
+    listener: TcpListener,
+    service: Service,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| handle(service, upstream, shared.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+impl StorageProxy {
+    /// Starts proxies on free loopback ports in front of Azurite's table and queue services.
+    pub async fn start(
+        table_upstream: SocketAddr,
+        queue_upstream: SocketAddr,
+        faults: FaultPolicy,
+        seed: u64,
+    ) -> std::io::Result<StorageProxy> {
+        let table_listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let queue_listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let shared = Arc::new(Shared {
+            faults: Mutex::new(faults),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            counts: Mutex::new(Counts::new()),
+            injected: AtomicU64::new(0),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        });
+        let (stop, _) = watch::channel(false);
+        let proxy = StorageProxy {
+            table_addr: table_listener.local_addr()?,
+            queue_addr: queue_listener.local_addr()?,
+            shared: shared.clone(),
+            stop,
+        };
+        tokio::spawn(serve(
+            table_listener,
+            Service::Table,
+            table_upstream,
+            shared.clone(),
+            proxy.stop.subscribe(),
+        ));
+        tokio::spawn(serve(
+            queue_listener,
+            Service::Queue,
+            queue_upstream,
+            shared,
+            proxy.stop.subscribe(),
+        ));
+        Ok(proxy)
+    }
+
+    /// A connection string for the development account that goes through this proxy.
+    pub fn connection_string(&self) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_ACCOUNT_KEY};TableEndpoint=http://{}/{DEVELOPMENT_ACCOUNT};QueueEndpoint=http://{}/{DEVELOPMENT_ACCOUNT};",
+            self.table_addr, self.queue_addr
+        )
+    }
+
+    /// Replaces the fault policy (e.g. to turn faults off before verifying).
+    pub fn set_faults(&self, faults: FaultPolicy) {
+        *self.shared.faults.lock().unwrap() = faults;
+    }
+
+    /// Requests seen so far, by (kind, table or queue).
+    pub fn counts(&self) -> Counts {
+        self.shared.counts.lock().unwrap().clone()
+    }
+
+    /// Requests seen so far of one kind, over all tables and queues.
+    pub fn count_of(&self, kind: RequestKind) -> u64 {
+        let name = kind_name(kind);
+        self.counts()
+            .iter()
+            .filter(|((k, _), _)| k == name)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Faults injected so far.
+    pub fn faults_injected(&self) -> u64 {
+        self.shared.injected.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for StorageProxy {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_storage_requests() {
+        let get = hyper::Method::GET;
+        assert_eq!(
+            classify(
+                Service::Table,
+                &get,
+                "/devstoreaccount1/Source()",
+                "$filter=x",
+                b""
+            ),
+            (RequestKind::Query, "Source".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Table,
+                &get,
+                "/devstoreaccount1/Source(PartitionKey='a',RowKey='b')",
+                "",
+                b""
+            ),
+            (RequestKind::PointRead, "Source".into())
+        );
+        let batch = b"--changeset\r\nPUT http://127.0.0.1:1/devstoreaccount1/Dest(PartitionKey='a',RowKey='b') HTTP/1.1\r\n";
+        assert_eq!(
+            classify(
+                Service::Table,
+                &hyper::Method::POST,
+                "/devstoreaccount1/$batch",
+                "",
+                batch
+            ),
+            (RequestKind::Batch, "Dest".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Table,
+                &hyper::Method::POST,
+                "/devstoreaccount1/Tables",
+                "",
+                b""
+            ),
+            (RequestKind::TableAdmin, "".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Queue,
+                &hyper::Method::POST,
+                "/devstoreaccount1/q1/messages",
+                "",
+                b""
+            ),
+            (RequestKind::QueuePut, "q1".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Queue,
+                &get,
+                "/devstoreaccount1/q1/messages",
+                "numofmessages=32",
+                b""
+            ),
+            (RequestKind::QueueGet, "q1".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Queue,
+                &hyper::Method::DELETE,
+                "/devstoreaccount1/q1/messages/id1",
+                "popreceipt=x",
+                b""
+            ),
+            (RequestKind::QueueDelete, "q1".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Queue,
+                &hyper::Method::PUT,
+                "/devstoreaccount1/q1/messages/id1",
+                "",
+                b""
+            ),
+            (RequestKind::QueueUpdate, "q1".into())
+        );
+        assert_eq!(
+            classify(
+                Service::Queue,
+                &get,
+                "/devstoreaccount1/q1",
+                "comp=metadata",
+                b""
+            ),
+            (RequestKind::QueueAdmin, "q1".into())
+        );
+    }
+}

@@ -1,0 +1,126 @@
+//! The storage proxy against Azurite: counts by kind and table, and injects Azure's faults.
+
+mod support;
+
+use std::sync::Arc;
+
+use tablescan::proxy::{FaultPolicy, StorageProxy};
+use tablescan::storage::connection::StorageAccount;
+use tablescan::storage::counters::{RequestCounters, RequestKind};
+use tablescan::storage::retry::RetryPolicy;
+use tablescan::storage::{BatchOperation, Entity, Query, QueueStore, StorageErrorKind, TableStore};
+
+async fn proxy(faults: FaultPolicy) -> StorageProxy {
+    let azurite = support::azurite();
+    let table = format!("127.0.0.1:{}", azurite.table_port())
+        .parse()
+        .unwrap();
+    let queue = format!("127.0.0.1:{}", azurite.queue_port())
+        .parse()
+        .unwrap();
+    StorageProxy::start(table, queue, faults, 42).await.unwrap()
+}
+
+#[tokio::test]
+async fn counts_requests_by_kind_and_resource() {
+    let proxy = proxy(FaultPolicy::none()).await;
+    let account = StorageAccount::parse(&proxy.connection_string()).unwrap();
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let queues = account.queue_store(Arc::new(RequestCounters::new()));
+    let table = support::unique_name("Proxied");
+    tables.create_table(&table).await.unwrap();
+    tables
+        .submit_batch(
+            &table,
+            "p",
+            &[BatchOperation::Upsert(Entity::new("p", "r"))],
+        )
+        .await
+        .unwrap();
+    let page = tables.query_page(&table, &Query::default()).await.unwrap();
+    assert_eq!(page.entities.len(), 1);
+    assert!(tables.get_entity(&table, "p", "r").await.unwrap().is_some());
+    let queue = support::unique_name("proxied");
+    queues.create_queue(&queue).await.unwrap();
+    queues
+        .put_message(&queue, "aGVsbG8=", std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let got = queues
+        .get_messages(&queue, 1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    queues
+        .delete_message(&queue, &got[0].id, &got[0].pop_receipt)
+        .await
+        .unwrap();
+
+    let counts = proxy.counts();
+    let of = |kind: &str, name: &str| {
+        counts
+            .get(&(kind.to_string(), name.to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(of("batch", &table), 1, "{counts:?}");
+    assert_eq!(of("query", &table), 1, "{counts:?}");
+    assert_eq!(of("point_read", &table), 1, "{counts:?}");
+    assert_eq!(of("queue_put", &queue), 1, "{counts:?}");
+    assert_eq!(of("queue_get", &queue), 1, "{counts:?}");
+    assert_eq!(of("queue_delete", &queue), 1, "{counts:?}");
+    assert_eq!(proxy.faults_injected(), 0);
+}
+
+#[tokio::test]
+async fn injects_server_busy_with_azure_bodies_and_resets() {
+    let proxy = proxy(FaultPolicy {
+        server_busy: 1.0,
+        kinds: vec![RequestKind::Query],
+        ..FaultPolicy::default()
+    })
+    .await;
+    let account = StorageAccount::parse(&proxy.connection_string())
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 3,
+            base_delay: std::time::Duration::from_millis(1),
+            max_delay: std::time::Duration::from_millis(5),
+        });
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let table = support::unique_name("Busy");
+    tables.create_table(&table).await.unwrap();
+    let err = tables
+        .query_page(&table, &Query::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, StorageErrorKind::Transient);
+    assert_eq!(err.status, Some(503));
+    assert_eq!(err.code.as_deref(), Some("ServerBusy"), "{err}");
+    assert_eq!(
+        proxy.count_of(RequestKind::Query),
+        3,
+        "every attempt went through the proxy"
+    );
+    assert_eq!(proxy.faults_injected(), 3);
+
+    // A reset after the write reached storage: the client retries and must cope.
+    proxy.set_faults(FaultPolicy {
+        reset_after: 1.0,
+        kinds: vec![RequestKind::Batch],
+        ..FaultPolicy::default()
+    });
+    let err = tables
+        .submit_batch(
+            &table,
+            "p",
+            &[BatchOperation::Upsert(Entity::new("p", "r"))],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, StorageErrorKind::Transient, "{err}");
+    proxy.set_faults(FaultPolicy::none());
+    assert!(
+        tables.get_entity(&table, "p", "r").await.unwrap().is_some(),
+        "the write took effect although the client saw a reset"
+    );
+}
