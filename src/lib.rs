@@ -5,11 +5,13 @@
 //! - [`storage`]: that interface, its Azure adapters, and an in-memory table for tests;
 //! - [`app`]: the function app (custom-handler protocol, scan API, queue functions);
 //! - [`host`]: a local stand-in for the Azure Functions host, for development and tests;
-//! - [`azurite`]: starting the Azurite storage emulator for tests, demo and benchmark.
+//! - [`azurite`]: starting the Azurite storage emulator for tests, demo and benchmark;
+//! - [`simulate`]: a virtual-time simulation of a copy on a Consumption plan around the real app.
 
 pub mod app;
 pub mod azurite;
 pub mod cli;
 pub mod host;
 pub mod scan;
+pub mod simulate;
 pub mod storage;
