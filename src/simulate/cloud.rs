@@ -16,7 +16,6 @@ use tokio::time::{sleep, Instant};
 
 use crate::storage::counters::{RequestCounters, RequestKind};
 use crate::storage::memory::MemoryTableStore;
-use crate::storage::memory_queue::MemoryQueueStore;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, KeyColumn, Page, Query, QueueStore, ReceivedMessage,
     StorageError, StorageResult, TableStore,
@@ -24,6 +23,7 @@ use crate::storage::{
 
 use super::data::SyntheticStore;
 use super::model::Model;
+use super::queue::SimQueues;
 
 /// One instance's single vCPU: work on it is serialized.
 pub struct Cpu {
@@ -101,6 +101,8 @@ pub struct Account {
     pub table_counters: RequestCounters,
     pub queue_counters: RequestCounters,
     pub throttled: AtomicU64,
+    /// Throttled requests by what refused them (account, table partition, queue).
+    pub throttled_by: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Account {
@@ -118,6 +120,7 @@ impl Account {
             table_counters: RequestCounters::new(),
             queue_counters: RequestCounters::new(),
             throttled: AtomicU64::new(0),
+            throttled_by: Mutex::new(Default::default()),
         })
     }
 
@@ -140,6 +143,22 @@ impl Account {
     /// Admits one request at the server: the account's request rate, then (when the request
     /// touches one partition) that partition's entity rate, or one queue's message rate.
     fn admit(&self, partition: Option<(&str, &str, f64)>, queue: Option<(&str, f64)>) -> bool {
+        match self.refusal(partition, queue) {
+            None => true,
+            Some(reason) => {
+                self.throttled.fetch_add(1, Ordering::Relaxed);
+                *self.throttled_by.lock().unwrap().entry(reason).or_default() += 1;
+                false
+            }
+        }
+    }
+
+    /// Why the server would refuse this request now, if it would.
+    fn refusal(
+        &self,
+        partition: Option<(&str, &str, f64)>,
+        queue: Option<(&str, f64)>,
+    ) -> Option<String> {
         let now = Instant::now();
         let m = &self.model;
         if !self
@@ -148,7 +167,7 @@ impl Account {
             .unwrap()
             .take(m.account_requests_per_sec, 1.0, now)
         {
-            return false;
+            return Some("account".into());
         }
         if let Some((table, pk, entities)) = partition {
             let mut map = self.partitions.lock().unwrap();
@@ -163,7 +182,7 @@ impl Account {
                     last: now,
                 });
             if !bucket.take(m.partition_entities_per_sec, entities.max(1.0), now) {
-                return false;
+                return Some(format!("partition of table {table}"));
             }
         }
         if let Some((name, messages)) = queue {
@@ -173,10 +192,10 @@ impl Account {
                 last: now,
             });
             if !bucket.take(m.queue_messages_per_sec, messages.max(1.0), now) {
-                return false;
+                return Some(format!("queue {name}"));
             }
         }
-        true
+        None
     }
 
     /// Takes `entities` more from a partition's budget without refusing (it may go into debt).
@@ -253,7 +272,6 @@ impl CloudTables {
                 charge_cpu(m.cpu_per_request_ms + m.cpu_per_row_ms * entities as f64).await;
                 return result;
             }
-            account.throttled.fetch_add(1, Ordering::Relaxed);
             sleep(half).await;
             if attempt >= m.retry_max_attempts {
                 return Err(Account::busy());
@@ -359,7 +377,7 @@ impl TableStore for CloudTables {
 /// The simulated queue service.
 #[derive(Clone)]
 pub struct CloudQueues {
-    pub inner: MemoryQueueStore,
+    pub inner: SimQueues,
     pub account: Arc<Account>,
     /// Messages put (the "queue messages" metric).
     pub messages_put: Arc<AtomicU64>,
@@ -388,7 +406,6 @@ impl CloudQueues {
                 charge_cpu(m.cpu_per_request_ms).await;
                 return result;
             }
-            account.throttled.fetch_add(1, Ordering::Relaxed);
             sleep(half).await;
             if attempt >= m.retry_max_attempts {
                 return Err(Account::busy());
@@ -441,9 +458,9 @@ impl QueueStore for CloudQueues {
         visibility_timeout: Duration,
     ) -> StorageResult<Vec<ReceivedMessage>> {
         let ms = self.account.model.queue_get_ms;
-        // Admission is charged for the messages that are visible now (at most `max`).
-        let visible = self.inner.len(queue).min(max as usize) as f64;
-        self.request(RequestKind::QueueGet, queue, visible, ms, || {
+        // Deliveries are not capped: the blog's single queue delivered 3,695 messages/s at peak,
+        // well above the published 2,000/s target, which the model applies to enqueues only.
+        self.request(RequestKind::QueueGet, queue, 0.0, ms, || {
             self.inner.get_messages(queue, max, visibility_timeout)
         })
         .await

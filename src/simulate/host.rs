@@ -158,7 +158,7 @@ impl Host {
         // execution's message comes back (the host renews visibility while a function runs).
         let visibility = Duration::from_secs_f64(m.function_timeout_s + 30.0);
         let mut delay = m.min_polling_ms;
-        let mut rng_state = (f as u64 + 1) * 0x9E37_79B9_7F4A_7C15;
+        let mut rng_state = (f as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         while !self.stopped.load(Ordering::Relaxed) {
             while instance.in_flight[f as usize].load(Ordering::Relaxed) > m.new_batch_threshold {
                 instance.slot_freed[f as usize].notified().await;

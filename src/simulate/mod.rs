@@ -12,6 +12,7 @@ pub mod cloud;
 pub mod data;
 pub mod host;
 pub mod model;
+pub mod queue;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,7 +34,6 @@ use crate::app::state::AppState;
 use crate::app::tracking::{seed_backoff_jitter, ScanState};
 use crate::scan::StepBudget;
 use crate::storage::memory::MemoryTableStore;
-use crate::storage::memory_queue::MemoryQueueStore;
 
 use cloud::{Account, CloudQueues, CloudTables};
 use data::{nuget_like, Sink, SyntheticStore};
@@ -235,6 +235,7 @@ pub struct ScenarioResult {
     pub executions: u64,
     pub timed_out_executions: u64,
     pub throttled_requests: u64,
+    pub throttled_by: BTreeMap<String, u64>,
     pub instance_busy_seconds: f64,
     pub design: Design,
     /// (simulated seconds, instances).
@@ -393,7 +394,7 @@ async fn simulate(
         account: account.clone(),
     };
     let queues = CloudQueues {
-        inner: MemoryQueueStore::new(),
+        inner: queue::SimQueues::default(),
         account: account.clone(),
         messages_put: Arc::new(AtomicU64::new(0)),
     };
@@ -536,6 +537,7 @@ async fn simulate(
         + table_requests as f64 * prices::TABLE_TRANSACTION
         + queue_requests as f64 * prices::QUEUE_OPERATION;
     let instances_over_time = host.instance_timeline.lock().unwrap().clone();
+    let throttled_by = account.throttled_by.lock().unwrap().clone();
     Ok(ScenarioResult {
         rows: scenario.rows,
         variant: scenario.variant.name(),
@@ -556,6 +558,7 @@ async fn simulate(
         executions: executions.len() as u64,
         timed_out_executions: timed_out,
         throttled_requests: account.throttled.load(Ordering::Relaxed),
+        throttled_by,
         instance_busy_seconds: busy,
         design: scenario.design.clone(),
         instances_over_time,

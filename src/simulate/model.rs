@@ -35,7 +35,7 @@ pub struct Model {
     pub queue_get_ms: f64,
     pub queue_delete_ms: f64,
     pub queue_update_ms: f64,
-    /// Messages per second one queue accepts (puts plus deliveries).
+    /// Messages per second one queue accepts (enqueues; deliveries are not capped).
     pub queue_messages_per_sec: f64,
 
     // --- Retry policy of the storage adapters (mirrors `storage::retry::RetryPolicy::default()`
