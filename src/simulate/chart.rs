@@ -5,6 +5,9 @@ use std::fmt::Write;
 
 use super::ScenarioResult;
 
+/// One line: its label, colour and (x seconds, y) points.
+type Series<'a> = (String, &'a str, Vec<(f64, f64)>);
+
 const COLORS: &[&str] = &[
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
     "#7f7f7f", "#bcbd22",
@@ -25,14 +28,7 @@ fn label(r: &ScenarioResult) -> String {
 }
 
 /// One panel: lines of (x seconds, y) per scenario.
-fn panel(
-    svg: &mut String,
-    top: f64,
-    title: &str,
-    y_unit: &str,
-    y_scale: f64,
-    series: &[(String, &str, Vec<(f64, f64)>)],
-) {
+fn panel(svg: &mut String, top: f64, title: &str, y_unit: &str, y_scale: f64, series: &[Series]) {
     let (left, width, height) = (70.0, 760.0, 260.0);
     let max_x = series
         .iter()
@@ -97,7 +93,7 @@ pub fn render(results: &[ScenarioResult]) -> String {
         svg,
         r#"<text x="20" y="24" font-size="16" font-weight="bold">SIMULATED table copy on Azure Functions Consumption (model, not measurements)</text>"#
     );
-    let rows: Vec<(String, &str, Vec<(f64, f64)>)> = results
+    let rows: Vec<Series> = results
         .iter()
         .enumerate()
         .map(|(i, r)| {
@@ -112,7 +108,7 @@ pub fn render(results: &[ScenarioResult]) -> String {
         })
         .collect();
     panel(&mut svg, 60.0, "Rows copied (simulated)", "M", 1e6, &rows);
-    let instances: Vec<(String, &str, Vec<(f64, f64)>)> = results
+    let instances: Vec<Series> = results
         .iter()
         .enumerate()
         .map(|(i, r)| {
