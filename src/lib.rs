@@ -5,7 +5,8 @@
 //! - [`storage`]: that interface, its Azure adapters, and an in-memory table for tests;
 //! - [`app`]: the function app (custom-handler protocol, scan API, queue functions);
 //! - [`host`]: a local stand-in for the Azure Functions host, for development and tests;
-//! - [`azurite`]: starting the Azurite storage emulator for tests, demo and benchmark.
+//! - [`azurite`]: starting the Azurite storage emulator for tests, demo and benchmark;
+//! - [`simulate`]: a virtual-time simulation of a copy on a Consumption plan around the real app.
 
 pub mod app;
 pub mod azurite;
@@ -15,4 +16,5 @@ pub mod demo;
 pub mod host;
 pub mod proxy;
 pub mod scan;
+pub mod simulate;
 pub mod storage;

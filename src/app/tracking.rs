@@ -263,9 +263,22 @@ fn shard_partition(scan_id: &str, shard: u32) -> String {
     format!("{scan_id}-{shard:02}")
 }
 
+thread_local! {
+    /// Jitter source for contention backoff: random per thread, but re-seedable so the
+    /// single-threaded simulator (`tablescan simulate`) is deterministic for a given seed.
+    static JITTER: std::cell::RefCell<rand::rngs::StdRng> =
+        std::cell::RefCell::new(rand::SeedableRng::from_entropy());
+}
+
+/// Re-seeds this thread's contention-backoff jitter (used by the simulator for determinism).
+pub fn seed_backoff_jitter(seed: u64) {
+    JITTER.with(|j| *j.borrow_mut() = rand::SeedableRng::seed_from_u64(seed));
+}
+
 fn backoff(attempt: usize) -> Duration {
+    use rand::Rng;
     let base = 5u64 << attempt.min(6);
-    Duration::from_millis(base + rand::random::<u64>() % base)
+    Duration::from_millis(base + JITTER.with(|j| j.borrow_mut().gen_range(0..base)))
 }
 
 impl<'a, T: TableStore> Tracker<'a, T> {
