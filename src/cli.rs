@@ -33,6 +33,8 @@ enum Command {
     /// The main job end to end on a local default: seed, copy with a prefix scan through the local
     /// host, show progress, verify, compare with a serial scan.
     Demo(crate::demo::DemoArgs),
+    /// Simulate a Consumption-plan scan of millions of rows in virtual time (figures are simulated).
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -100,6 +102,7 @@ pub fn main() -> ExitCode {
             .block_on(crate::host::run_host(args))
             .map_err(|e| e.to_string()),
         Command::Demo(args) => runtime().block_on(crate::demo::run_demo(args)),
+        Command::Simulate(args) => crate::simulate::run_simulate(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
