@@ -4,7 +4,6 @@
 //! slow responses, and connection resets before or after the request reached storage.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
