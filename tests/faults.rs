@@ -1098,3 +1098,152 @@ async fn lost_answers_to_writes_do_not_fail_scan_starts() {
     );
     app.shutdown().await;
 }
+
+/// Regression, in-process: a handler killed after committing the last work item's completion but
+/// before marking the scan completed. The host redelivers that message; the redelivery finds the
+/// item done and must finish the scan itself (before the fix only `GET /api/scans/{id}` did).
+mod redelivery_after_crash {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use serde_json::{json, Value};
+    use tower::ServiceExt;
+
+    use tablescan::app::config::Config;
+    use tablescan::app::server::app;
+    use tablescan::app::state::AppState;
+    use tablescan::app::tracking::ScanState;
+    use tablescan::storage::memory::MemoryTableStore;
+    use tablescan::storage::memory_queue::MemoryQueueStore;
+    use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
+
+    async fn post(
+        state: &std::sync::Arc<AppState<MemoryTableStore, MemoryQueueStore>>,
+        uri: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let response = app(state.clone())
+            .oneshot(
+                Request::post(uri)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn payload(decoded: &str, dequeue_count: u64, id: &str) -> Vec<u8> {
+        json!({
+            "Data": { "message": serde_json::to_string(decoded).unwrap() },
+            "Metadata": { "DequeueCount": dequeue_count.to_string(), "Id": format!("\"{id}\"") }
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_redelivered_last_item_completes_the_scan() {
+        let tables = MemoryTableStore::default();
+        tables.load(
+            "Source",
+            (0..12).map(|i| Entity::new(format!("pk{}", i % 4), format!("{i:02}"))),
+        );
+        let mut settings = BTreeMap::new();
+        settings.insert(
+            "AzureWebJobsStorage".to_string(),
+            "UseDevelopmentStorage=true".to_string(),
+        );
+        settings.insert("TABLESCAN_COUNTER_SHARDS".to_string(), "4".to_string());
+        let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+        let queues = MemoryQueueStore::new();
+        let mut map = BTreeMap::new();
+        map.insert("AzureWebJobsStorage".to_string(), tables.clone());
+        let state = AppState::new(config, map, queues.clone());
+
+        let (status, reply) = post(
+            &state,
+            "/api/scans",
+            json!({"driver": "count", "sourceTable": "Source", "takeCount": 2})
+                .to_string()
+                .into_bytes(),
+        )
+        .await;
+        assert_eq!(status, 202, "{reply}");
+        let id = reply["id"].as_str().unwrap().to_string();
+
+        // Deliver everything once, remembering the last message.
+        let mut last = None;
+        loop {
+            let mut any = false;
+            for (queue, function) in [
+                ("tablescan-prefixscan", "/PrefixScan"),
+                ("tablescan-tablecopy", "/TableCopy"),
+            ] {
+                for m in queues
+                    .get_messages(queue, 32, Duration::ZERO)
+                    .await
+                    .unwrap_or_default()
+                {
+                    any = true;
+                    let decoded =
+                        String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap())
+                            .unwrap();
+                    let (status, reply) = post(&state, function, payload(&decoded, 1, &m.id)).await;
+                    assert_eq!(status, 200, "{reply}");
+                    queues
+                        .delete_message(queue, &m.id, &m.pop_receipt)
+                        .await
+                        .unwrap();
+                    last = Some((function, decoded, m.id.clone()));
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        let tracker = state.tracker_on(state.bookkeeping());
+        let record = tracker.get_scan(&id).await.unwrap().unwrap();
+        assert_eq!(record.state, ScanState::Completed);
+
+        // The crash: the scan record never got its final write.
+        let mut running = Entity::new(id.clone(), "scan");
+        running.properties.insert("State".into(), json!("running"));
+        tables
+            .submit_batch(
+                &state.config.scans_table,
+                &id,
+                &[BatchOperation::Merge {
+                    entity: running,
+                    etag: None,
+                }],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            tracker.get_scan(&id).await.unwrap().unwrap().state,
+            ScanState::Running
+        );
+
+        let (function, decoded, message_id) = last.expect("messages were delivered");
+        let (status, reply) = post(&state, function, payload(&decoded, 2, &message_id)).await;
+        assert_eq!(status, 200, "{reply}");
+        assert_eq!(
+            tracker.get_scan(&id).await.unwrap().unwrap().state,
+            ScanState::Completed,
+            "the redelivery finished the scan: {reply}"
+        );
+        let totals = tracker.totals(&id, 4).await.unwrap();
+        assert_eq!(
+            (totals.rows_scanned, totals.pending()),
+            (12, 0),
+            "nothing counted twice"
+        );
+    }
+}
