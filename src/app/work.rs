@@ -16,7 +16,7 @@ use crate::storage::{QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
 use super::messages::{
-    self, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
+    self, shard_of, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
 use super::state::{AppState, Counted};
@@ -238,10 +238,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 Progress::Recorded { etag, outcome }
             }
             Some(WorkState::Finished) => {
+                // The delivery that finished it may have died before checking for the end of
+                // the scan (handler killed between the two): check on its behalf.
+                let completed = tracker
+                    .complete_if_drained(
+                        &scan.scan_id,
+                        scan.shards,
+                        Some(shard_of(&work_id, scan.shards)),
+                    )
+                    .await
+                    .map_err(storage_failure)?;
                 return Err(reply(
                     StatusCode::OK,
-                    format!("{work_id}: already done (duplicate delivery)"),
-                ))
+                    format!(
+                        "{work_id}: already done (duplicate delivery){}",
+                        if completed { "; scan completed" } else { "" }
+                    ),
+                ));
             }
             None => {
                 return Err(reply(
@@ -367,7 +380,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let mut delta = outcome.delta;
         // Count the completion's own counter read and transaction too.
         delta.storage_requests = begun.requests.load(Ordering::Relaxed) as i64 + 2;
-        match tracker
+        let completion = tracker
             .complete(
                 &scan.scan_id,
                 scan.shards,
@@ -376,29 +389,41 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 delta,
                 None,
             )
-            .await?
-        {
+            .await?;
+        // Check for the end of the scan also after a duplicate completion: it may have been our
+        // own commit whose answer was lost, and then nobody else would notice.
+        let scan_completed = match completion {
+            Completion::Committed { shard_idle: false } => false,
+            Completion::Committed { shard_idle: true } => {
+                tracker
+                    .complete_if_drained(&scan.scan_id, scan.shards, None)
+                    .await?
+            }
+            Completion::Duplicate => {
+                tracker
+                    .complete_if_drained(
+                        &scan.scan_id,
+                        scan.shards,
+                        Some(shard_of(&begun.work_id, scan.shards)),
+                    )
+                    .await?
+            }
+        };
+        if scan_completed {
+            tracing::info!(scan = %scan.scan_id, "scan completed");
+        }
+        match completion {
             Completion::Duplicate => Ok(format!(
                 "{}: completed concurrently by another delivery",
                 begun.work_id
             )),
-            Completion::Committed { shard_idle } => {
-                if shard_idle
-                    && tracker.is_drained(&scan.scan_id, scan.shards).await?
-                    && tracker
-                        .finish_scan(&scan.scan_id, ScanState::Completed, None)
-                        .await?
-                {
-                    tracing::info!(scan = %scan.scan_id, "scan completed");
-                }
-                Ok(format!(
-                    "{}: done ({} children, {} rows scanned, {} rows written)",
-                    begun.work_id,
-                    children.len(),
-                    delta.rows_scanned,
-                    delta.rows_written
-                ))
-            }
+            Completion::Committed { .. } => Ok(format!(
+                "{}: done ({} children, {} rows scanned, {} rows written)",
+                begun.work_id,
+                children.len(),
+                delta.rows_scanned,
+                delta.rows_written
+            )),
         }
     }
 }
