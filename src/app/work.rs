@@ -193,11 +193,22 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 format!("{work_id}: storage: {e}"),
             )
         };
-        match tracker
-            .get_scan(&scan.scan_id)
-            .await
-            .map_err(storage_failure)?
-        {
+        let cached = self.scan_states.get(&scan.scan_id);
+        let state = match cached {
+            Some(state) => Some(state),
+            None => {
+                let state = tracker
+                    .get_scan(&scan.scan_id)
+                    .await
+                    .map_err(storage_failure)?
+                    .map(|r| r.state);
+                if let Some(state) = state {
+                    self.scan_states.put(&scan.scan_id, state);
+                }
+                state
+            }
+        };
+        match state {
             None if last_attempt => {
                 return Err(reply(
                     StatusCode::OK,
@@ -214,13 +225,13 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                     format!("{work_id}: scan {} is not recorded yet", scan.scan_id),
                 ))
             }
-            Some(record) if record.state != ScanState::Running => {
+            Some(state) if state != ScanState::Running => {
                 return Err(reply(
                     StatusCode::OK,
                     format!(
                         "{work_id}: scan {} is {}; dropping its work",
                         scan.scan_id,
-                        record.state.as_str()
+                        state.as_str()
                     ),
                 ))
             }
@@ -311,6 +322,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let tracker = self.tracker_on(&store);
         let (etag, outcome) = match (&begun.progress, result) {
             (Progress::Recorded { etag, outcome }, _) => (etag.clone(), outcome.clone()),
+            // Without children there is nothing two executions could disagree on but counters,
+            // and only one completion can commit: no need to record the outcome first.
+            (Progress::Fresh { etag }, Ok(outcome)) if outcome.children.is_empty() => {
+                (etag.clone(), outcome)
+            }
             (Progress::Fresh { etag }, Ok(outcome)) => {
                 let json = serde_json::to_string(&outcome).expect("outcomes serialize");
                 match tracker
@@ -350,6 +366,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 tracker
                     .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
                     .await?;
+                // Whatever the record says now, the scan is no longer running.
+                self.scan_states.put(&scan.scan_id, ScanState::Failed);
                 return Err(WorkError::Failed(reason));
             }
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
