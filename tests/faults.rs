@@ -26,6 +26,16 @@ use tablescan::storage::{MessageEncoding, Query, QueueStore, TableStore};
 
 /// Generous bound for one small faulted scan on a loaded 2-core machine.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
+/// Soak scans are ten times larger and share the machine with each other.
+const SOAK_SCAN_TIMEOUT: Duration = Duration::from_secs(1200);
+
+fn scan_timeout() -> Duration {
+    if soak() {
+        SOAK_SCAN_TIMEOUT
+    } else {
+        SCAN_TIMEOUT
+    }
+}
 
 fn sigkill(pid: u32) {
     let status = std::process::Command::new("kill")
@@ -61,12 +71,23 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32) 
         if candidates.is_empty() {
             continue;
         }
-        let (i, pid) = candidates[rand::thread_rng().gen_range(0..candidates.len())];
+        // Prefer the instance that started an invocation last, so most kills hit work in flight.
+        let busy = app.host().log_lines().iter().rev().find_map(|l| {
+            let rest = l.split("[i").nth(1)?;
+            l.contains("Executing '")
+                .then(|| rest.split(']').next()?.parse::<usize>().ok())
+                .flatten()
+        });
+        let (i, pid) = candidates
+            .iter()
+            .copied()
+            .find(|(i, _)| Some(*i) == busy)
+            .unwrap_or_else(|| candidates[rand::thread_rng().gen_range(0..candidates.len())]);
         sigkill(pid);
         kills[i] += 1;
     }
     summary.faults = kills.iter().sum::<usize>() as u64;
-    let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
+    let verdict = verify_copy(&app, &id, &source_rows, &destination, scan_timeout()).await;
     summary.add(&verdict);
     let host = app.host();
     host.wait_ready(Duration::from_secs(60))
@@ -140,7 +161,7 @@ async fn duplicate_run(rows: u64, take: u32, scans: usize) {
     for _ in 0..scans {
         let destination = unique_name("Dest");
         let id = start_copy(&app, &source, &destination, take).await;
-        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await);
+        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, scan_timeout()).await);
     }
     summary.faults = proxy.duplicates_put();
     for v in &verdicts {
@@ -197,7 +218,7 @@ async fn storage_fault_run(rate: f64, rows: u64, take: u32, scans: usize) {
     for _ in 0..scans {
         let destination = unique_name("Dest");
         let id = start_copy(&app, &source, &destination, take).await;
-        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await);
+        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, scan_timeout()).await);
     }
     summary.faults = proxy.faults_injected();
     let counts = proxy.counts();
