@@ -106,6 +106,35 @@ fn reply(status: StatusCode, line: String) -> InvocationResponse {
     }
 }
 
+/// On a message's last delivery, storage trouble must not leave the work item unrecorded (the host
+/// would poison the message and the scan would wait for it forever), so transient errors are
+/// retried for up to this long before giving up — far below the 10-minute execution limit.
+const LAST_ATTEMPT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `op`, retrying transient storage errors with backoff for [`LAST_ATTEMPT_PATIENCE`] when
+/// `last_attempt` (the storage adapter has already retried each call briefly).
+async fn patiently<R, F, Fut>(last_attempt: bool, op: F) -> Result<R, StorageError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<R, StorageError>>,
+{
+    let deadline = tokio::time::Instant::now() + LAST_ATTEMPT_PATIENCE;
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match op().await {
+            Err(e)
+                if last_attempt
+                    && e.is_transient()
+                    && tokio::time::Instant::now() + delay < deadline =>
+            {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn parse_outcome(work_id: &str, json: &str) -> Result<WorkOutcome, WorkError> {
     serde_json::from_str(json)
         .map_err(|e| WorkError::Failed(format!("{work_id}: recorded outcome is unreadable: {e}")))
@@ -237,10 +266,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             }
             Some(_) => {}
         }
-        let progress = match tracker
-            .work_state(&scan.scan_id, scan.shards, &work_id)
-            .await
-            .map_err(storage_failure)?
+        let progress = match patiently(last_attempt, || {
+            tracker.work_state(&scan.scan_id, scan.shards, &work_id)
+        })
+        .await
+        .map_err(storage_failure)?
         {
             Some(WorkState::Pending { etag }) => Progress::Fresh { etag },
             Some(WorkState::Expanded { etag, outcome }) => {
@@ -297,6 +327,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         match self.commit(&begun, result).await {
             Ok(line) => reply(StatusCode::OK, line),
             Err(e) => {
+                if begun.invocation.dequeue_count >= self.config.max_dequeue_count {
+                    if let Err(record) = self.record_failure(&begun, &e).await {
+                        tracing::error!(work = %begun.work_id, scan = %scan_id, error = %record, "could not record the failure of a poisoned work item; the scan will not end by itself");
+                    }
+                }
                 let status = match &e {
                     WorkError::Storage(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
                     _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -310,6 +345,49 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 )
             }
         }
+    }
+
+    /// Records a work item that failed its last delivery as failed, and its scan as failed —
+    /// unless it is already finished (e.g. the failure path of `commit` did it).
+    async fn record_failure<M: ScanWork>(
+        &self,
+        begun: &Begun<M>,
+        error: &WorkError,
+    ) -> Result<(), StorageError> {
+        let scan = begun.message.scan();
+        let store = self.bookkeeping();
+        let tracker = self.tracker_on(store);
+        let state = patiently(true, || {
+            tracker.work_state(&scan.scan_id, scan.shards, &begun.work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(()),
+        };
+        let reason = format!(
+            "work item {} ({}) failed after {} attempts: {error}",
+            begun.work_id,
+            M::NAME,
+            begun.invocation.dequeue_count
+        );
+        patiently(true, || {
+            tracker.complete(
+                &scan.scan_id,
+                scan.shards,
+                &begun.work_id,
+                &etag,
+                Counters::default(),
+                Some(&reason),
+            )
+        })
+        .await?;
+        patiently(true, || {
+            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
+        })
+        .await?;
+        self.scan_states.put(&scan.scan_id, ScanState::Failed);
+        Ok(())
     }
 
     async fn commit<M: ScanWork>(
