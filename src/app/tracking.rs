@@ -265,7 +265,7 @@ fn shard_partition(scan_id: &str, shard: u32) -> String {
 }
 
 thread_local! {
-    /// Jitter source for contention backoff: random per thread, but re-seedable so the
+    /// Jitter source for contention backoff and for where drained checks start: random per thread, but re-seedable so the
     /// single-threaded simulator (`tablescan simulate`) is deterministic for a given seed.
     static JITTER: std::cell::RefCell<rand::rngs::StdRng> =
         std::cell::RefCell::new(rand::SeedableRng::from_entropy());
@@ -535,7 +535,10 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         // can finish there), so any busy shard settles the answer: read a few shards at a time,
         // from a random one, and stop at the first busy one. Most checks end after a few reads.
         const GROUP: u32 = 4;
-        let start = rand::random::<u32>() % shards.max(1);
+        let start = JITTER.with(|j| {
+            use rand::Rng;
+            j.borrow_mut().gen_range(0..shards.max(1))
+        });
         let mut first = vec![Counters::default(); shards as usize];
         let order: Vec<u32> = (0..shards).map(|i| (start + i) % shards).collect();
         for group in order.chunks(GROUP as usize) {
