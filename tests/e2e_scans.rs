@@ -125,7 +125,9 @@ async fn cancel_and_poison() {
         status["error"].as_str().unwrap().contains("System."),
         "{status}"
     );
-    assert_eq!(status["failedWorkItems"], 1, "{status}");
+    // Every partition under the prefix fails, so several items may exhaust their attempts before
+    // the workers learn that the scan has failed; each is counted, none is lost.
+    assert!(status["failedWorkItems"].as_i64().unwrap() >= 1, "{status}");
 
     // Cancel: the scan ends cancelled and stays so.
     let id = start_scan(

@@ -422,32 +422,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                     Err(RecordError::Storage(e)) => return Err(e.into()),
                 }
             }
-            (Progress::Fresh { etag }, Err(e))
-                if begun.invocation.dequeue_count >= self.config.max_dequeue_count =>
-            {
-                let reason = format!(
-                    "work item {} ({}) failed after {} attempts: {e}",
-                    begun.work_id,
-                    M::NAME,
-                    begun.invocation.dequeue_count
-                );
-                tracker
-                    .complete(
-                        &scan.scan_id,
-                        scan.shards,
-                        &begun.work_id,
-                        etag,
-                        Counters::default(),
-                        Some(&reason),
-                    )
-                    .await?;
-                tracker
-                    .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
-                    .await?;
-                // Whatever the record says now, the scan is no longer running.
-                self.scan_states.put(&scan.scan_id, ScanState::Failed);
-                return Err(WorkError::Failed(reason));
-            }
+            // On the last delivery `finish` records the failure (see `record_failure`).
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
         };
 
