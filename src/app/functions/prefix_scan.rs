@@ -12,7 +12,7 @@ use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::{Scanner, Step};
-use crate::storage::{Entity, QueueStore, TableStore, MAX_MESSAGE_TEXT};
+use crate::storage::{Entity, QueueStore, TableStore, MAX_MESSAGE_TEXT, MAX_TAKE};
 
 pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
@@ -76,13 +76,18 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
 /// Splits one scanned page (keys only, in order) into copy work items.
 pub fn copy_work(split: WorkSplit, rows: &[Entity]) -> Vec<CopyWork> {
     match split {
-        WorkSplit::Page => {
-            let (first, last) = (&rows[0], &rows[rows.len() - 1]);
-            vec![CopyWork::Range {
-                from: (first.partition_key.clone(), first.row_key.clone()),
-                to: (last.partition_key.clone(), last.row_key.clone()),
-            }]
-        }
+        // A segment holds one page, or several when segmentsPerFirstPrefix > 1: cap each item at
+        // what one page can hold, so a copy item never re-reads or writes more than 1,000 rows.
+        WorkSplit::Page => rows
+            .chunks(MAX_TAKE as usize)
+            .map(|chunk| {
+                let (first, last) = (&chunk[0], &chunk[chunk.len() - 1]);
+                CopyWork::Range {
+                    from: (first.partition_key.clone(), first.row_key.clone()),
+                    to: (last.partition_key.clone(), last.row_key.clone()),
+                }
+            })
+            .collect(),
         WorkSplit::PartitionKey => {
             let mut out = Vec::new();
             for group in rows.chunk_by(|a, b| a.partition_key == b.partition_key) {
@@ -179,5 +184,18 @@ mod tests {
             .expect("fits in a queue message");
         }
         assert_eq!(copy_work(WorkSplit::Page, &rows).len(), 1);
+        // Several pages in one segment (segmentsPerFirstPrefix > 1) still give items of ≤ 1,000 rows.
+        let many: Vec<Entity> = (0..2500)
+            .map(|i| Entity::new("p", format!("{i:05}")))
+            .collect();
+        let items = copy_work(WorkSplit::Page, &many);
+        assert_eq!(items.len(), 3);
+        assert_eq!(
+            items[1],
+            CopyWork::Range {
+                from: ("p".into(), "01000".into()),
+                to: ("p".into(), "01999".into())
+            }
+        );
     }
 }
