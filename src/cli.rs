@@ -33,6 +33,8 @@ enum Command {
     /// The main job end to end on a local default: seed, copy with a prefix scan through the local
     /// host, show progress, verify, compare with a serial scan.
     Demo(crate::demo::DemoArgs),
+    /// Measure speed and storage cost of every scan variant through the local host (not a test).
+    Bench(crate::bench::BenchArgs),
     /// Simulate a Consumption-plan scan of millions of rows in virtual time (figures are simulated).
     Simulate(crate::simulate::SimulateArgs),
 }
@@ -102,6 +104,7 @@ pub fn main() -> ExitCode {
             .block_on(crate::host::run_host(args))
             .map_err(|e| e.to_string()),
         Command::Demo(args) => runtime().block_on(crate::demo::run_demo(args)),
+        Command::Bench(args) => runtime().block_on(crate::bench::run_bench(args)),
         Command::Simulate(args) => crate::simulate::run_simulate(args),
     };
     match result {

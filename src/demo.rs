@@ -47,10 +47,15 @@ pub struct DemoArgs {
 pub struct Storage {
     pub connection_string: String,
     pub account: StorageAccount,
-    _azurite: Option<Azurite>,
+    azurite: Option<Azurite>,
 }
 
 impl Storage {
+    /// The Azurite this run started, if it did not use `AzureWebJobsStorage`.
+    pub fn azurite(&self) -> Option<&Azurite> {
+        self.azurite.as_ref()
+    }
+
     pub async fn open() -> Result<Storage, String> {
         match std::env::var("AzureWebJobsStorage")
             .ok()
@@ -66,7 +71,7 @@ impl Storage {
                 Ok(Storage {
                     connection_string: cs,
                     account,
-                    _azurite: None,
+                    azurite: None,
                 })
             }
             None => {
@@ -84,7 +89,7 @@ impl Storage {
                 Ok(Storage {
                     connection_string: cs,
                     account,
-                    _azurite: Some(azurite),
+                    azurite: Some(azurite),
                 })
             }
         }
@@ -156,9 +161,43 @@ pub async fn run_scan(
     quiet: bool,
 ) -> Result<RunSummary, String> {
     let started = Instant::now();
+    let location = post_scan(client, base, &body).await?;
+    let fetch = |location: String| async move {
+        client
+            .get(format!("{base}{location}"))
+            .send()
+            .await
+            .map_err(|e| format!("GET {location}: {e}"))?
+            .json::<Value>()
+            .await
+            .map_err(|e| format!("GET {location}: {e}"))
+    };
+    let last = watch_scan(
+        label,
+        total_rows,
+        quiet,
+        Duration::from_millis(500),
+        started,
+        || fetch(location.clone()),
+        |_, _| {},
+    )
+    .await?;
+    Ok(RunSummary {
+        label: label.to_string(),
+        status: last,
+        wall: started.elapsed(),
+    })
+}
+
+/// `POST /api/scans`; returns the scan's `Location` (`/api/scans/{id}`).
+pub async fn post_scan(
+    client: &reqwest::Client,
+    base: &str,
+    body: &Value,
+) -> Result<String, String> {
     let response = client
         .post(format!("{base}/api/scans"))
-        .json(&body)
+        .json(body)
         .send()
         .await
         .map_err(|e| format!("POST /api/scans: {e}"))?;
@@ -172,22 +211,31 @@ pub async fn run_scan(
         .json()
         .await
         .map_err(|e| format!("POST /api/scans reply: {e}"))?;
-    let _ = reply.get("id");
     if status.as_u16() != 202 {
         return Err(format!("POST /api/scans answered {status}: {reply}"));
     }
-    let location = location.ok_or("POST /api/scans answered without a Location header")?;
+    location.ok_or_else(|| "POST /api/scans answered without a Location header".to_string())
+}
+
+/// Polls a scan's status every `interval` with `fetch` until it leaves `running`; `observe` sees
+/// every status with the time since `started`. Returns the final status of a completed scan.
+pub async fn watch_scan<F, Fut>(
+    label: &str,
+    total_rows: u64,
+    quiet: bool,
+    interval: Duration,
+    started: Instant,
+    mut fetch: F,
+    mut observe: impl FnMut(Duration, &Value),
+) -> Result<Value, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Value, String>>,
+{
     let last = loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let response = client
-            .get(format!("{base}{location}"))
-            .send()
-            .await
-            .map_err(|e| format!("GET {location}: {e}"))?;
-        let last: Value = response
-            .json()
-            .await
-            .map_err(|e| format!("GET {location}: {e}"))?;
+        tokio::time::sleep(interval).await;
+        let last = fetch().await?;
+        observe(started.elapsed(), &last);
         if !quiet {
             draw_progress(label, &last, total_rows, started.elapsed());
         }
@@ -209,11 +257,7 @@ pub async fn run_scan(
     if !quiet {
         eprintln!();
     }
-    Ok(RunSummary {
-        label: label.to_string(),
-        status: last,
-        wall: started.elapsed(),
-    })
+    Ok(last)
 }
 
 fn draw_progress(label: &str, status: &Value, total: u64, elapsed: Duration) {
@@ -243,16 +287,34 @@ pub async fn start_app(
     port: u16,
     settings: &[(&str, String)],
 ) -> Result<(tempfile::TempDir, RunningHost), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let binary = std::env::current_exe().map_err(|e| e.to_string())?;
-    crate::app::stage::stage(dir.path(), &binary).map_err(|e| e.to_string())?;
+    start_app_with(
+        &binary,
+        &storage.connection_string,
+        instances,
+        port,
+        settings,
+    )
+    .await
+}
+
+/// [`start_app`] with an explicit handler binary (tests run from a test executable) and the
+/// connection string the app gets as `AzureWebJobsStorage` (e.g. a counting proxy's).
+pub async fn start_app_with(
+    binary: &std::path::Path,
+    connection_string: &str,
+    instances: usize,
+    port: u16,
+    settings: &[(&str, String)],
+) -> Result<(tempfile::TempDir, RunningHost), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    crate::app::stage::stage(dir.path(), binary).map_err(|e| e.to_string())?;
     let mut config = HostConfig::new(dir.path());
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     config.instances = instances;
-    config.settings.insert(
-        "AzureWebJobsStorage".into(),
-        storage.connection_string.clone(),
-    );
+    config
+        .settings
+        .insert("AzureWebJobsStorage".into(), connection_string.to_string());
     for (k, v) in settings {
         config.settings.insert(k.to_string(), v.clone());
     }

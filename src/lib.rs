@@ -10,6 +10,7 @@
 
 pub mod app;
 pub mod azurite;
+pub mod bench;
 pub mod cli;
 pub mod dataset;
 pub mod demo;

@@ -48,6 +48,14 @@ pub struct FaultPolicy {
     pub max_delay: Duration,
     /// Only requests of these kinds are faulted; empty means all kinds.
     pub kinds: Vec<RequestKind>,
+    /// Queue puts only: with this probability, forward the put 1..=`extra_copies` more times
+    /// (at least once), as a producer that retried a put whose answer it lost would — every copy
+    /// is a real message.
+    pub duplicate_puts: f64,
+    pub extra_copies: u32,
+    /// Policies that replace this one for particular kinds (the first match wins), e.g. to spare
+    /// queue receives from `reset_after`, which would hide messages for the 10-minute visibility.
+    pub per_kind: Vec<(RequestKind, FaultPolicy)>,
 }
 
 impl FaultPolicy {
@@ -59,6 +67,15 @@ impl FaultPolicy {
     fn applies_to(&self, kind: RequestKind) -> bool {
         self.kinds.is_empty() || self.kinds.contains(&kind)
     }
+
+    /// The policy in force for `kind`.
+    fn for_kind(&self, kind: RequestKind) -> &FaultPolicy {
+        self.per_kind
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, p)| p.for_kind(kind))
+            .unwrap_or(self)
+    }
 }
 
 /// Request counts by kind and by the table or queue they addressed.
@@ -69,6 +86,7 @@ struct Shared {
     rng: Mutex<StdRng>,
     counts: Mutex<Counts>,
     injected: AtomicU64,
+    duplicated: AtomicU64,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -194,7 +212,7 @@ enum Fault {
 
 impl Shared {
     fn pick_fault(&self, kind: RequestKind) -> Fault {
-        let policy = self.faults.lock().unwrap().clone();
+        let policy = self.faults.lock().unwrap().for_kind(kind).clone();
         if !policy.applies_to(kind) {
             return Fault::None;
         }
@@ -219,6 +237,28 @@ impl Shared {
             self.injected.fetch_add(1, Ordering::Relaxed);
         }
         fault
+    }
+
+    /// Extra copies to put of a queue message that is being forwarded.
+    fn pick_duplicates(&self, kind: RequestKind) -> u32 {
+        if kind != RequestKind::QueuePut {
+            return 0;
+        }
+        let policy = self.faults.lock().unwrap().for_kind(kind).clone();
+        let p = policy.duplicate_puts;
+        if !policy.applies_to(kind) || p <= 0.0 || !self.rng.lock().unwrap().gen_bool(p.min(1.0)) {
+            return 0;
+        }
+        let copies = self
+            .rng
+            .lock()
+            .unwrap()
+            .gen_range(1..=policy.extra_copies.max(1));
+        self.injected
+            .fetch_add(u64::from(copies), Ordering::Relaxed);
+        self.duplicated
+            .fetch_add(u64::from(copies), Ordering::Relaxed);
+        copies
     }
 }
 
@@ -281,17 +321,29 @@ async fn handle(
             .map(|p| p.as_str())
             .unwrap_or("/")
     );
-    let mut forward = Request::builder().method(parts.method).uri(uri);
-    for (name, value) in &parts.headers {
-        if name != hyper::header::HOST {
-            forward = forward.header(name, value);
+    let build = |body: Bytes| {
+        let mut forward = Request::builder().method(parts.method.clone()).uri(&uri);
+        for (name, value) in &parts.headers {
+            if name != hyper::header::HOST {
+                forward = forward.header(name, value);
+            }
         }
+        // Azurite checks the Host header against the URL it signs; keep the client's view of it.
+        if let Some(host) = parts.headers.get(hyper::header::HOST) {
+            forward = forward.header(hyper::header::HOST, host);
+        }
+        forward.body(Full::new(body)).map_err(|_| Reset)
+    };
+    for _ in 0..shared.pick_duplicates(kind) {
+        let copy = shared
+            .client
+            .request(build(body.clone())?)
+            .await
+            .map_err(|_| Reset)?;
+        // Drain it so the pooled connection can be reused.
+        let _ = copy.into_body().collect().await;
     }
-    // Azurite checks the Host header against the URL it signs; keep the client's view of it.
-    if let Some(host) = parts.headers.get(hyper::header::HOST) {
-        forward = forward.header(hyper::header::HOST, host);
-    }
-    let forward = forward.body(Full::new(body)).map_err(|_| Reset)?;
+    let forward = build(body)?;
     let response = shared.client.request(forward).await.map_err(|_| Reset)?;
     let (parts, body) = response.into_parts();
     let body = body.collect().await.map_err(|_| Reset)?.to_bytes();
@@ -339,6 +391,7 @@ impl StorageProxy {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             counts: Mutex::new(Counts::new()),
             injected: AtomicU64::new(0),
+            duplicated: AtomicU64::new(0),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let (stop, _) = watch::channel(false);
@@ -393,9 +446,14 @@ impl StorageProxy {
             .sum()
     }
 
-    /// Faults injected so far.
+    /// Faults injected so far (each extra copy of a duplicated put counts as one).
     pub fn faults_injected(&self) -> u64 {
         self.shared.injected.load(Ordering::Relaxed)
+    }
+
+    /// Extra queue messages created by `duplicate_puts`.
+    pub fn duplicates_put(&self) -> u64 {
+        self.shared.duplicated.load(Ordering::Relaxed)
     }
 }
 

@@ -472,3 +472,142 @@ async fn queue_functions_reject_malformed_invocations_with_json_errors() {
         assert!(body.get("Outputs").is_some());
     }
 }
+
+/// A table store whose inserts into one table always fail with a transient error once armed.
+#[derive(Clone)]
+struct FailingInserts {
+    inner: MemoryTableStore,
+    table: String,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tablescan::storage::TableStore for FailingInserts {
+    async fn query_page(
+        &self,
+        t: &str,
+        q: &tablescan::storage::Query,
+    ) -> tablescan::storage::StorageResult<tablescan::storage::Page> {
+        self.inner.query_page(t, q).await
+    }
+    async fn submit_batch(
+        &self,
+        t: &str,
+        pk: &str,
+        ops: &[tablescan::storage::BatchOperation],
+    ) -> tablescan::storage::StorageResult<()> {
+        let inserting = ops
+            .iter()
+            .any(|o| matches!(o, tablescan::storage::BatchOperation::Insert(_)));
+        if t == self.table && inserting && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tablescan::storage::StorageError::from_status(
+                503,
+                Some("ServerBusy".into()),
+                "injected",
+            ));
+        }
+        self.inner.submit_batch(t, pk, ops).await
+    }
+    async fn get_entity(
+        &self,
+        t: &str,
+        pk: &str,
+        rk: &str,
+    ) -> tablescan::storage::StorageResult<Option<(Entity, String)>> {
+        self.inner.get_entity(t, pk, rk).await
+    }
+    async fn create_table(&self, t: &str) -> tablescan::storage::StorageResult<bool> {
+        self.inner.create_table(t).await
+    }
+    async fn delete_table(&self, t: &str) -> tablescan::storage::StorageResult<bool> {
+        self.inner.delete_table(t).await
+    }
+}
+
+#[tokio::test]
+async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_hanging() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = FailingInserts {
+        inner: tables.clone(),
+        table: "TablescanWork".into(),
+        armed: armed.clone(),
+    };
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    settings.insert(
+        "AzureWebJobsStorage".into(),
+        "UseDevelopmentStorage=true".into(),
+    );
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    let mut map = BTreeMap::new();
+    map.insert("AzureWebJobsStorage".to_string(), store);
+    let state = AppState::new(config, map, queues.clone());
+    let request = json!({"driver": "count", "sourceTable": "Source", "takeCount": 2})
+        .to_string()
+        .into_bytes();
+    let response = app(state.clone())
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/api/scans")
+                .header("content-type", "application/json")
+                .body(Body::from(request))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let body: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let id = body["id"].as_str().unwrap().to_string();
+    // From now on the root step can never register its children.
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut last_status = None;
+    for attempt in 1..=5u64 {
+        let messages = queues
+            .get_messages("tablescan-prefixscan", 1, std::time::Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(messages.len(), 1, "attempt {attempt}");
+        let m = &messages[0];
+        assert_eq!(m.dequeue_count, attempt);
+        let decoded = String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap()).unwrap();
+        let payload = host_payload("PrefixScan", &decoded, m.dequeue_count, &m.id);
+        let response = app(state.clone())
+            .oneshot(
+                Request::builder()
+                    .method("POST")
+                    .uri("/PrefixScan")
+                    .header("content-type", "application/json")
+                    .body(Body::from(payload))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        last_status = Some(response.status());
+        assert!(
+            !response.status().is_success(),
+            "attempt {attempt} must fail"
+        );
+    }
+    assert!(last_status.unwrap().is_server_error());
+    let response = app(state.clone())
+        .oneshot(
+            Request::builder()
+                .uri(format!("/api/scans/{id}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["state"], "failed", "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("after 5 attempts"),
+        "{body}"
+    );
+    assert_eq!(body["failedWorkItems"], 1);
+    assert_eq!(body["pendingWorkItems"], 0);
+}

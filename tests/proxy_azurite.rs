@@ -124,3 +124,55 @@ async fn injects_server_busy_with_azure_bodies_and_resets() {
         "the write took effect although the client saw a reset"
     );
 }
+
+#[tokio::test]
+async fn duplicates_puts_and_applies_per_kind_policies() {
+    let proxy = proxy(FaultPolicy {
+        duplicate_puts: 1.0,
+        extra_copies: 2,
+        server_busy: 1.0,
+        kinds: vec![RequestKind::QueuePut],
+        // The per-kind policy replaces this one for puts: duplicates, but no ServerBusy.
+        per_kind: vec![(
+            RequestKind::QueuePut,
+            FaultPolicy {
+                duplicate_puts: 1.0,
+                extra_copies: 2,
+                ..FaultPolicy::default()
+            },
+        )],
+        ..FaultPolicy::default()
+    })
+    .await;
+    let account = StorageAccount::parse(&proxy.connection_string()).unwrap();
+    let queues = account.queue_store(Arc::new(RequestCounters::new()));
+    let queue = support::unique_name("dup");
+    queues.create_queue(&queue).await.unwrap();
+    let mut copies = 0;
+    for i in 0..10 {
+        queues
+            .put_message(&queue, &format!("bWVzc2FnZQ{i}"), std::time::Duration::ZERO)
+            .await
+            .expect("puts are not faulted by the per-kind policy");
+    }
+    let got = queues
+        .get_messages(&queue, 32, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    copies += got.len() as u64;
+    assert_eq!(
+        copies,
+        10 + proxy.duplicates_put(),
+        "every extra copy is a real message"
+    );
+    assert!(
+        (10..=20).contains(&proxy.duplicates_put()),
+        "one or two extra copies per put: {}",
+        proxy.duplicates_put()
+    );
+    for i in 0..10 {
+        let text = format!("bWVzc2FnZQ{i}");
+        let n = got.iter().filter(|m| m.text == text).count();
+        assert!((2..=3).contains(&n), "{text}: {n} copies");
+    }
+}

@@ -1,17 +1,50 @@
 //! Shared handler state: configuration and storage clients, generic over the storage traits so
 //! in-process tests can use any implementation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::storage::{
     BatchOperation, Entity, Page, Query, QueueStore, ReceivedMessage, StorageResult, TableStore,
 };
 
 use super::config::{Config, STORAGE_SETTING};
-use super::tracking::Tracker;
+use super::tracking::{ScanState, Tracker};
+
+/// How long a work item trusts a cached `running` state. Cancellation and failure are noticed
+/// within this time; ended states never change and are kept.
+const RUNNING_STATE_TTL: Duration = Duration::from_secs(2);
+/// Bound on remembered scans (the map is cleared when it grows past this).
+const MAX_CACHED_SCANS: usize = 10_000;
+
+/// Recently read scan states. Every work item checks that its scan is still running; the scan
+/// record is a single partition, so reading it for every item would cost a request per item and
+/// cap a big scan at that partition's throughput.
+#[derive(Default)]
+pub struct ScanStateCache {
+    entries: Mutex<HashMap<String, (ScanState, Instant)>>,
+}
+
+impl ScanStateCache {
+    /// The cached state if it can still be trusted.
+    pub fn get(&self, scan_id: &str) -> Option<ScanState> {
+        let entries = self.entries.lock().unwrap();
+        let (state, seen) = entries.get(scan_id)?;
+        (*state != ScanState::Running || seen.elapsed() < RUNNING_STATE_TTL).then_some(*state)
+    }
+
+    pub fn put(&self, scan_id: &str, state: ScanState) {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.len() >= MAX_CACHED_SCANS {
+            entries.clear();
+        }
+        entries.insert(scan_id.to_string(), (state, Instant::now()));
+    }
+}
 
 /// Everything a request handler needs.
 pub struct AppState<T, Q> {
@@ -20,6 +53,7 @@ pub struct AppState<T, Q> {
     pub tables: BTreeMap<String, T>,
     /// Queues of the function app's own storage account.
     pub queues: Q,
+    pub scan_states: ScanStateCache,
 }
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
@@ -32,6 +66,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             config,
             tables,
             queues,
+            scan_states: ScanStateCache::default(),
         })
     }
 

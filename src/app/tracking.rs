@@ -242,7 +242,8 @@ impl From<StorageError> for RecordError {
 pub enum Completion {
     /// Committed; `shard_idle` says the shard had no unfinished items left afterwards.
     Committed { shard_idle: bool },
-    /// Someone else completed it first (duplicate delivery).
+    /// Already completed: by another delivery, or by our own earlier attempt whose answer was
+    /// lost. Nobody may have checked for the end of the scan yet, so the caller still must.
     Duplicate,
 }
 
@@ -316,7 +317,14 @@ impl<'a, T: TableStore> Tracker<'a, T> {
                 counters.created = 1;
             }
             ops.push(BatchOperation::Insert(counters.to_entity(&pk)));
-            self.store.submit_batch(self.work_table, &pk, &ops).await
+            match self.store.submit_batch(self.work_table, &pk, &ops).await {
+                // A retry of our own write whose answer was lost: the scan id is fresh, so the
+                // rows (inserted together, atomically) are ours.
+                Err(e) if e.kind == StorageErrorKind::Conflict => {
+                    self.read_counter(scan_id, shard).await.map(|_| ())
+                }
+                other => other,
+            }
         }))
         .await?;
         Ok(())
@@ -329,13 +337,31 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         p.insert("Request".into(), json!(record.request.to_string()));
         p.insert("Shards".into(), json!(record.shards));
         put_time(p, "StartedAt", record.started_at);
-        self.store
+        match self
+            .store
             .submit_batch(
                 self.scans_table,
                 &record.id,
                 &[BatchOperation::Insert(entity)],
             )
             .await
+        {
+            // The adapter retried an insert that had succeeded (its answer was lost): it is ours
+            // if it records the same request at the same time.
+            Err(e) if e.kind == StorageErrorKind::Conflict => {
+                match self.get_scan(&record.id).await? {
+                    Some(existing)
+                        if existing.request == record.request
+                            && format_time(existing.started_at)
+                                == format_time(record.started_at) =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     fn parse_scan(entity: Entity, etag: String) -> Option<ScanRecord> {
@@ -482,13 +508,48 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             .fold(Counters::default(), |a, c| a.plus(c)))
     }
 
+    /// Marks the scan completed if its work is drained. `shard` (the one whose item just
+    /// finished) is checked first, which is cheap and usually says no. Returns whether this
+    /// call completed the scan.
+    pub async fn complete_if_drained(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        shard: Option<u32>,
+    ) -> Result<bool, StorageError> {
+        if let Some(shard) = shard {
+            if self.read_counter(scan_id, shard).await?.0.pending() != 0 {
+                return Ok(false);
+            }
+        }
+        Ok(self.is_drained(scan_id, shards).await?
+            && self
+                .finish_scan(scan_id, ScanState::Completed, None)
+                .await?)
+    }
+
     /// Whether every registered work item has finished, judged on a consistent snapshot: two
     /// collections of the (monotonic) counters that agree exactly.
     pub async fn is_drained(&self, scan_id: &str, shards: u32) -> Result<bool, StorageError> {
-        let first = self.shard_counters(scan_id, shards).await?;
-        let total = first.iter().fold(Counters::default(), |a, c| a.plus(c));
-        if total.pending() != 0 {
-            return Ok(false);
+        // Per shard, Created ≥ Completed always (a child is counted in its own shard before it
+        // can finish there), so any busy shard settles the answer: read a few shards at a time,
+        // from a random one, and stop at the first busy one. Most checks end after a few reads.
+        const GROUP: u32 = 4;
+        let start = rand::random::<u32>() % shards.max(1);
+        let mut first = vec![Counters::default(); shards as usize];
+        let order: Vec<u32> = (0..shards).map(|i| (start + i) % shards).collect();
+        for group in order.chunks(GROUP as usize) {
+            let read =
+                try_join_all(group.iter().map(|&s| async move {
+                    self.read_counter(scan_id, s).await.map(|(c, _)| (s, c))
+                }))
+                .await?;
+            for (s, c) in read {
+                if c.pending() != 0 {
+                    return Ok(false);
+                }
+                first[s as usize] = c;
+            }
         }
         let second = self.shard_counters(scan_id, shards).await?;
         Ok(first == second)

@@ -16,7 +16,7 @@ use crate::storage::{QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
 use super::messages::{
-    self, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
+    self, shard_of, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
 use super::state::{AppState, Counted};
@@ -103,6 +103,35 @@ fn reply(status: StatusCode, line: String) -> InvocationResponse {
     } else {
         tracing::warn!("{line}");
         InvocationResponse::failed(status, vec![line])
+    }
+}
+
+/// On a message's last delivery, storage trouble must not leave the work item unrecorded (the host
+/// would poison the message and the scan would wait for it forever), so transient errors are
+/// retried for up to this long before giving up — far below the 10-minute execution limit.
+const LAST_ATTEMPT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `op`, retrying transient storage errors with backoff for [`LAST_ATTEMPT_PATIENCE`] when
+/// `last_attempt` (the storage adapter has already retried each call briefly).
+async fn patiently<R, F, Fut>(last_attempt: bool, op: F) -> Result<R, StorageError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<R, StorageError>>,
+{
+    let deadline = tokio::time::Instant::now() + LAST_ATTEMPT_PATIENCE;
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match op().await {
+            Err(e)
+                if last_attempt
+                    && e.is_transient()
+                    && tokio::time::Instant::now() + delay < deadline =>
+            {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -193,11 +222,22 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 format!("{work_id}: storage: {e}"),
             )
         };
-        match tracker
-            .get_scan(&scan.scan_id)
-            .await
-            .map_err(storage_failure)?
-        {
+        let cached = self.scan_states.get(&scan.scan_id);
+        let state = match cached {
+            Some(state) => Some(state),
+            None => {
+                let state = tracker
+                    .get_scan(&scan.scan_id)
+                    .await
+                    .map_err(storage_failure)?
+                    .map(|r| r.state);
+                if let Some(state) = state {
+                    self.scan_states.put(&scan.scan_id, state);
+                }
+                state
+            }
+        };
+        match state {
             None if last_attempt => {
                 return Err(reply(
                     StatusCode::OK,
@@ -214,22 +254,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                     format!("{work_id}: scan {} is not recorded yet", scan.scan_id),
                 ))
             }
-            Some(record) if record.state != ScanState::Running => {
+            Some(state) if state != ScanState::Running => {
                 return Err(reply(
                     StatusCode::OK,
                     format!(
                         "{work_id}: scan {} is {}; dropping its work",
                         scan.scan_id,
-                        record.state.as_str()
+                        state.as_str()
                     ),
                 ))
             }
             Some(_) => {}
         }
-        let progress = match tracker
-            .work_state(&scan.scan_id, scan.shards, &work_id)
-            .await
-            .map_err(storage_failure)?
+        let progress = match patiently(last_attempt, || {
+            tracker.work_state(&scan.scan_id, scan.shards, &work_id)
+        })
+        .await
+        .map_err(storage_failure)?
         {
             Some(WorkState::Pending { etag }) => Progress::Fresh { etag },
             Some(WorkState::Expanded { etag, outcome }) => {
@@ -238,10 +279,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 Progress::Recorded { etag, outcome }
             }
             Some(WorkState::Finished) => {
+                // The delivery that finished it may have died before checking for the end of
+                // the scan (handler killed between the two): check on its behalf.
+                let completed = tracker
+                    .complete_if_drained(
+                        &scan.scan_id,
+                        scan.shards,
+                        Some(shard_of(&work_id, scan.shards)),
+                    )
+                    .await
+                    .map_err(storage_failure)?;
                 return Err(reply(
                     StatusCode::OK,
-                    format!("{work_id}: already done (duplicate delivery)"),
-                ))
+                    format!(
+                        "{work_id}: already done (duplicate delivery){}",
+                        if completed { "; scan completed" } else { "" }
+                    ),
+                ));
             }
             None => {
                 return Err(reply(
@@ -273,6 +327,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         match self.commit(&begun, result).await {
             Ok(line) => reply(StatusCode::OK, line),
             Err(e) => {
+                if begun.invocation.dequeue_count >= self.config.max_dequeue_count {
+                    if let Err(record) = self.record_failure(&begun, &e).await {
+                        tracing::error!(work = %begun.work_id, scan = %scan_id, error = %record, "could not record the failure of a poisoned work item; the scan will not end by itself");
+                    }
+                }
                 let status = match &e {
                     WorkError::Storage(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
                     _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -288,6 +347,49 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         }
     }
 
+    /// Records a work item that failed its last delivery as failed, and its scan as failed —
+    /// unless it is already finished (e.g. the failure path of `commit` did it).
+    async fn record_failure<M: ScanWork>(
+        &self,
+        begun: &Begun<M>,
+        error: &WorkError,
+    ) -> Result<(), StorageError> {
+        let scan = begun.message.scan();
+        let store = self.bookkeeping();
+        let tracker = self.tracker_on(store);
+        let state = patiently(true, || {
+            tracker.work_state(&scan.scan_id, scan.shards, &begun.work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(()),
+        };
+        let reason = format!(
+            "work item {} ({}) failed after {} attempts: {error}",
+            begun.work_id,
+            M::NAME,
+            begun.invocation.dequeue_count
+        );
+        patiently(true, || {
+            tracker.complete(
+                &scan.scan_id,
+                scan.shards,
+                &begun.work_id,
+                &etag,
+                Counters::default(),
+                Some(&reason),
+            )
+        })
+        .await?;
+        patiently(true, || {
+            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
+        })
+        .await?;
+        self.scan_states.put(&scan.scan_id, ScanState::Failed);
+        Ok(())
+    }
+
     async fn commit<M: ScanWork>(
         &self,
         begun: &Begun<M>,
@@ -298,6 +400,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let tracker = self.tracker_on(&store);
         let (etag, outcome) = match (&begun.progress, result) {
             (Progress::Recorded { etag, outcome }, _) => (etag.clone(), outcome.clone()),
+            // Without children there is nothing two executions could disagree on but counters,
+            // and only one completion can commit: no need to record the outcome first.
+            (Progress::Fresh { etag }, Ok(outcome)) if outcome.children.is_empty() => {
+                (etag.clone(), outcome)
+            }
             (Progress::Fresh { etag }, Ok(outcome)) => {
                 let json = serde_json::to_string(&outcome).expect("outcomes serialize");
                 match tracker
@@ -337,6 +444,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 tracker
                     .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
                     .await?;
+                // Whatever the record says now, the scan is no longer running.
+                self.scan_states.put(&scan.scan_id, ScanState::Failed);
                 return Err(WorkError::Failed(reason));
             }
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
@@ -367,7 +476,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let mut delta = outcome.delta;
         // Count the completion's own counter read and transaction too.
         delta.storage_requests = begun.requests.load(Ordering::Relaxed) as i64 + 2;
-        match tracker
+        let completion = tracker
             .complete(
                 &scan.scan_id,
                 scan.shards,
@@ -376,29 +485,41 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 delta,
                 None,
             )
-            .await?
-        {
+            .await?;
+        // Check for the end of the scan also after a duplicate completion: it may have been our
+        // own commit whose answer was lost, and then nobody else would notice.
+        let scan_completed = match completion {
+            Completion::Committed { shard_idle: false } => false,
+            Completion::Committed { shard_idle: true } => {
+                tracker
+                    .complete_if_drained(&scan.scan_id, scan.shards, None)
+                    .await?
+            }
+            Completion::Duplicate => {
+                tracker
+                    .complete_if_drained(
+                        &scan.scan_id,
+                        scan.shards,
+                        Some(shard_of(&begun.work_id, scan.shards)),
+                    )
+                    .await?
+            }
+        };
+        if scan_completed {
+            tracing::info!(scan = %scan.scan_id, "scan completed");
+        }
+        match completion {
             Completion::Duplicate => Ok(format!(
                 "{}: completed concurrently by another delivery",
                 begun.work_id
             )),
-            Completion::Committed { shard_idle } => {
-                if shard_idle
-                    && tracker.is_drained(&scan.scan_id, scan.shards).await?
-                    && tracker
-                        .finish_scan(&scan.scan_id, ScanState::Completed, None)
-                        .await?
-                {
-                    tracing::info!(scan = %scan.scan_id, "scan completed");
-                }
-                Ok(format!(
-                    "{}: done ({} children, {} rows scanned, {} rows written)",
-                    begun.work_id,
-                    children.len(),
-                    delta.rows_scanned,
-                    delta.rows_written
-                ))
-            }
+            Completion::Committed { .. } => Ok(format!(
+                "{}: done ({} children, {} rows scanned, {} rows written)",
+                begun.work_id,
+                children.len(),
+                delta.rows_scanned,
+                delta.rows_written
+            )),
         }
     }
 }

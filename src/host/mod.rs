@@ -26,6 +26,7 @@ pub mod outputs;
 pub mod payload;
 pub mod queue;
 pub mod route;
+pub mod stats;
 pub mod timespan;
 pub mod worker;
 
@@ -49,6 +50,7 @@ use self::log::{redact_connection_string, HostLog};
 use self::outputs::{OutputTarget, QueueTarget, ResolvedOutput};
 use self::queue::{poison_queue_name, QueueListener};
 use self::route::RouteTemplate;
+use self::stats::{FunctionStats, InvocationStats};
 use self::worker::{Worker, WorkerSpec, WorkerStatus};
 use crate::storage::connection::StorageAccount;
 use crate::storage::counters::RequestCounters;
@@ -155,6 +157,7 @@ pub struct RunningHost {
     drain: Duration,
     log: HostLog,
     app: Arc<AppConfig>,
+    stats: Arc<InvocationStats>,
 }
 
 pub struct Host;
@@ -287,6 +290,7 @@ impl Host {
         let threshold = app
             .queues
             .effective_new_batch_threshold(settings.get("WEBSITE_SKU"));
+        let stats = Arc::new(InvocationStats::default());
         let mut instances = Vec::new();
         for i in 0..config.instances.max(1) {
             let label = format!("[i{i}]");
@@ -317,6 +321,7 @@ impl Host {
                     invoker: invoker.clone(),
                     log: log.clone(),
                     label: label.clone(),
+                    stats: stats.clone(),
                 });
                 listeners.push(tokio::spawn(
                     listener.run(stop_rx.clone(), config.drain_timeout),
@@ -384,6 +389,7 @@ impl Host {
             drain: config.drain_timeout,
             log,
             app,
+            stats,
         })
     }
 }
@@ -537,6 +543,11 @@ impl RunningHost {
         let waits = self.instances.iter().map(|i| Box::pin(i.worker.failed()));
         let (why, _, _) = futures::future::select_all(waits).await;
         HostError::HandlerFailed(why)
+    }
+
+    /// Queue-triggered invocations so far, by function (all instances together).
+    pub fn invocation_stats(&self) -> BTreeMap<String, FunctionStats> {
+        self.stats.snapshot()
     }
 
     /// Log lines kept when [`HostConfig::capture_logs`] is on.

@@ -15,6 +15,7 @@ use super::invoke::Invoker;
 use super::log::HostLog;
 use super::outputs::{effective_outputs, write_queue_outputs, QueueTarget, ResolvedOutput};
 use super::payload::{queue_payload, QueueItem, SysData};
+use super::stats::InvocationStats;
 use crate::storage::{QueueStore, ReceivedMessage};
 
 /// Visibility timeout of received messages (fixed in the extension), renewed at half-life.
@@ -65,6 +66,8 @@ pub struct QueueListener<S> {
     pub invoker: Arc<Invoker>,
     pub log: HostLog,
     pub label: String,
+    /// Where each invocation's duration is recorded.
+    pub stats: Arc<InvocationStats>,
 }
 
 /// Counts invocations in flight and wakes the poller when one finishes.
@@ -257,6 +260,8 @@ impl<S: QueueStore> QueueListener<S> {
         };
         renewal.abort();
         let receipt = pop_receipt.lock().unwrap().clone();
+        self.stats
+            .record(&self.function, started.elapsed(), outcome.is_ok());
         let elapsed = started.elapsed().as_millis();
         match outcome {
             Ok(()) => {

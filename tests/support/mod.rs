@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod e2e;
+pub mod faults;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

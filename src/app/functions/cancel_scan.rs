@@ -42,5 +42,6 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
             now.as_str()
         )));
     }
+    state.scan_states.put(&id, ScanState::Cancelled);
     Ok(Json(scan_status(&tracker, &id).await?))
 }

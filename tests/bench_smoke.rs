@@ -1,0 +1,118 @@
+//! `tablescan bench` on a few hundred rows, so its code paths cannot rot: every variant runs
+//! through the local host on Azurite, is verified, and the JSON contract and chart are written.
+
+use serde_json::Value;
+use tablescan::bench::{run_bench, BenchArgs};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
+    // The bench counts requests through a proxy in front of its own Azurite.
+    std::env::remove_var("AzureWebJobsStorage");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, svg) = (dir.path().join("bench.json"), dir.path().join("bench.svg"));
+    let args = BenchArgs {
+        rows: 300,
+        seed: 7,
+        out: Some(out.clone()),
+        svg: Some(svg.clone()),
+        quiet: true,
+        timeout_seconds: 240,
+        handler_binary: Some(env!("CARGO_BIN_EXE_tablescan").into()),
+        ..BenchArgs::default()
+    };
+    run_bench(args).await.expect("bench runs");
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(report["rows"], 300);
+    let variants = report["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "serial-copy",
+            "reference-copy",
+            "prefix-copy",
+            "serial-count",
+            "prefix-count"
+        ]
+    );
+    let minimum = &report["minimum"];
+    let keys = minimum["partition_keys"].as_u64().unwrap();
+    assert!(keys > 30 && keys < 300, "{keys} partition keys");
+    assert_eq!(minimum["reads"], 1);
+    for v in variants {
+        let name = v["name"].as_str().unwrap();
+        for field in [
+            "wall_seconds",
+            "rows_per_second",
+            "requests_per_1000_rows",
+            "minimum_requests_per_1000_rows",
+            "queue_messages_per_1000_rows",
+            "invocations",
+            "max_invocation_seconds",
+            "handler_cpu_ms_per_1000_rows",
+            "handler_peak_rss_bytes",
+        ] {
+            let x = v[field]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{name}.{field}: {v}"));
+            assert!(x > 0.0, "{name}.{field} = {x}");
+        }
+        assert_eq!(v["verified"], true, "{name}");
+        let copy = name.ends_with("-copy");
+        // The minimum: one read per 1,000 rows, plus (copies) one batch per partition per 100 rows.
+        let expected_minimum = (1 + if copy { keys } else { 0 }) as f64 * 1000.0 / 300.0;
+        let minimum = v["minimum_requests_per_1000_rows"].as_f64().unwrap();
+        assert!(
+            (minimum - expected_minimum).abs() < 1e-6,
+            "{name}: {minimum}"
+        );
+        let ratio = v["ratio_to_minimum"].as_f64().unwrap();
+        let per_k = v["requests_per_1000_rows"].as_f64().unwrap();
+        assert!(
+            (ratio - per_k / minimum).abs() < 1e-6,
+            "{name}: ratio {ratio}"
+        );
+        let kinds = &v["requests_per_1000_rows_by_kind"];
+        let data = kinds["data"].as_f64().unwrap();
+        assert!(
+            (v["data_ratio_to_minimum"].as_f64().unwrap() - data / minimum).abs() < 1e-6,
+            "{name}"
+        );
+        // Every copy writes each partition at least once; counts write nothing to data tables.
+        let batches = v["requests"]["batch"].as_u64().unwrap();
+        if copy {
+            assert!(batches >= keys, "{name}: {batches} batches for {keys} keys");
+        } else {
+            assert_eq!(batches, 0, "{name}");
+        }
+        assert!(v["requests"]["query"].as_u64().unwrap() >= 1, "{name}");
+        assert!(v["requests"]["bookkeeping"].as_u64().unwrap() > 0, "{name}");
+        assert!(v["requests"]["queue_get"].as_u64().unwrap() > 0, "{name}");
+        assert!(v["messages_processed"].as_i64().unwrap() >= 1, "{name}");
+        let progress = v["progress"].as_array().unwrap();
+        assert_eq!(progress.last().unwrap()[1], 300, "{name}: final progress");
+    }
+    // The reference split sends one copy message per partition key; tablescan's one per page.
+    let msgs = |n: usize| {
+        variants[n]["queue_messages_per_1000_rows"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        msgs(1) > msgs(2),
+        "reference {} vs prefix {}",
+        msgs(1),
+        msgs(2)
+    );
+
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg"));
+    assert_eq!(chart.matches("<polyline").count(), 5);
+    for name in names {
+        assert!(chart.contains(name), "{name} in the legend");
+    }
+}
