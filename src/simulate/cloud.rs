@@ -91,12 +91,24 @@ impl Bucket {
     }
 }
 
+/// The client retry policy of the app under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// tablescan's storage adapters (`Model::retry_*`).
+    Tablescan,
+    /// The blog's SDK (Microsoft.WindowsAzure.Storage `ExponentialRetry` defaults: 3 retries,
+    /// 4 s delta, 3 s minimum, 120 s maximum backoff).
+    BlogSdk,
+}
+
 /// State shared by every store of the simulated storage account.
 pub struct Account {
     pub model: Arc<Model>,
+    pub retry: Retry,
     rng: Mutex<StdRng>,
     account: Mutex<Bucket>,
-    partitions: Mutex<HashMap<(String, String), Bucket>>,
+    /// Keyed by a 64-bit hash of (table, partition key): no allocation per request.
+    partitions: Mutex<HashMap<u64, Bucket>>,
     queues: Mutex<HashMap<String, Bucket>>,
     pub table_counters: RequestCounters,
     pub queue_counters: RequestCounters,
@@ -106,9 +118,10 @@ pub struct Account {
 }
 
 impl Account {
-    pub fn new(model: Arc<Model>, seed: u64) -> Arc<Self> {
+    pub fn new(model: Arc<Model>, seed: u64, retry: Retry) -> Arc<Self> {
         let now = Instant::now();
         Arc::new(Account {
+            retry,
             account: Mutex::new(Bucket {
                 tokens: model.account_requests_per_sec,
                 last: now,
@@ -135,9 +148,27 @@ impl Account {
     }
 
     fn backoff(&self, retry: u32) -> Duration {
-        let ceiling = self.model.retry_ceiling_ms(retry);
-        let draw: f64 = self.rng.lock().unwrap().gen_range(0.0..=1.0);
-        Model::ms(ceiling * draw)
+        match self.retry {
+            Retry::Tablescan => {
+                let ceiling = self.model.retry_ceiling_ms(retry);
+                let draw: f64 = self.rng.lock().unwrap().gen_range(0.0..=1.0);
+                Model::ms(ceiling * draw)
+            }
+            Retry::BlogSdk => {
+                // ExponentialRetry: min(3 s + (2^n - 1) * U(0.8, 1.2) * 4 s, 120 s), n = 0, 1, 2…
+                let n = retry.saturating_sub(1).min(20) as i32;
+                let delta: f64 = self.rng.lock().unwrap().gen_range(3_200.0..=4_800.0);
+                Model::ms((3_000.0 + (2f64.powi(n) - 1.0) * delta).min(120_000.0))
+            }
+        }
+    }
+
+    fn max_attempts(&self) -> u32 {
+        match self.retry {
+            Retry::Tablescan => self.model.retry_max_attempts,
+            // DefaultClientRetryCount = 3 retries.
+            Retry::BlogSdk => 4,
+        }
     }
 
     /// Admits one request at the server: the account's request rate, then (when the request
@@ -175,12 +206,10 @@ impl Account {
                 // Idle buckets are full again: forget them to bound memory.
                 map.retain(|_, b| now.duration_since(b.last) < Duration::from_secs(2));
             }
-            let bucket = map
-                .entry((table.to_string(), pk.to_string()))
-                .or_insert(Bucket {
-                    tokens: m.partition_entities_per_sec,
-                    last: now,
-                });
+            let bucket = map.entry(partition_id(table, pk)).or_insert(Bucket {
+                tokens: m.partition_entities_per_sec,
+                last: now,
+            });
             if !bucket.take(m.partition_entities_per_sec, entities.max(1.0), now) {
                 return Some(format!("partition of table {table}"));
             }
@@ -206,7 +235,7 @@ impl Account {
         let now = Instant::now();
         let rate = self.model.partition_entities_per_sec;
         let mut map = self.partitions.lock().unwrap();
-        if let Some(b) = map.get_mut(&(table.to_string(), pk.to_string())) {
+        if let Some(b) = map.get_mut(&partition_id(table, pk)) {
             b.take(rate, 0.0, now);
             b.tokens -= entities as f64;
         }
@@ -215,6 +244,16 @@ impl Account {
     fn busy() -> StorageError {
         StorageError::from_status(503, Some("ServerBusy".into()), "simulated throttling")
     }
+}
+
+/// FNV-1a of table and partition key (a separator byte between them that no key contains).
+fn partition_id(table: &str, pk: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in table.bytes().chain([0xFF]).chain(pk.bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The partition a query reads, when its filter pins one partition key.
@@ -273,7 +312,7 @@ impl CloudTables {
                 return result;
             }
             sleep(half).await;
-            if attempt >= m.retry_max_attempts {
+            if attempt >= account.max_attempts() {
                 return Err(Account::busy());
             }
             sleep(account.backoff(attempt)).await;
@@ -407,7 +446,7 @@ impl CloudQueues {
                 return result;
             }
             sleep(half).await;
-            if attempt >= m.retry_max_attempts {
+            if attempt >= account.max_attempts() {
                 return Err(Account::busy());
             }
             sleep(account.backoff(attempt)).await;

@@ -24,7 +24,37 @@ pub const MAX_ROWS_PER_KEY: u64 = 9_999;
 
 /// The row key of the `i`-th row of a partition.
 pub fn row_key(i: u64) -> String {
-    format!("{:02}.{}.{}", i / 100, (i / 10) % 10, i % 10)
+    let b = row_key_bytes(i);
+    // Six ASCII digits and dots.
+    String::from_utf8(b.to_vec()).expect("ascii")
+}
+
+/// `row_key(i)` without allocating (`i` < 10,000).
+fn row_key_bytes(i: u64) -> [u8; 6] {
+    let d = |v: u64| b'0' + (v % 10) as u8;
+    [d(i / 1000), d(i / 100), b'.', d(i / 10), b'.', d(i)]
+}
+
+/// The index whose row key is `rk`, if `rk` is one.
+pub fn parse_row_key(rk: &str) -> Option<u64> {
+    let b = rk.as_bytes();
+    if b.len() != 6 || b[2] != b'.' || b[4] != b'.' {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in [b[0], b[1], b[3], b[5]].iter() {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + (c - b'0') as u64;
+    }
+    Some(v)
+}
+
+/// Whether byte order equals UTF-16 order for comparisons with an ASCII key: true unless `v`
+/// has a supplementary-plane character (4-byte UTF-8 sequence).
+fn bmp_only(v: &str) -> bool {
+    !v.bytes().any(|b| b >= 0xF0)
 }
 
 /// Half-open ranges of global row indexes, sorted and disjoint.
@@ -63,6 +93,8 @@ fn union(mut all: Ranges) -> Ranges {
 /// A read-only synthetic table: partition keys (sorted in UTF-16 order) and their row counts.
 pub struct SyntheticTable {
     keys: Vec<Box<str>>,
+    /// Every partition key is ASCII (then byte order is UTF-16 order against BMP-only values).
+    ascii: bool,
     /// `starts[i]` is the global index of partition `i`'s first row; `starts[n]` is the total.
     starts: Vec<u64>,
 }
@@ -85,7 +117,12 @@ impl SyntheticTable {
             keys.push(pk.into_boxed_str());
         }
         starts.push(total);
-        SyntheticTable { keys, starts }
+        let ascii = keys.iter().all(|k| k.is_ascii());
+        SyntheticTable {
+            keys,
+            ascii,
+            starts,
+        }
     }
 
     pub fn total_rows(&self) -> u64 {
@@ -119,8 +156,13 @@ impl SyntheticTable {
 
     /// First partition whose key is >= `v` (or > `v` when `strict`).
     fn pk_bound(&self, v: &str, strict: bool) -> usize {
+        let fast = self.ascii && bmp_only(v);
         self.keys.partition_point(|k| {
-            let o = compare_keys(k, v);
+            let o = if fast {
+                k.as_bytes().cmp(v.as_bytes())
+            } else {
+                compare_keys(k, v)
+            };
             if strict {
                 o.is_le()
             } else {
@@ -131,10 +173,16 @@ impl SyntheticTable {
 
     /// Index within a partition of `count` rows of the first row key >= `v` (> when `strict`).
     fn rk_bound(count: u64, v: &str, strict: bool) -> u64 {
+        let fast = bmp_only(v);
         let (mut lo, mut hi) = (0u64, count);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let o = compare_keys(&row_key(mid), v);
+            let k = row_key_bytes(mid);
+            let o = if fast {
+                k.as_slice().cmp(v.as_bytes())
+            } else {
+                compare_keys(std::str::from_utf8(&k).expect("ascii"), v)
+            };
             if (strict && o.is_le()) || (!strict && o.is_lt()) {
                 lo = mid + 1;
             } else {
@@ -161,8 +209,14 @@ impl SyntheticTable {
             return None;
         }
         let count = self.starts[p + 1] - self.starts[p];
-        let i = Self::rk_bound(count, rk, false);
-        (i < count && row_key(i) == rk).then(|| self.starts[p] + i)
+        let i = parse_row_key(rk)?;
+        (i < count).then(|| self.starts[p] + i)
+    }
+
+    /// The partition index of key `pk`, if it exists.
+    pub fn partition_index(&self, pk: &str) -> Option<usize> {
+        let p = self.pk_bound(pk, false);
+        (p < self.keys.len() && &*self.keys[p] == pk).then_some(p)
     }
 
     /// The global index of the first row at or after (pk, rk) in key order.
@@ -244,7 +298,9 @@ impl SyntheticTable {
             None => Some(vec![dom]),
             Some(f) => self.ranges(f, dom),
         };
-        let mut rows = Vec::with_capacity(limit.min(1024));
+        // No large up-front capacity: most queries return a few rows, and allocations of a
+        // KiB or more make glibc consolidate its free lists (a hot spot in profiles).
+        let mut rows = Vec::new();
         match ranges {
             Some(ranges) => {
                 for (lo, hi) in ranges {
@@ -314,8 +370,20 @@ impl SyntheticTable {
             None
         };
         let full = query.select.is_none();
+        let mut entities = Vec::with_capacity(rows.len());
+        let mut p = rows.first().map_or(0, |&i| self.partition_of(i));
+        for i in rows {
+            while self.starts[p + 1] <= i {
+                p += 1;
+            }
+            let mut e = Entity::new(&*self.keys[p], row_key(i - self.starts[p]));
+            if full {
+                e.properties.insert("V".into(), json!(i));
+            }
+            entities.push(e);
+        }
         Ok(Page {
-            entities: rows.into_iter().map(|i| self.entity(i, full)).collect(),
+            entities,
             continuation,
         })
     }
@@ -364,6 +432,8 @@ impl Sink {
 
     pub fn write(&self, operations: &[BatchOperation]) -> StorageResult<()> {
         let mut bits = self.written.lock().unwrap();
+        // Batches are single-partition: look the partition up once.
+        let mut partition: Option<(&str, Option<usize>)> = None;
         for op in operations {
             let BatchOperation::Upsert(e) = op else {
                 return Err(StorageError::invalid_input(
@@ -371,7 +441,21 @@ impl Sink {
                 ));
             };
             self.writes.fetch_add(1, Ordering::Relaxed);
-            match self.source.index_of(&e.partition_key, &e.row_key) {
+            let p = match partition {
+                Some((pk, p)) if pk == e.partition_key => p,
+                _ => {
+                    let p = self.source.partition_index(&e.partition_key);
+                    partition = Some((&e.partition_key, p));
+                    p
+                }
+            };
+            let index = p.and_then(|p| {
+                let count = self.source.starts[p + 1] - self.source.starts[p];
+                parse_row_key(&e.row_key)
+                    .filter(|&i| i < count)
+                    .map(|i| self.source.starts[p] + i)
+            });
+            match index {
                 Some(i) => {
                     let (w, b) = ((i / 64) as usize, i % 64);
                     if bits[w] & (1 << b) == 0 {
@@ -602,7 +686,14 @@ mod tests {
     fn row_keys_sort_in_index_order() {
         for i in 0..MAX_ROWS_PER_KEY {
             assert!(compare_keys(&row_key(i), &row_key(i + 1)).is_lt(), "{i}");
+            assert_eq!(
+                row_key(i),
+                format!("{:02}.{}.{}", i / 100, (i / 10) % 10, i % 10)
+            );
+            assert_eq!(parse_row_key(&row_key(i)), Some(i));
         }
+        assert_eq!(parse_row_key("1.2.3"), None);
+        assert_eq!(parse_row_key("0a.2.3"), None);
     }
 
     #[test]

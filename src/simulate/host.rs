@@ -16,23 +16,22 @@ use tokio::sync::Notify;
 use tokio::time::{sleep, timeout, Instant};
 use tower::ServiceExt;
 
-use crate::app::functions::prefix_scan::copy_work;
-use crate::app::messages::{self, CopyMessage, StepMessage, WorkMessage};
 use crate::app::state::AppState;
-use crate::app::tracking::{Completion, Counters, NewWork, ScanState, WorkState};
-use crate::scan::{Scanner, Step, StepBudget};
 use crate::storage::{MessageEncoding, QueueStore, ReceivedMessage};
 
+use super::blog::Blog;
 use super::cloud::{charge_cpu, CloudQueues, CloudTables, Cpu, CPU};
 use super::model::Model;
 
 pub type SimState = Arc<AppState<CloudTables, CloudQueues>>;
 
-/// The two queue-triggered functions.
+/// The queue-triggered functions: tablescan's two, or the blog's single worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Function {
     PrefixScan = 0,
     TableCopy = 1,
+    /// The blog's `WorkerQueueFunction` (one queue, dispatch by envelope name).
+    Worker = 2,
 }
 
 impl Function {
@@ -40,6 +39,7 @@ impl Function {
         match self {
             Function::PrefixScan => "PrefixScan",
             Function::TableCopy => "TableCopy",
+            Function::Worker => "Worker",
         }
     }
 }
@@ -56,8 +56,8 @@ pub struct Execution {
 /// One Consumption instance.
 pub struct Instance {
     pub cpu: Arc<Cpu>,
-    in_flight: [AtomicUsize; 2],
-    slot_freed: [Notify; 2],
+    in_flight: [AtomicUsize; 3],
+    slot_freed: [Notify; 3],
     /// Executions running on this instance, and since when it has been busy (for billing).
     active: Mutex<(usize, Option<Instant>, Duration)>,
 }
@@ -66,8 +66,12 @@ impl Instance {
     fn new() -> Self {
         Instance {
             cpu: Arc::new(Cpu::new()),
-            in_flight: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            slot_freed: [Notify::new(), Notify::new()],
+            in_flight: [
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+            ],
+            slot_freed: [Notify::new(), Notify::new(), Notify::new()],
             active: Mutex::new((0, None, Duration::ZERO)),
         }
     }
@@ -96,14 +100,13 @@ impl Instance {
     }
 }
 
-/// How the PrefixScan queue is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which function app runs.
+#[derive(Clone)]
 pub enum ScanMode {
-    /// tablescan's handler, one step per message.
+    /// tablescan: its real router behind two queues (PrefixScan, TableCopy).
     Router,
-    /// The blog's serial baseline: one execution pages the whole table and enqueues copy work
-    /// after every page.
-    BlogSerial,
+    /// The blog's app: one worker queue, dispatch by envelope name (see `blog.rs`).
+    Blog(Arc<Blog>),
 }
 
 /// The simulated function app.
@@ -118,13 +121,27 @@ pub struct Host {
     /// (seconds since start, instance count) at every change.
     pub instance_timeline: Mutex<Vec<(f64, usize)>>,
     pub stopped: AtomicBool,
+    /// Executions dequeued and not yet finished (deleted, released or abandoned).
+    pub running: AtomicUsize,
+    /// Executions abandoned at the execution limit.
+    pub timeouts: AtomicUsize,
 }
 
 impl Host {
     fn queue(&self, f: Function) -> &str {
-        match f {
-            Function::PrefixScan => &self.state.config.prefix_scan_queue,
-            Function::TableCopy => &self.state.config.table_copy_queue,
+        match (f, &self.mode) {
+            (Function::PrefixScan, _) => &self.state.config.prefix_scan_queue,
+            (Function::TableCopy, _) => &self.state.config.table_copy_queue,
+            (Function::Worker, ScanMode::Blog(blog)) => &blog.queue,
+            (Function::Worker, ScanMode::Router) => unreachable!("tablescan has no Worker"),
+        }
+    }
+
+    /// The functions this app has.
+    pub fn functions(&self) -> &'static [Function] {
+        match self.mode {
+            ScanMode::Router => &[Function::PrefixScan, Function::TableCopy],
+            ScanMode::Blog(_) => &[Function::Worker],
         }
     }
 
@@ -140,7 +157,7 @@ impl Host {
             .lock()
             .unwrap()
             .push((self.epoch.elapsed().as_secs_f64(), count));
-        for f in [Function::PrefixScan, Function::TableCopy] {
+        for &f in self.functions() {
             let host = self.clone();
             let instance = instance.clone();
             tokio::spawn(async move {
@@ -184,12 +201,14 @@ impl Host {
             }
             delay = m.min_polling_ms;
             for message in received {
+                self.running.fetch_add(1, Ordering::Relaxed);
                 instance.in_flight[f as usize].fetch_add(1, Ordering::Relaxed);
                 let host = self.clone();
                 let instance = instance.clone();
                 let queue = queue.clone();
                 tokio::spawn(async move {
                     host.execute(&instance, f, &queue, message).await;
+                    host.running.fetch_sub(1, Ordering::Relaxed);
                     instance.in_flight[f as usize].fetch_sub(1, Ordering::Relaxed);
                     instance.slot_freed[f as usize].notify_one();
                 });
@@ -228,7 +247,9 @@ impl Host {
                 }
                 // Past the execution limit the invocation is abandoned; the message reappears
                 // when its visibility lapses.
-                Err(_) => {}
+                Err(_) => {
+                    self.timeouts.fetch_add(1, Ordering::Relaxed);
+                }
             }
         })
         .await;
@@ -242,15 +263,15 @@ impl Host {
 
     /// Delivers one message to the function; true if it succeeded.
     async fn invoke(&self, f: Function, m: &ReceivedMessage) -> bool {
+        if let ScanMode::Blog(blog) = &self.mode {
+            return blog.execute(&m.text).await.is_ok();
+        }
         let Ok(decoded) = MessageEncoding::Base64
             .decode(&m.text)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
         else {
             return false;
         };
-        if f == Function::PrefixScan && self.mode == ScanMode::BlogSerial {
-            return blog_serial(&self.state, &decoded).await.is_ok();
-        }
         let body = host_payload(f.name(), &decoded, m.dequeue_count, &m.id);
         let request = Request::builder()
             .method("POST")
@@ -271,7 +292,8 @@ impl Host {
         let mut last_added = Instant::now();
         while !self.stopped.load(Ordering::Relaxed) {
             sleep(Duration::from_secs_f64(m.scale_check_interval_s)).await;
-            let longest = [Function::PrefixScan, Function::TableCopy]
+            let longest = self
+                .functions()
                 .iter()
                 .map(|f| queues.inner.len(self.queue(*f)))
                 .max()
@@ -302,103 +324,4 @@ pub fn host_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str)
     })
     .to_string()
     .into_bytes()
-}
-
-/// The blog's serial variant, run on tablescan's engine and bookkeeping: one execution pages the
-/// whole table (real `Scanner`, one page per step) and after every page registers and enqueues
-/// the page's copy work (real `copy_work`, work ids, messages and `Tracker`), so the copies run
-/// in parallel with the paging, as in the blog. Only this loop is simulator code: tablescan
-/// itself never runs a scan as one long execution.
-async fn blog_serial(state: &SimState, decoded: &str) -> Result<(), String> {
-    let root: StepMessage = messages::decode(decoded).map_err(|e| e.to_string())?;
-    let scan = &root.scan;
-    let tracker = state.tracker_on(state.bookkeeping());
-    let root_id = messages::work_id(&root);
-    let etag = match tracker
-        .work_state(&scan.scan_id, scan.shards, &root_id)
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
-        Some(WorkState::Finished) => return Ok(()),
-        None => return Err("no work row for the serial root".into()),
-    };
-    let source = state.bookkeeping().clone();
-    let budget = StepBudget {
-        max_pages: 1,
-        max_queries: usize::MAX,
-    };
-    let scanner = Scanner::new(&source, &scan.source.table, &scan.params, budget);
-    let mut step = root.step.clone();
-    let mut rows = 0i64;
-    loop {
-        let output = scanner.execute(&step).await.map_err(|e| e.to_string())?;
-        let mut next = None;
-        let mut children = Vec::new();
-        for s in output.steps {
-            match s {
-                Step::Segment { entities, .. } => {
-                    rows += entities.len() as i64;
-                    children.extend(copy_work(scan.work_split, &entities));
-                }
-                other => next = Some(other),
-            }
-        }
-        let copies: Vec<CopyMessage> = children
-            .into_iter()
-            .map(|work| CopyMessage {
-                scan: scan.clone(),
-                work,
-            })
-            .collect();
-        let new_work: Vec<NewWork> = copies
-            .iter()
-            .map(|c| NewWork {
-                id: messages::work_id(c),
-                kind: CopyMessage::NAME,
-            })
-            .collect();
-        tracker
-            .register_children(&scan.scan_id, scan.shards, &new_work)
-            .await
-            .map_err(|e| e.to_string())?;
-        let texts = copies
-            .iter()
-            .map(messages::encode)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        let queue = &state.config.table_copy_queue;
-        futures::future::try_join_all(
-            texts
-                .iter()
-                .map(|t| state.queues.put_message(queue, t, Duration::ZERO)),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        match next {
-            Some(s) => step = s,
-            None => break,
-        }
-    }
-    let delta = Counters {
-        rows_scanned: rows,
-        ..Counters::default()
-    };
-    let done = tracker
-        .complete(&scan.scan_id, scan.shards, &root_id, &etag, delta, None)
-        .await
-        .map_err(|e| e.to_string())?;
-    if let Completion::Committed { shard_idle: true } = done {
-        if tracker
-            .is_drained(&scan.scan_id, scan.shards)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            tracker
-                .finish_scan(&scan.scan_id, ScanState::Completed, None)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
 }

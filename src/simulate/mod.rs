@@ -7,6 +7,7 @@
 //! cloud run in seconds and the same seed gives the same result. Every figure it produces is
 //! simulated, not measured.
 
+pub mod blog;
 pub mod chart;
 pub mod cloud;
 pub mod data;
@@ -16,7 +17,7 @@ pub mod queue;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,10 +33,11 @@ use crate::app::config::Config;
 use crate::app::server::app;
 use crate::app::state::AppState;
 use crate::app::tracking::{seed_backoff_jitter, ScanState};
-use crate::scan::StepBudget;
+use crate::scan::{Scanner, StepBudget, Strategy};
 use crate::storage::memory::MemoryTableStore;
+use crate::storage::QueueStore;
 
-use cloud::{Account, CloudQueues, CloudTables};
+use cloud::{Account, CloudQueues, CloudTables, Retry};
 use data::{nuget_like, Sink, SyntheticStore};
 use host::{Host, ScanMode};
 use model::{prices, Model};
@@ -112,10 +114,10 @@ pub struct SimulateArgs {
     /// tablescan design: batches in flight per copy (TABLESCAN_COPY_CONCURRENCY).
     #[arg(long, default_value_t = 8)]
     pub copy_concurrency: usize,
-    /// host.json `extensions.queues.batchSize` (all variants).
+    /// tablescan design: host.json `extensions.queues.batchSize` (the blog rows keep 16).
     #[arg(long)]
     pub batch_size: Option<u8>,
-    /// host.json `extensions.queues.newBatchThreshold` (all variants).
+    /// tablescan design: host.json `newBatchThreshold` (the blog rows keep 8).
     #[arg(long)]
     pub new_batch_threshold: Option<usize>,
     /// Model override: CPU per row read or written, ms (a slower runtime costs more).
@@ -148,6 +150,9 @@ pub enum SplitArg {
 /// The tablescan settings a scenario runs with.
 #[derive(Debug, Clone, Serialize)]
 pub struct Design {
+    /// Which function app runs: `blog` (one queue, untracked copies; serial and
+    /// reference-prefix) or `tablescan` (its real handlers and bookkeeping).
+    pub app: &'static str,
     pub strategy: &'static str,
     pub work_split: SplitArg,
     pub take: u32,
@@ -157,6 +162,9 @@ pub struct Design {
     pub budget_queries: usize,
     pub counter_shards: u32,
     pub copy_concurrency: usize,
+    /// host.json `extensions.queues.batchSize` / `newBatchThreshold` of the function app.
+    pub batch_size: u8,
+    pub new_batch_threshold: usize,
 }
 
 /// One scenario to run.
@@ -171,6 +179,7 @@ impl Scenario {
     /// The design each variant uses; only `prefix` takes the command line's design options.
     pub fn new(rows: u64, variant: Variant, args: &SimulateArgs) -> Self {
         let reference = Design {
+            app: "blog",
             strategy: "prefix",
             work_split: SplitArg::PartitionKey,
             take: 1000,
@@ -181,6 +190,9 @@ impl Scenario {
             budget_queries: usize::MAX,
             counter_shards: args.counter_shards,
             copy_concurrency: args.copy_concurrency,
+            // The blog's host.json kept the queue defaults.
+            batch_size: Model::default().batch_size,
+            new_batch_threshold: Model::default().new_batch_threshold,
         };
         let design = match variant {
             Variant::Serial => Design {
@@ -191,6 +203,7 @@ impl Scenario {
             Variant::Prefix => {
                 let default = StepBudget::default();
                 Design {
+                    app: "tablescan",
                     strategy: "prefix",
                     work_split: args.work_split,
                     take: args.take,
@@ -200,6 +213,10 @@ impl Scenario {
                     budget_queries: args.budget_queries.unwrap_or(default.max_queries),
                     counter_shards: args.counter_shards,
                     copy_concurrency: args.copy_concurrency,
+                    batch_size: args.batch_size.unwrap_or(reference.batch_size),
+                    new_batch_threshold: args
+                        .new_batch_threshold
+                        .unwrap_or(reference.new_batch_threshold),
                 }
             }
         };
@@ -285,12 +302,6 @@ pub fn run_simulate(args: SimulateArgs) -> Result<(), String> {
 /// The model with the command line's overrides.
 pub fn model_from(args: &SimulateArgs) -> Model {
     let mut m = Model::default();
-    if let Some(v) = args.batch_size {
-        m.batch_size = v;
-    }
-    if let Some(v) = args.new_batch_threshold {
-        m.new_batch_threshold = v;
-    }
     if let Some(v) = args.cpu_per_row_ms {
         m.cpu_per_row_ms = v;
     }
@@ -309,7 +320,6 @@ pub fn model_from(args: &SimulateArgs) -> Model {
     if let Some(v) = args.mean_rows_per_key {
         m.mean_rows_per_key = v;
     }
-    m.target_messages_per_instance = (m.batch_size as usize + m.new_batch_threshold) as f64;
     m
 }
 
@@ -360,15 +370,55 @@ pub fn run_scenario(
         .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
+    // host.json belongs to the design under test, not to the cloud model.
+    let mut model = model.clone();
+    model.batch_size = scenario.design.batch_size;
+    model.new_batch_threshold = scenario.design.new_batch_threshold;
+    model.target_messages_per_instance =
+        (model.batch_size as usize + model.new_batch_threshold) as f64;
     let mut result = runtime.block_on(simulate(
         scenario,
-        Arc::new(model.clone()),
+        Arc::new(model),
         seed,
         source,
         horizon_minutes,
     ))?;
     result.wall_seconds = wall.elapsed().as_secs_f64();
     Ok(result)
+}
+
+/// Starts tablescan's scan through its real HTTP API; returns the scan id.
+async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String> {
+    let body = json!({
+        "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
+        "strategy": d.strategy, "takeCount": d.take,
+        "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
+        "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
+    });
+    let response = router
+        .clone()
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/api/scans")
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .expect("valid request"),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let reply: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("starting the scan failed: {status} {reply}"));
+    }
+    Ok(reply["id"].as_str().ok_or("no scan id")?.to_string())
 }
 
 async fn simulate(
@@ -380,7 +430,12 @@ async fn simulate(
 ) -> Result<ScenarioResult, String> {
     seed_backoff_jitter(seed);
     let epoch = Instant::now();
-    let account = Account::new(model.clone(), seed);
+    let retry = if scenario.variant == Variant::Prefix {
+        Retry::Tablescan
+    } else {
+        Retry::BlogSdk
+    };
+    let account = Account::new(model.clone(), seed, retry);
     let sink = Arc::new(Sink::new(source.clone()));
     let memory = MemoryTableStore::default();
     let tables = CloudTables {
@@ -428,52 +483,48 @@ async fn simulate(
     );
     let router = app(state.clone());
 
-    // Start the scan through the real API, as a client would.
-    let body = json!({
-        "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
-        "strategy": d.strategy, "takeCount": d.take,
-        "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
-        "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
-    });
-    let response = router
-        .clone()
-        .oneshot(
-            Request::builder()
-                .method("POST")
-                .uri("/api/scans")
-                .header("content-type", "application/json")
-                .body(Body::from(body.to_string()))
-                .expect("valid request"),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    let reply: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("starting the scan failed: {status} {reply}"));
-    }
-    let scan_id = reply["id"].as_str().ok_or("no scan id")?.to_string();
+    let blog = (scenario.variant != Variant::Prefix)
+        .then(|| Arc::new(blog::Blog::new(tables.clone(), queues.clone(), d.take)));
+    let scan_id = match &blog {
+        // The blog's app: one worker queue and one start message; nothing is tracked.
+        Some(blog) => {
+            queues
+                .create_queue(&blog.queue)
+                .await
+                .map_err(|e| e.to_string())?;
+            let root = match scenario.variant {
+                Variant::Serial => Scanner::<CloudTables>::root(Strategy::Serial),
+                _ => Scanner::<CloudTables>::root(Strategy::Prefix),
+            };
+            queues
+                .put_message(
+                    &blog.queue,
+                    &blog::BlogMessage::Scan(root).encode(),
+                    Duration::ZERO,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            String::new()
+        }
+        // tablescan: start the scan through the real API, as a client would.
+        None => start_scan(&router, d).await?,
+    };
 
     let host = Arc::new(Host {
         model: model.clone(),
         state: state.clone(),
         router,
-        mode: if scenario.variant == Variant::Serial {
-            ScanMode::BlogSerial
-        } else {
-            ScanMode::Router
+        mode: match &blog {
+            Some(b) => ScanMode::Blog(b.clone()),
+            None => ScanMode::Router,
         },
         epoch,
         instances: Mutex::new(Vec::new()),
         executions: Mutex::new(Vec::new()),
         instance_timeline: Mutex::new(Vec::new()),
         stopped: AtomicBool::new(false),
+        running: AtomicUsize::new(0),
+        timeouts: AtomicUsize::new(0),
     });
     host.add_instance();
     tokio::spawn(host.clone().scale(queues.clone()));
@@ -490,19 +541,32 @@ async fn simulate(
         if tick % 5 == 0 {
             rows_over_time.push((epoch.elapsed().as_secs_f64(), sink.unique_rows()));
         }
-        let record = tracker
-            .get_scan(&scan_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        match record.map(|r| r.state) {
-            Some(ScanState::Completed) => {
+        if blog.is_some() {
+            // The blog tracked nothing: the copy is over when the queue is empty and idle.
+            if queues.inner.is_empty() && host.running.load(Ordering::Relaxed) == 0 {
                 completed = true;
                 break;
             }
-            Some(ScanState::Running) | None => {}
-            Some(other) => {
-                eprintln!("  scan ended {}", other.as_str());
+            // The serial paging restarts from its first page after a timeout, so it cannot
+            // finish: stop at the first one (the blog halted it after a restart).
+            if scenario.variant == Variant::Serial && host.timeouts.load(Ordering::Relaxed) > 0 {
                 break;
+            }
+        } else {
+            let record = tracker
+                .get_scan(&scan_id)
+                .await
+                .map_err(|e| e.to_string())?;
+            match record.map(|r| r.state) {
+                Some(ScanState::Completed) => {
+                    completed = true;
+                    break;
+                }
+                Some(ScanState::Running) | None => {}
+                Some(other) => {
+                    eprintln!("  scan ended {}", other.as_str());
+                    break;
+                }
             }
         }
         if epoch.elapsed() >= horizon {

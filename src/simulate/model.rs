@@ -80,8 +80,8 @@ impl Default for Model {
     fn default() -> Self {
         Model {
             query_base_ms: 10.0,
-            query_per_row_ms: 0.03,
-            query_per_kib_ms: 0.18,
+            query_per_row_ms: 0.05,
+            query_per_kib_ms: 0.12,
             key_row_bytes: 60.0,
             full_row_bytes: 550.0,
             batch_base_ms: 12.0,
