@@ -144,11 +144,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             Some(l) if compare_keys(l, &p.prefix).is_gt() => l.clone(),
             _ => p.prefix.clone(),
         };
-        let upper = match (key_successor(&p.prefix), &p.upper) {
-            (Some(s), Some(u)) => Some(min_key(&s, u).to_string()),
-            (Some(s), None) => Some(s),
-            (None, u) => u.clone(),
-        };
+        let upper = tighter_upper(key_successor(&p.prefix), &p.upper);
         if upper
             .as_deref()
             .map_or(true, |u| compare_keys(&lower, u).is_lt())
@@ -238,11 +234,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             })?;
             let child_prefix = format!("{prefix}{next_char}");
             let child_successor = key_successor(&child_prefix);
-            let child_upper = match (&child_successor, &upper) {
-                (Some(s), Some(u)) => Some(min_key(s, u).to_string()),
-                (Some(s), None) => Some(s.clone()),
-                (None, u) => u.clone(),
-            };
+            let child_upper = tighter_upper(child_successor.clone(), &upper);
             if self.params.expand_partition_keys {
                 out.steps.push(Step::PartitionKeyQuery {
                     partition_key: last_pk.clone(),
@@ -319,11 +311,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         if let Some(l) = &p.lower {
             parts.push(Filter::pk(CompareOp::Gt, l.clone()));
         }
-        let upper = match (key_successor(&p.prefix), &p.upper) {
-            (Some(s), Some(u)) => Some(min_key(&s, u).to_string()),
-            (Some(s), None) => Some(s),
-            (None, u) => u.clone(),
-        };
+        let upper = tighter_upper(key_successor(&p.prefix), &p.upper);
         if let Some(u) = upper {
             parts.push(Filter::pk(CompareOp::Lt, u));
         }
@@ -378,6 +366,15 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                 }
             }
         }
+    }
+}
+
+/// The lower of two exclusive upper bounds, where `None` means unbounded.
+fn tighter_upper(a: Option<String>, b: &Option<String>) -> Option<String> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(min_key(&a, b).to_string()),
+        (a, None) => a,
+        (None, b) => b.clone(),
     }
 }
 

@@ -10,15 +10,6 @@ pub fn compare_keys(a: &str, b: &str) -> Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
-/// The greater of two keys in UTF-16 order.
-pub fn max_key<'a>(a: &'a str, b: &'a str) -> &'a str {
-    if compare_keys(a, b).is_ge() {
-        a
-    } else {
-        b
-    }
-}
-
 /// The lesser of two keys in UTF-16 order.
 pub fn min_key<'a>(a: &'a str, b: &'a str) -> &'a str {
     if compare_keys(a, b).is_le() {
@@ -55,11 +46,6 @@ pub fn key_successor(prefix: &str) -> Option<String> {
         }
     }
     None
-}
-
-/// Whether `key` starts with `prefix` (code-unit prefix and char prefix agree for valid strings).
-pub fn has_prefix(key: &str, prefix: &str) -> bool {
-    key.starts_with(prefix)
 }
 
 #[cfg(test)]
