@@ -264,7 +264,7 @@ fn delta(after: &Counts, before: &Counts) -> Counts {
 /// Handlers can restart, so every PID ever seen is kept with its latest reading.
 #[derive(Debug, Default)]
 struct HandlerSampler {
-    /// PID → (CPU ticks when first seen during the scan, latest CPU ticks).
+    /// PID → (CPU nanoseconds when first seen during the scan, latest CPU nanoseconds).
     cpu: BTreeMap<u32, (u64, u64)>,
     peak_rss: u64,
     available: bool,
@@ -273,6 +273,22 @@ struct HandlerSampler {
 /// `/proc/<pid>/stat` reports CPU time in USER_HZ ticks, which Linux fixes at 100 per second
 /// for user space on every architecture.
 const TICKS_PER_SECOND: u64 = 100;
+
+/// CPU time of a process in nanoseconds. Prefers the scheduler's per-thread accounting
+/// (`/proc/<pid>/task/*/schedstat`, nanosecond resolution): `/proc/<pid>/stat` counts in 10 ms
+/// ticks, too coarse for a small scan, which could then appear to use no CPU at all. The handler's
+/// runtime threads live as long as the process, so summing its live threads is complete enough.
+fn cpu_nanos(pid: u32) -> Option<u64> {
+    let from_schedstat = || -> Option<u64> {
+        let mut total = 0u64;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let text = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+        Some(total)
+    };
+    from_schedstat().or_else(|| cpu_ticks(pid).map(|t| t * (1_000_000_000 / TICKS_PER_SECOND)))
+}
 
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -293,10 +309,10 @@ fn peak_rss_bytes(pid: u32) -> Option<u64> {
 impl HandlerSampler {
     fn sample(&mut self, host: &RunningHost) {
         for pid in host.handler_pids().into_iter().flatten() {
-            if let Some(ticks) = cpu_ticks(pid) {
+            if let Some(nanos) = cpu_nanos(pid) {
                 self.available = true;
-                let entry = self.cpu.entry(pid).or_insert((ticks, ticks));
-                entry.1 = entry.1.max(ticks);
+                let entry = self.cpu.entry(pid).or_insert((nanos, nanos));
+                entry.1 = entry.1.max(nanos);
             }
             if let Some(rss) = peak_rss_bytes(pid) {
                 self.peak_rss = self.peak_rss.max(rss);
@@ -308,10 +324,8 @@ impl HandlerSampler {
     /// just before the scan starts, so handler start-up is excluded; a handler started during the
     /// scan counts from its first sample.
     fn cpu_ms(&self) -> Option<f64> {
-        self.available.then(|| {
-            self.cpu.values().map(|(a, b)| b - a).sum::<u64>() as f64 * 1000.0
-                / TICKS_PER_SECOND as f64
-        })
+        self.available
+            .then(|| self.cpu.values().map(|(a, b)| b - a).sum::<u64>() as f64 / 1_000_000.0)
     }
 }
 
