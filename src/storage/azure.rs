@@ -182,7 +182,7 @@ pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> Storag
 }
 
 /// `error: source: source ...`, for I/O errors whose cause is in the chain.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

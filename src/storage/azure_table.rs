@@ -1,28 +1,29 @@
 //! [`TableStore`] over Azure Table Storage (and Azurite) with `azure_data_tables` 0.21.
 //!
-//! Queries and table create/delete go through the crate. Point reads and entity group
-//! transactions are built here over the same signing pipeline, because the crate puts keys into
-//! entity URLs without doubling `'` (so keys with quotes address the wrong entity or fail), and its
+//! Table create/delete go through the crate. Queries, point reads and entity group transactions
+//! are built here and sent on the lean signed path ([`super::signed`]): they are the requests a
+//! scan makes hundreds of times per 1,000 rows, and the SDK pipeline cost more CPU than the rest
+//! of the handler. Building them here also fixes two crate defects: it puts keys into entity URLs
+//! without doubling `'` (so keys with quotes address the wrong entity or fail), and its
 //! transaction response drops each operation's error body, so a failed transaction looks like
 //! success unless every status is checked, and the failing operation's index and error code are lost.
 
 use std::sync::Arc;
 
-use azure_core::headers::{HeaderName, Headers};
-use azure_core::{Continuable, Method};
 use azure_data_tables::clients::{TableClient, TableServiceClient, TableServiceClientBuilder};
 use azure_storage::clients::ServiceType;
 use azure_storage::CloudLocation;
 use bytes::Bytes;
-use futures::StreamExt;
+use reqwest::Method;
 use serde_json::{Map, Value};
 
 use super::azure::{map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
+use super::signed::{SignedTableClient, TableRequest};
 use super::{
-    validate_batch, BatchOperation, Continuation, Entity, Page, Query, StorageError,
-    StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
+    is_read_only_property, validate_batch, BatchOperation, Continuation, Entity, Page, Query,
+    StorageError, StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
 };
 
 /// `Accept` for reads: full metadata, so every typed property comes with its `@odata.type`
@@ -35,6 +36,9 @@ const ACCEPT_MINIMAL_METADATA: &str = "application/json;odata=minimalmetadata";
 #[derive(Clone)]
 pub struct AzureTableStore {
     service: Service,
+    /// Queries, point reads and transactions: the lean signed path.
+    signed: SignedTableClient,
+    /// Table create/delete: the SDK.
     client: TableServiceClient,
 }
 
@@ -54,6 +58,7 @@ impl AzureTableStore {
                 account.table_endpoint(),
                 counters,
             ),
+            signed: account.signed_table_client(),
             client,
         }
     }
@@ -73,42 +78,42 @@ impl AzureTableStore {
     }
 
     async fn query_once(&self, table: &str, query: &Query) -> StorageResult<Page> {
-        let mut builder = self.table(table).query();
-        if let Some(filter) = &query.filter {
-            builder = builder.filter(filter.to_odata());
-        }
-        if let Some(top) = query.top {
-            builder = builder.top(top);
-        }
-        if let Some(columns) = select_list(&query.select) {
-            builder = builder.select(columns);
-        }
-        if let Some(continuation) = &query.continuation {
-            builder = builder.initial_partition_key(continuation.next_partition_key.clone());
-            if let Some(row_key) = &continuation.next_row_key {
-                builder = builder.initial_row_key(row_key.clone());
-            }
-        }
-        // The stream sends one request per item; we take only the first page.
-        let mut pages = builder.into_stream::<Map<String, Value>>();
-        let page = pages
-            .next()
-            .await
-            .ok_or_else(|| StorageError::invalid_response("query produced no response"))?
-            .map_err(|e| map_sdk_error(&format!("query on table {table}"), e))?;
-        let continuation = page
-            .continuation()
-            .map(|(next_partition_key, next_row_key)| Continuation {
+        let path = format!("{}()", percent_encode(table));
+        let query_string = query_string(query);
+        let response = self
+            .signed
+            .send(
+                TableRequest {
+                    method: Method::GET,
+                    path: &path,
+                    query: &query_string,
+                    content_type: "",
+                    accept: ACCEPT_FULL_METADATA,
+                    headers: &[],
+                    body: None,
+                },
+                || format!("query on table {table}"),
+            )
+            .await?;
+        let header = |name: &str| {
+            response
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let continuation =
+            header("x-ms-continuation-nextpartitionkey").map(|next_partition_key| Continuation {
                 next_partition_key,
-                next_row_key,
+                next_row_key: header("x-ms-continuation-nextrowkey"),
             });
-        let entities = page
-            .entities
-            .into_iter()
-            .map(entity_from_wire)
-            .collect::<Result<Vec<_>, _>>()?;
+        let body: QueryBody = serde_json::from_slice(&response.body).map_err(|e| {
+            StorageError::invalid_response(format!(
+                "query on table {table} returned invalid JSON: {e}"
+            ))
+        })?;
         Ok(Page {
-            entities,
+            entities: body.value.into_iter().map(|w| w.0).collect(),
             continuation,
         })
     }
@@ -119,53 +124,147 @@ impl AzureTableStore {
         partition_key: &str,
         row_key: &str,
     ) -> StorageResult<Option<(Entity, String)>> {
-        let url = self
-            .service
-            .url(&entity_path(table, partition_key, row_key))?;
-        let mut headers = Headers::new();
-        headers.insert("accept", ACCEPT_FULL_METADATA);
-        let response = match self.service.send_raw(Method::Get, url, headers, None).await {
+        let path = entity_path(table, partition_key, row_key);
+        let result = self
+            .signed
+            .send(
+                TableRequest {
+                    method: Method::GET,
+                    path: &path,
+                    query: "",
+                    content_type: "",
+                    accept: ACCEPT_FULL_METADATA,
+                    headers: &[],
+                    body: None,
+                },
+                || format!("point read in table {table}"),
+            )
+            .await;
+        let response = match result {
             Ok(response) => response,
-            Err(e) => {
-                let error = map_sdk_error(&format!("point read in table {table}"), e);
-                // A missing entity is an answer; a missing table is an error.
+            // A missing entity is an answer; a missing table is an error.
+            Err(error)
                 if error.kind == StorageErrorKind::NotFound
-                    && error.code.as_deref() != Some("TableNotFound")
-                {
-                    return Ok(None);
-                }
-                return Err(error);
+                    && error.code.as_deref() != Some("TableNotFound") =>
+            {
+                return Ok(None)
             }
+            Err(error) => return Err(error),
         };
         let etag = response
-            .headers()
-            .get_optional_string(&HeaderName::from_static("etag"))
+            .headers
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
             .ok_or_else(|| StorageError::invalid_response("point read response without an ETag"))?;
-        let object: Map<String, Value> = serde_json::from_slice(response.body()).map_err(|e| {
+        let entity: WireEntityIn = serde_json::from_slice(&response.body).map_err(|e| {
             StorageError::invalid_response(format!("point read returned invalid JSON: {e}"))
         })?;
-        Ok(Some((entity_from_wire(object)?, etag)))
+        Ok(Some((entity.0, etag)))
     }
 
     async fn batch_once(&self, table: &str, body: &BatchBody) -> StorageResult<()> {
-        let url = self.service.url("$batch")?;
-        let mut headers = Headers::new();
-        headers.insert(
-            "content-type",
-            format!("multipart/mixed; boundary={}", body.batch_boundary),
-        );
-        headers.insert("accept", ACCEPT_MINIMAL_METADATA);
-        headers.insert("dataserviceversion", "3.0");
-        headers.insert("maxdataserviceversion", "3.0;NetFx");
         let response = self
-            .service
-            .send_raw(Method::Post, url, headers, Some(body.bytes.clone()))
-            .await
-            .map_err(|e| map_sdk_error(&format!("entity group transaction on table {table}"), e))?;
-        let text = std::str::from_utf8(response.body()).map_err(|_| {
+            .signed
+            .send(
+                TableRequest {
+                    method: Method::POST,
+                    path: "$batch",
+                    query: "",
+                    content_type: &body.content_type,
+                    accept: ACCEPT_MINIMAL_METADATA,
+                    headers: &[],
+                    body: Some(body.bytes.clone()),
+                },
+                || format!("entity group transaction on table {table}"),
+            )
+            .await?;
+        let text = std::str::from_utf8(&response.body).map_err(|_| {
             StorageError::invalid_response("entity group transaction response is not UTF-8")
         })?;
         batch_outcome(body.operations, &parse_batch_response(text))
+    }
+}
+
+/// `$filter`, `$top`, `$select` and the continuation, percent-encoded.
+fn query_string(query: &Query) -> String {
+    let mut pairs: Vec<(&str, String)> = Vec::with_capacity(5);
+    if let Some(filter) = &query.filter {
+        pairs.push(("$filter", filter.to_odata()));
+    }
+    if let Some(top) = query.top {
+        pairs.push(("$top", top.to_string()));
+    }
+    if let Some(columns) = select_list(&query.select) {
+        pairs.push(("$select", columns));
+    }
+    if let Some(continuation) = &query.continuation {
+        pairs.push(("NextPartitionKey", continuation.next_partition_key.clone()));
+        if let Some(row_key) = &continuation.next_row_key {
+            pairs.push(("NextRowKey", row_key.clone()));
+        }
+    }
+    let mut out = String::new();
+    for (name, value) in pairs {
+        if !out.is_empty() {
+            out.push('&');
+        }
+        out.push_str(name);
+        out.push('=');
+        out.push_str(&percent_encode(&value));
+    }
+    out
+}
+
+/// A query response: `{"odata.metadata": .., "value": [entity, ..]}`.
+#[derive(serde::Deserialize)]
+struct QueryBody {
+    value: Vec<WireEntityIn>,
+}
+
+/// An entity read straight from the service's JSON into an [`Entity`]: keys taken out,
+/// read-only metadata skipped unparsed, whole doubles annotated (see [`annotate_doubles`]).
+struct WireEntityIn(Entity);
+
+impl<'de> serde::Deserialize<'de> for WireEntityIn {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = WireEntityIn;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table entity object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<WireEntityIn, A::Error> {
+                let (mut partition_key, mut row_key) = (None, None);
+                let mut properties = Map::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    match name.as_str() {
+                        "PartitionKey" => partition_key = Some(map.next_value::<String>()?),
+                        "RowKey" => row_key = Some(map.next_value::<String>()?),
+                        name if is_read_only_property(name) => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                        _ => {
+                            let value = map.next_value::<Value>()?;
+                            properties.insert(name, value);
+                        }
+                    }
+                }
+                let missing =
+                    |name| serde::de::Error::custom(format!("entity without a string {name}"));
+                let mut entity = Entity {
+                    partition_key: partition_key.ok_or_else(|| missing("PartitionKey"))?,
+                    row_key: row_key.ok_or_else(|| missing("RowKey"))?,
+                    properties,
+                };
+                annotate_doubles(&mut entity);
+                Ok(WireEntityIn(entity))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
     }
 }
 
@@ -249,12 +348,11 @@ impl TableStore for AzureTableStore {
     }
 }
 
-/// [`Entity::from_wire`], plus an explicit `Edm.Double` annotation on every fractional JSON
-/// number. The service does not annotate doubles in responses; a whole double comes back as
-/// `3.0`, and written back unannotated it would be stored as Int32, so copying an entity would
-/// silently change a property's type. A number with a fraction or exponent can only be a Double.
-fn entity_from_wire(object: Map<String, Value>) -> StorageResult<Entity> {
-    let mut entity = Entity::from_wire(object)?;
+/// Adds an explicit `Edm.Double` annotation to every fractional JSON number. The service does
+/// not annotate doubles in responses; a whole double comes back as `3.0`, and written back
+/// unannotated it would be stored as Int32, so copying an entity would silently change a
+/// property's type. A number with a fraction or exponent can only be a Double.
+fn annotate_doubles(entity: &mut Entity) {
     let doubles: Vec<String> = entity
         .properties
         .iter()
@@ -267,7 +365,6 @@ fn entity_from_wire(object: Map<String, Value>) -> StorageResult<Entity> {
             .properties
             .insert(annotation, Value::String("Edm.Double".into()));
     }
-    Ok(entity)
 }
 
 /// `$select` with PartitionKey and RowKey always included.
@@ -295,7 +392,8 @@ pub(crate) fn entity_path(table: &str, partition_key: &str, row_key: &str) -> St
 
 /// A serialized entity group transaction, built once and re-sent unchanged on retries.
 struct BatchBody {
-    batch_boundary: String,
+    /// `multipart/mixed; boundary=batch_..`
+    content_type: String,
     bytes: Bytes,
     operations: usize,
 }
@@ -307,64 +405,71 @@ fn build_batch_body(
     partition_key: &str,
     operations: &[BatchOperation],
 ) -> StorageResult<BatchBody> {
+    use std::io::Write;
     let batch_boundary = format!("batch_{}", uuid::Uuid::new_v4());
     let changeset = format!("changeset_{}", uuid::Uuid::new_v4());
-    let mut s = String::new();
-    s.push_str(&format!(
+    let table_url = format!("{base}/{}", percent_encode(table));
+    let encoded_partition_key = percent_encode(&partition_key.replace('\'', "''"));
+    let mut out: Vec<u8> = Vec::with_capacity(512 + operations.len() * 1024);
+    // Writes into a Vec cannot fail.
+    let _ = write!(
+        out,
         "--{batch_boundary}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n"
-    ));
+    );
+    let mut json: Vec<u8> = Vec::with_capacity(1024);
     for op in operations {
-        let entity_url = format!("{base}/{}", entity_path(table, partition_key, op.row_key()));
-        let (method, url, if_match, entity) = match op {
-            BatchOperation::Insert(e) => (
-                "POST",
-                format!("{base}/{}", percent_encode(table)),
-                None,
-                Some(e),
-            ),
-            BatchOperation::Upsert(e) => ("PUT", entity_url, None, Some(e)),
-            BatchOperation::Replace { entity, etag } => (
-                "PUT",
-                entity_url,
-                Some(etag.as_deref().unwrap_or("*")),
-                Some(entity),
-            ),
-            BatchOperation::Merge { entity, etag } => (
-                "MERGE",
-                entity_url,
-                Some(etag.as_deref().unwrap_or("*")),
-                Some(entity),
-            ),
-            BatchOperation::Delete { etag, .. } => (
-                "DELETE",
-                entity_url,
-                Some(etag.as_deref().unwrap_or("*")),
-                None,
-            ),
+        let (method, if_match, entity) = match op {
+            BatchOperation::Insert(e) => ("POST", None, Some(e)),
+            BatchOperation::Upsert(e) => ("PUT", None, Some(e)),
+            BatchOperation::Replace { entity, etag } => {
+                ("PUT", Some(etag.as_deref().unwrap_or("*")), Some(entity))
+            }
+            BatchOperation::Merge { entity, etag } => {
+                ("MERGE", Some(etag.as_deref().unwrap_or("*")), Some(entity))
+            }
+            BatchOperation::Delete { etag, .. } => {
+                ("DELETE", Some(etag.as_deref().unwrap_or("*")), None)
+            }
         };
-        s.push_str(&format!("--{changeset}\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n"));
-        s.push_str(&format!("{method} {url} HTTP/1.1\r\n"));
-        s.push_str(&format!(
-            "Accept: {ACCEPT_MINIMAL_METADATA}\r\nDataServiceVersion: 3.0\r\n"
-        ));
+        let _ = write!(
+            out,
+            "--{changeset}\r\nContent-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n{method} {table_url}"
+        );
+        if !matches!(op, BatchOperation::Insert(_)) {
+            let _ = write!(
+                out,
+                "(PartitionKey='{encoded_partition_key}',RowKey='{}')",
+                percent_encode(&op.row_key().replace('\'', "''"))
+            );
+        }
+        let _ = write!(
+            out,
+            " HTTP/1.1\r\nAccept: {ACCEPT_MINIMAL_METADATA}\r\nDataServiceVersion: 3.0\r\n"
+        );
         if let Some(if_match) = if_match {
-            s.push_str(&format!("If-Match: {if_match}\r\n"));
+            let _ = write!(out, "If-Match: {if_match}\r\n");
         }
         match entity {
             Some(entity) => {
-                let json = serde_json::to_string(&entity.to_wire()).map_err(|e| {
+                json.clear();
+                serde_json::to_writer(&mut json, &entity.wire()).map_err(|e| {
                     StorageError::invalid_input(format!("entity cannot be serialized: {e}"))
                 })?;
-                s.push_str("Content-Type: application/json\r\nPrefer: return-no-content\r\n");
-                s.push_str(&format!("Content-Length: {}\r\n\r\n{json}\r\n", json.len()));
+                let _ = write!(
+                    out,
+                    "Content-Type: application/json\r\nPrefer: return-no-content\r\nContent-Length: {}\r\n\r\n",
+                    json.len()
+                );
+                out.extend_from_slice(&json);
+                out.extend_from_slice(b"\r\n");
             }
-            None => s.push_str("\r\n"),
+            None => out.extend_from_slice(b"\r\n"),
         }
     }
-    s.push_str(&format!("--{changeset}--\r\n--{batch_boundary}--\r\n"));
+    let _ = write!(out, "--{changeset}--\r\n--{batch_boundary}--\r\n");
     Ok(BatchBody {
-        batch_boundary,
-        bytes: Bytes::from(s),
+        content_type: format!("multipart/mixed; boundary={batch_boundary}"),
+        bytes: Bytes::from(out),
         operations: operations.len(),
     })
 }
@@ -533,7 +638,11 @@ mod tests {
         ];
         let body = build_batch_body("http://h/acct", "tbl", "p'k", &ops).unwrap();
         let text = std::str::from_utf8(&body.bytes).unwrap();
-        assert!(text.starts_with(&format!("--{}\r\n", body.batch_boundary)));
+        let boundary = body
+            .content_type
+            .strip_prefix("multipart/mixed; boundary=")
+            .unwrap();
+        assert!(text.starts_with(&format!("--{boundary}\r\n")));
         assert!(text.contains("POST http://h/acct/tbl HTTP/1.1\r\n"));
         assert!(text
             .contains("PUT http://h/acct/tbl(PartitionKey='p%27%27k',RowKey='r2') HTTP/1.1\r\n"));
@@ -543,7 +652,7 @@ mod tests {
         ));
         assert!(text.contains("If-Match: *\r\n"));
         assert_eq!(text.matches("Content-Transfer-Encoding: binary").count(), 3);
-        assert!(text.ends_with(&format!("--{}--\r\n", body.batch_boundary)));
+        assert!(text.ends_with(&format!("--{boundary}--\r\n")));
     }
 
     const FAILED: &str = "--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_2\r\n\r\n\

@@ -23,6 +23,7 @@ use super::azure_queue::AzureQueueStore;
 use super::azure_table::AzureTableStore;
 use super::counters::RequestCounters;
 use super::retry::RetryPolicy;
+use super::signed::{Authorization, SignedTableClient};
 
 /// Azurite's well-known account.
 pub const DEVELOPMENT_ACCOUNT: &str = "devstoreaccount1";
@@ -63,7 +64,10 @@ pub struct StorageAccount {
     table_endpoint: String,
     queue_endpoint: String,
     development: bool,
-    http: Arc<dyn HttpClient>,
+    /// The pooled client, for the signed data path ...
+    http: reqwest::Client,
+    /// ... and the same client (same pool) as the SDK's transport.
+    sdk_http: Arc<dyn HttpClient>,
     retry: RetryPolicy,
 }
 
@@ -144,13 +148,15 @@ impl StorageAccount {
                 err("missing AccountName and it cannot be inferred from TableEndpoint")
             })?,
         };
+        let http = shared_http_client();
         Ok(StorageAccount {
             account_name,
             credential,
             table_endpoint,
             queue_endpoint,
             development: false,
-            http: shared_http_client(),
+            http: http.clone(),
+            sdk_http: Arc::new(http),
             retry: RetryPolicy::default(),
         })
     }
@@ -170,13 +176,15 @@ impl StorageAccount {
 
     /// `UseDevelopmentStorage=true`: Azurite on its default ports with the well-known account.
     pub fn development() -> Self {
+        let http = shared_http_client();
         StorageAccount {
             account_name: DEVELOPMENT_ACCOUNT.into(),
             credential: Credential::Key(DEVELOPMENT_ACCOUNT_KEY.into()),
             table_endpoint: DEVELOPMENT_TABLE_ENDPOINT.into(),
             queue_endpoint: DEVELOPMENT_QUEUE_ENDPOINT.into(),
             development: true,
-            http: shared_http_client(),
+            http: http.clone(),
+            sdk_http: Arc::new(http),
             retry: RetryPolicy::default(),
         }
     }
@@ -243,16 +251,27 @@ impl StorageAccount {
     /// SDK client options: our shared pooled client, and no SDK retries (we retry and count).
     pub(crate) fn client_options(&self) -> ClientOptions {
         let transport = Arc::new(ErrorDetailsTransport {
-            client: self.http.clone(),
+            client: self.sdk_http.clone(),
         });
         ClientOptions::default()
             .retry(RetryOptions::none())
             .transport(TransportOptions::new_custom_policy(transport))
     }
 
+    /// The table endpoint as a signed client for the lean data path (shares the pool).
+    pub(crate) fn signed_table_client(&self) -> SignedTableClient {
+        let authorization = match &self.credential {
+            Credential::Key(key) => {
+                Authorization::shared_key(&self.account_name, key).expect("validated when parsed")
+            }
+            Credential::Sas(sas) => Authorization::Sas(sas.clone()),
+        };
+        SignedTableClient::new(self.http.clone(), &self.table_endpoint, authorization)
+    }
+
     /// Whether two accounts share one HTTP client (and so one connection pool).
     pub fn shares_http_client_with(&self, other: &StorageAccount) -> bool {
-        Arc::ptr_eq(&self.http, &other.http)
+        Arc::ptr_eq(&self.sdk_http, &other.sdk_http)
     }
 }
 
@@ -349,16 +368,15 @@ fn account_from_endpoint(endpoint: &str) -> Option<String> {
 }
 
 /// One pooled reqwest client for a whole account (the SDK's default disables pooling).
-fn shared_http_client() -> Arc<dyn HttpClient> {
-    let client = reqwest::Client::builder()
+fn shared_http_client() -> reqwest::Client {
+    reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(256)
         .connect_timeout(Duration::from_secs(10))
         .timeout(Duration::from_secs(60))
         .tcp_nodelay(true)
         .build()
-        .expect("the reqwest client configuration is static and valid");
-    Arc::new(client)
+        .expect("the reqwest client configuration is static and valid")
 }
 
 #[cfg(test)]

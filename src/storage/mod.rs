@@ -13,6 +13,7 @@ pub mod keys;
 pub mod memory;
 pub mod memory_queue;
 pub mod retry;
+mod signed;
 
 use std::fmt;
 use std::future::Future;
@@ -81,11 +82,47 @@ impl Entity {
         object
     }
 
-    /// Approximate size on the wire, used to keep batches under the 4 MiB limit.
+    /// The entity as the service's JSON object (keys first), serialized without copying.
+    pub fn wire(&self) -> WireEntity<'_> {
+        WireEntity(self)
+    }
+
+    /// Exact size of [`Entity::wire`] as JSON, used to keep batches under the 4 MiB limit.
     pub fn wire_size(&self) -> usize {
-        serde_json::to_vec(&self.to_wire())
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX)
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut count = Count(0);
+        match serde_json::to_writer(&mut count, &self.wire()) {
+            Ok(()) => count.0,
+            Err(_) => usize::MAX,
+        }
+    }
+}
+
+/// [`Entity::to_wire`] by reference: serializes PartitionKey, RowKey, then the properties.
+pub struct WireEntity<'a>(&'a Entity);
+
+impl Serialize for WireEntity<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let entity = self.0;
+        let mut map = serializer.serialize_map(Some(entity.properties.len() + 2))?;
+        map.serialize_entry("PartitionKey", &entity.partition_key)?;
+        map.serialize_entry("RowKey", &entity.row_key)?;
+        for (name, value) in &entity.properties {
+            if name != "PartitionKey" && name != "RowKey" {
+                map.serialize_entry(name, value)?;
+            }
+        }
+        map.end()
     }
 }
 

@@ -1,0 +1,295 @@
+//! Signed requests sent straight over the account's pooled HTTP client: the lean path for the
+//! table data operations (queries, point reads, entity group transactions), which a copy makes
+//! hundreds of times per 1,000 rows.
+//!
+//! The SDK pipeline costs about a third of the handler's CPU per request (six boxed policies,
+//! header maps rebuilt at every step, the response re-collected); this path builds one request,
+//! signs it exactly as `azure_storage`'s Table SharedKey policy does, and reads the body once.
+//! Admin operations and the queue adapter stay on the SDK.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Method, StatusCode};
+use sha2::Sha256;
+
+use super::azure::{error_chain, redact};
+use super::{StorageError, StorageErrorKind, StorageResult};
+
+/// The service version the SDK sends; requests of both paths agree.
+pub(crate) const SERVICE_VERSION: &str = "2022-11-02";
+
+/// How a request is authorized. Never printed.
+#[derive(Clone)]
+pub(crate) enum Authorization {
+    /// Table SharedKey with the account name and the keyed MAC, ready to clone per request.
+    SharedKey { account: String, mac: Hmac<Sha256> },
+    /// A SAS token appended to every query string (without the leading `?`).
+    Sas(String),
+}
+
+impl std::fmt::Debug for Authorization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Authorization::SharedKey { .. } => "SharedKey (redacted)",
+            Authorization::Sas(_) => "SAS (redacted)",
+        })
+    }
+}
+
+impl Authorization {
+    /// SharedKey from the base64 account key (validated when the connection string was parsed).
+    pub(crate) fn shared_key(account: &str, base64_key: &str) -> StorageResult<Self> {
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(base64_key)
+            .map_err(|_| StorageError::invalid_input("AccountKey is not valid base64"))?;
+        let mac = Hmac::<Sha256>::new_from_slice(&key)
+            .map_err(|_| StorageError::invalid_input("AccountKey cannot key HMAC-SHA256"))?;
+        Ok(Authorization::SharedKey {
+            account: account.to_string(),
+            mac,
+        })
+    }
+
+    /// The Table service's SharedKey `Authorization` value:
+    /// `VERB\nContent-MD5\nContent-Type\nx-ms-date\n/account/path` (path as sent, no query).
+    fn table_shared_key(
+        account: &str,
+        mac: &Hmac<Sha256>,
+        method: &Method,
+        content_type: &str,
+        date: &str,
+        path: &str,
+    ) -> String {
+        use base64::Engine;
+        let string_to_sign = format!("{}\n\n{content_type}\n{date}\n/{account}{path}", method);
+        let mut mac = mac.clone();
+        mac.update(string_to_sign.as_bytes());
+        let signature =
+            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+        format!("SharedKey {account}:{signature}")
+    }
+}
+
+/// One table service request, built by the adapter.
+pub(crate) struct TableRequest<'a> {
+    pub method: Method,
+    /// Percent-encoded path below the service base, e.g. `Table()` or `$batch`.
+    pub path: &'a str,
+    /// Percent-encoded query string without `?` (may be empty).
+    pub query: &'a str,
+    pub content_type: &'a str,
+    pub accept: &'a str,
+    /// Extra headers (name, value).
+    pub headers: &'a [(&'static str, &'a str)],
+    pub body: Option<Bytes>,
+}
+
+/// A 2xx response with its body read.
+pub(crate) struct TableResponse {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// The table service endpoint with its client and authorization.
+#[derive(Clone)]
+pub(crate) struct SignedTableClient {
+    http: reqwest::Client,
+    /// Service base URL without a trailing slash (`https://acct.table.core.windows.net`,
+    /// `http://127.0.0.1:10002/devstoreaccount1`).
+    base: String,
+    /// The base's path (`""` or `/devstoreaccount1`), which the signature covers.
+    base_path: String,
+    authorization: Authorization,
+}
+
+impl SignedTableClient {
+    pub(crate) fn new(http: reqwest::Client, base: &str, authorization: Authorization) -> Self {
+        let base = base.trim_end_matches('/').to_string();
+        let base_path = reqwest::Url::parse(&base)
+            .map(|u| u.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        SignedTableClient {
+            http,
+            base,
+            base_path,
+            authorization,
+        }
+    }
+
+    /// Sends one attempt. Non-2xx answers become [`StorageError`]s carrying the service's error
+    /// code and first message line; connection failures and timeouts are transient.
+    pub(crate) async fn send(
+        &self,
+        request: TableRequest<'_>,
+        operation: impl Fn() -> String,
+    ) -> StorageResult<TableResponse> {
+        let date = httpdate::fmt_http_date(SystemTime::now());
+        let mut url =
+            String::with_capacity(self.base.len() + request.path.len() + request.query.len() + 2);
+        url.push_str(&self.base);
+        url.push('/');
+        url.push_str(request.path);
+        if !request.query.is_empty() {
+            url.push('?');
+            url.push_str(request.query);
+        }
+        let authorization = match &self.authorization {
+            Authorization::SharedKey { account, mac } => {
+                let path = format!("{}/{}", self.base_path, request.path);
+                Some(Authorization::table_shared_key(
+                    account,
+                    mac,
+                    &request.method,
+                    request.content_type,
+                    &date,
+                    &path,
+                ))
+            }
+            Authorization::Sas(sas) => {
+                url.push(if request.query.is_empty() { '?' } else { '&' });
+                url.push_str(sas);
+                None
+            }
+        };
+        let mut builder = self.http.request(request.method.clone(), &url);
+        if let Some(value) = authorization {
+            builder = builder.header("authorization", value);
+        }
+        builder = builder
+            .header("x-ms-date", &date)
+            .header("x-ms-version", SERVICE_VERSION)
+            .header("accept", request.accept)
+            .header("dataserviceversion", "3.0")
+            .header("maxdataserviceversion", "3.0;NetFx");
+        if !request.content_type.is_empty() {
+            builder = builder.header("content-type", request.content_type);
+        }
+        for (name, value) in request.headers {
+            builder = builder.header(*name, *value);
+        }
+        builder = match request.body {
+            Some(body) => builder.body(body),
+            None => builder.header("content-length", HeaderValue::from_static("0")),
+        };
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| transport_error(&operation, &e))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(&operation, &e))?;
+        if status.is_success() {
+            return Ok(TableResponse { headers, body });
+        }
+        Err(error_response(status, &headers, &body, &operation()))
+    }
+}
+
+/// A request that never got a whole answer: refused, reset, timed out. Always worth a retry.
+fn transport_error(operation: &impl Fn() -> String, error: &reqwest::Error) -> StorageError {
+    let text = format!("{} failed: {}", operation(), error_chain(error));
+    // reqwest quotes the URL, which carries the SAS signature when one is used.
+    StorageError::new(StorageErrorKind::Transient, redact(&text))
+}
+
+/// The service's `{"odata.error":{"code","message":{"value"}}}` (or `x-ms-error-code`) as a
+/// [`StorageError`] classified by status.
+pub(crate) fn error_response(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    operation: &str,
+) -> StorageError {
+    let (mut code, mut message) = (None, None);
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
+        if let Some(error) = value.get("odata.error").or_else(|| value.get("error")) {
+            code = error
+                .get("code")
+                .and_then(|c| c.as_str())
+                .map(str::to_string);
+            message = error
+                .get("message")
+                .and_then(|m| m.get("value").or(Some(m)))
+                .and_then(|m| m.as_str())
+                .map(|m| m.lines().next().unwrap_or("").trim().to_string());
+        }
+    }
+    if code.is_none() {
+        code = headers
+            .get("x-ms-error-code")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+    }
+    let text = match message.filter(|m| !m.is_empty()) {
+        Some(detail) => format!("{operation} failed: {detail}"),
+        None => format!(
+            "{operation} failed: {}",
+            status.canonical_reason().unwrap_or("error")
+        ),
+    };
+    StorageError::from_status(status.as_u16(), code, redact(&text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The signature the SDK's policy computes for the same request (Azurite's well-known key),
+    /// pinned so both paths keep signing identically.
+    #[test]
+    fn shared_key_matches_the_sdk_string_to_sign() {
+        let key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+        let Authorization::SharedKey { account, mac } =
+            Authorization::shared_key("devstoreaccount1", key).unwrap()
+        else {
+            unreachable!()
+        };
+        let value = Authorization::table_shared_key(
+            &account,
+            &mac,
+            &Method::GET,
+            "",
+            "Sun, 22 Nov 2026 05:00:00 GMT",
+            "/devstoreaccount1/Table()",
+        );
+        // Expected value computed independently: HMAC-SHA256 over
+        // "GET\n\n\nSun, 22 Nov 2026 05:00:00 GMT\n/devstoreaccount1/devstoreaccount1/Table()".
+        let sdk = azure_core::hmac::hmac_sha256(
+            "GET\n\n\nSun, 22 Nov 2026 05:00:00 GMT\n/devstoreaccount1/devstoreaccount1/Table()",
+            &azure_core::auth::Secret::new(key.to_string()),
+        )
+        .unwrap();
+        assert_eq!(value, format!("SharedKey devstoreaccount1:{sdk}"));
+    }
+
+    #[test]
+    fn error_bodies_give_code_and_first_message_line() {
+        let body = br#"{"odata.error":{"code":"EntityTooLarge","message":{"lang":"en-US","value":"The entity is too large.\nRequestId:1"}}}"#;
+        let error = error_response(
+            StatusCode::BAD_REQUEST,
+            &HeaderMap::new(),
+            body,
+            "entity group transaction on table T",
+        );
+        assert_eq!(error.status, Some(400));
+        assert_eq!(error.code.as_deref(), Some("EntityTooLarge"));
+        assert_eq!(
+            error.message,
+            "entity group transaction on table T failed: The entity is too large."
+        );
+        assert_eq!(error.kind, StorageErrorKind::Rejected);
+
+        let mut headers = HeaderMap::new();
+        headers.insert("x-ms-error-code", HeaderValue::from_static("ServerBusy"));
+        let error = error_response(StatusCode::SERVICE_UNAVAILABLE, &headers, b"", "query");
+        assert_eq!(error.code.as_deref(), Some("ServerBusy"));
+        assert!(error.is_transient());
+    }
+}
