@@ -22,8 +22,8 @@ use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::signed::{SignedTableClient, TableRequest};
 use super::{
-    is_read_only_property, validate_batch, BatchOperation, Continuation, Entity, Page, Query,
-    StorageError, StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
+    check_batch_bytes, is_read_only_property, validate_batch_shape, BatchOperation, Continuation,
+    Entity, Page, Query, StorageError, StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
 };
 
 /// `Accept` for reads: full metadata, so every typed property comes with its `@odata.type`
@@ -288,8 +288,10 @@ impl TableStore for AzureTableStore {
         partition_key: &str,
         operations: &[BatchOperation],
     ) -> StorageResult<()> {
-        validate_batch(partition_key, operations)?;
+        // The shape is checked first; the size limit applies to the exact body we send.
+        validate_batch_shape(partition_key, operations)?;
         let body = build_batch_body(&self.service.base, table, partition_key, operations)?;
+        check_batch_bytes(body.bytes.len())?;
         self.service
             .attempts(RequestKind::Batch, || self.batch_once(table, &body))
             .await

@@ -339,6 +339,19 @@ pub fn validate_batch(
     partition_key: &str,
     operations: &[BatchOperation],
 ) -> Result<(), StorageError> {
+    validate_batch_shape(partition_key, operations)?;
+    let bytes: usize = operations
+        .iter()
+        .map(|op| op.entity().map_or(0, Entity::wire_size) + 512)
+        .sum();
+    check_batch_bytes(bytes)
+}
+
+/// The rules of [`validate_batch`] but the size, for adapters that check the exact body size.
+pub fn validate_batch_shape(
+    partition_key: &str,
+    operations: &[BatchOperation],
+) -> Result<(), StorageError> {
     if operations.is_empty() || operations.len() > MAX_BATCH_OPERATIONS {
         return Err(StorageError::invalid_input(format!(
             "an entity group transaction needs 1 to {MAX_BATCH_OPERATIONS} operations, got {}",
@@ -346,7 +359,6 @@ pub fn validate_batch(
         )));
     }
     let mut seen = std::collections::HashSet::with_capacity(operations.len());
-    let mut bytes = 0usize;
     for op in operations {
         if let Some(entity) = op.entity() {
             if entity.partition_key != partition_key {
@@ -355,9 +367,6 @@ pub fn validate_batch(
                     entity.partition_key
                 )));
             }
-            bytes += entity.wire_size() + 512;
-        } else {
-            bytes += 512;
         }
         if !seen.insert(op.row_key()) {
             return Err(StorageError::invalid_input(format!(
@@ -366,6 +375,11 @@ pub fn validate_batch(
             )));
         }
     }
+    Ok(())
+}
+
+/// A transaction body must stay under 4 MiB.
+pub fn check_batch_bytes(bytes: usize) -> Result<(), StorageError> {
     if bytes >= MAX_BATCH_BYTES {
         return Err(StorageError::invalid_input(format!(
             "entity group transaction is about {bytes} bytes, over the 4 MiB limit"
