@@ -611,3 +611,54 @@ async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_han
     assert_eq!(body["failedWorkItems"], 1);
     assert_eq!(body["pendingWorkItems"], 0);
 }
+
+/// The poison-queue function settles a message whose item no delivery recorded: the item and
+/// its scan fail with a reason; a second delivery and an undecodable message change nothing.
+#[tokio::test]
+async fn poison_queue_function_fails_an_unrecorded_item_once() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables, &[]);
+    let (_, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "count", "sourceTable": "Source", "takeCount": 2}),
+    )
+    .await;
+    let id = body["id"].as_str().unwrap().to_string();
+    let messages = queues
+        .get_messages("tablescan-prefixscan", 1, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let decoded =
+        String::from_utf8(MessageEncoding::Base64.decode(&messages[0].text).unwrap()).unwrap();
+    let payload = host_payload("PrefixScanPoison", &decoded, 1, "p1");
+    for delivery in ["first", "second"] {
+        let (status, reply) = call(
+            &state,
+            "POST",
+            "/PrefixScanPoison",
+            Some("application/json"),
+            payload.clone(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{delivery}: {reply}");
+        let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+        assert_eq!(scan["state"], "failed", "{delivery}: {scan}");
+        assert_eq!(scan["failedWorkItems"], 1, "{delivery}: {scan}");
+        assert!(
+            scan["error"].as_str().unwrap().contains("was poisoned"),
+            "{scan}"
+        );
+    }
+    let garbage = host_payload("TableCopyPoison", "not an envelope", 1, "p2");
+    let (status, reply) = call(
+        &state,
+        "POST",
+        "/TableCopyPoison",
+        Some("application/json"),
+        garbage,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+}

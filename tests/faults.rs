@@ -342,12 +342,10 @@ async fn poison_fails_the_scan_and_spares_the_others() {
     let bound = started.elapsed();
     assert!(bound < Duration::from_secs(180), "failed in {bound:?}");
     eprintln!("poison: both failing scans ended failed within {bound:?}");
-    let poisoned = queue_len(&format!("{}-poison", app.names.prefix_queue)).await
-        + queue_len(&format!("{}-poison", app.names.copy_queue)).await;
-    assert!(
-        poisoned >= 2,
-        "the failing messages went to the poison queues"
-    );
+    // The failing messages went to the poison queues, where the poison functions settled them
+    // (the items were already recorded as failed by their last delivery: nothing more to do).
+    let settled = poison_invocations(&app);
+    assert!(settled >= 2, "poison functions invoked {settled} times");
 
     // The healthy scan ran alongside and is exact (its own work left nothing behind).
     let state = wait_recorded_end(&app, &healthy_id, SCAN_TIMEOUT).await;
@@ -360,6 +358,56 @@ async fn poison_fails_the_scan_and_spares_the_others() {
     // The two failed scans ran too (their rows are not counted: they were meant to fail).
     summary.scans += 2;
     summary.report(&[&verdict, &v]);
+    app.shutdown().await;
+}
+
+/// Invocations of the two poison-queue functions so far.
+fn poison_invocations(app: &TestApp) -> u64 {
+    let stats = app.host.as_ref().unwrap().invocation_stats();
+    ["PrefixScanPoison", "TableCopyPoison"]
+        .iter()
+        .filter_map(|f| stats.get(*f).map(|s| s.invocations))
+        .sum()
+}
+
+/// A message the host poisons although no delivery recorded its failure — here because the
+/// handler's `TABLESCAN_MAX_DEQUEUE_COUNT` (10) is above host.json's `maxDequeueCount` (5), the
+/// same as a handler killed on every delivery — is settled by the poison-queue function: the
+/// scan fails with a reason instead of staying `running` forever, and the poison queue drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_poisoned_without_a_record_still_fails_the_scan() {
+    let app = TestApp::start(
+        1,
+        &[
+            ("TABLESCAN_TEST_FAIL_PREFIX", "System."),
+            ("TABLESCAN_MAX_DEQUEUE_COUNT", "10"),
+        ],
+    )
+    .await;
+    let all = source_entities(200, 67);
+    assert!(all.iter().any(|e| e.partition_key.starts_with("System.")));
+    let (source, _) = seeded_source(&app, all).await;
+    let id = start_copy(&app, &source, &unique_name("Dest"), 5).await;
+    let state = wait_recorded_end(&app, &id, Duration::from_secs(180)).await;
+    let (_, status) = app.get(&format!("/api/scans/{id}")).await;
+    assert_eq!(state, "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(error.contains("was poisoned"), "a useful reason: {status}");
+    assert!(status["failedWorkItems"].as_i64() >= Some(1), "{status}");
+    assert!(poison_invocations(&app) >= 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = queue_len(&format!("{}-poison", app.names.prefix_queue)).await
+            + queue_len(&format!("{}-poison", app.names.copy_queue)).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} poison messages left unsettled"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     app.shutdown().await;
 }
 
@@ -794,7 +842,8 @@ async fn hostile_http_requests_get_4xx_and_write_nothing() {
 }
 
 /// Hostile messages put straight on the queues: each is refused without crashing the handler,
-/// ends in the poison queue with its reason in the log, and a concurrent scan stays exact.
+/// is poisoned with its reason in the log and then settled by a poison function without effect,
+/// and a concurrent scan stays exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_queue_messages_are_poisoned_without_harm() {
     use tablescan::app::messages::{self, Driver, ScanContext, StepMessage, TableRef, WorkSplit};
@@ -885,18 +934,37 @@ async fn hostile_queue_messages_are_poisoned_without_harm() {
     }
     let expected_poison = cases.len() as u64;
     summary.faults = expected_poison;
+    // Every message is poisoned; the poison functions then settle all but the one that is not
+    // base64 (no function can receive it: it stays in the poison queue, as with the real host).
+    // The forged one names no work row, so settling it touches nothing.
     let poison_count = || async {
         queue_len(&format!("{prefix_queue}-poison")).await
             + queue_len(&format!("{copy_queue}-poison")).await
     };
+    let settled = |logs: &[String]| {
+        logs.iter()
+            .filter(|l| {
+                l.contains("dropped an undecodable poisoned")
+                    || l.contains("poisoned message of a finished work item")
+            })
+            .count() as u64
+    };
     let deadline = Instant::now() + Duration::from_secs(120);
-    while poison_count().await < expected_poison && Instant::now() < deadline {
+    while (settled(&app.host().log_lines()) < expected_poison - 1 || poison_count().await != 1)
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(
-        poison_count().await,
-        expected_poison,
-        "every bad message ends in a poison queue"
+        settled(&app.host().log_lines()),
+        expected_poison - 1,
+        "every decodable bad message was poisoned, then settled by a poison function"
+    );
+    assert_eq!(poison_count().await, 1, "only the non-base64 message stays");
+    let (_, status) = app.get(&format!("/api/scans/{id}")).await;
+    assert_eq!(
+        status["failedWorkItems"], 0,
+        "the forged message failed nothing: {status}"
     );
 
     let v = verify_copy_keep_poison(&app, &id, &source_rows, &destination).await;

@@ -342,12 +342,15 @@ fn function_folders_and_catalog_agree_both_ways() {
                     spec.name
                 );
             }
-            Trigger::Queue { queue_setting } => {
+            Trigger::Queue {
+                queue_setting,
+                suffix,
+            } => {
                 // No output bindings: the handler enqueues itself, so a queue function must not
                 // grow a binding that would change the invocation payload.
                 let expected = json!([{
                     "type": "queueTrigger", "direction": "in", "name": "message",
-                    "queueName": format!("%{queue_setting}%"), "connection": "AzureWebJobsStorage",
+                    "queueName": format!("%{queue_setting}%{suffix}"), "connection": "AzureWebJobsStorage",
                 }]);
                 assert_eq!(def["bindings"], expected, "{}: bindings", spec.name);
             }

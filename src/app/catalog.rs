@@ -10,8 +10,13 @@ pub enum Trigger {
         method: &'static str,
         route: &'static str,
     },
-    /// Queue trigger on the queue named by an app setting; the host POSTs `/{FunctionName}`.
-    Queue { queue_setting: &'static str },
+    /// Queue trigger on the queue named by an app setting plus `suffix` (`""`, or `"-poison"` for
+    /// the queue the host moves a message to after its last failed delivery); the host POSTs
+    /// `/{FunctionName}`.
+    Queue {
+        queue_setting: &'static str,
+        suffix: &'static str,
+    },
 }
 
 /// One function of the app.
@@ -25,6 +30,8 @@ pub struct FunctionSpec {
 pub const PREFIX_SCAN_QUEUE_SETTING: &str = "TABLESCAN_PREFIXSCAN_QUEUE";
 /// App setting naming the table-copy work queue.
 pub const TABLE_COPY_QUEUE_SETTING: &str = "TABLESCAN_TABLECOPY_QUEUE";
+/// The host's poison queue of a queue: `<queue>-poison`.
+pub const POISON_SUFFIX: &str = "-poison";
 
 pub const FUNCTIONS: &[FunctionSpec] = &[
     FunctionSpec {
@@ -59,12 +66,31 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
         name: "PrefixScan",
         trigger: Trigger::Queue {
             queue_setting: PREFIX_SCAN_QUEUE_SETTING,
+            suffix: "",
         },
     },
     FunctionSpec {
         name: "TableCopy",
         trigger: Trigger::Queue {
             queue_setting: TABLE_COPY_QUEUE_SETTING,
+            suffix: "",
+        },
+    },
+    // A message whose every delivery failed without the handler recording it (the process was
+    // killed, or storage stayed unreachable) lands in the poison queue; these record the work
+    // item as failed so its scan ends instead of waiting for it forever.
+    FunctionSpec {
+        name: "PrefixScanPoison",
+        trigger: Trigger::Queue {
+            queue_setting: PREFIX_SCAN_QUEUE_SETTING,
+            suffix: POISON_SUFFIX,
+        },
+    },
+    FunctionSpec {
+        name: "TableCopyPoison",
+        trigger: Trigger::Queue {
+            queue_setting: TABLE_COPY_QUEUE_SETTING,
+            suffix: POISON_SUFFIX,
         },
     },
 ];

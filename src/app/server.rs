@@ -15,7 +15,10 @@ use tokio::net::TcpListener;
 use crate::storage::{QueueStore, TableStore};
 
 use super::error::ApiError;
-use super::functions::{cancel_scan, get_scan, list_scans, prefix_scan, start_scan, table_copy};
+use super::functions::{
+    cancel_scan, get_scan, list_scans, poisoned, prefix_scan, start_scan, table_copy,
+};
+use super::messages::{CopyMessage, StepMessage};
 use super::state::AppState;
 
 /// Queue payloads: a ≤ 64 KiB message, JSON-escaped twice by the host, plus metadata.
@@ -35,6 +38,14 @@ pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, 
         )
         .route("/PrefixScan", post(prefix_scan::handle::<T, Q>))
         .route("/TableCopy", post(table_copy::handle::<T, Q>))
+        .route(
+            "/PrefixScanPoison",
+            post(poisoned::handle::<StepMessage, T, Q>),
+        )
+        .route(
+            "/TableCopyPoison",
+            post(poisoned::handle::<CopyMessage, T, Q>),
+        )
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_INVOCATION_BODY))

@@ -47,6 +47,8 @@ pub const FUNCTION_DEFINITIONS: &[(&str, &str)] = &[
     function_def!("CancelScan"),
     function_def!("PrefixScan"),
     function_def!("TableCopy"),
+    function_def!("PrefixScanPoison"),
+    function_def!("TableCopyPoison"),
 ];
 
 /// The embedded function.json of `name`, if there is one.

@@ -354,40 +354,108 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         begun: &Begun<M>,
         error: &WorkError,
     ) -> Result<(), StorageError> {
-        let scan = begun.message.scan();
-        let store = self.bookkeeping();
-        let tracker = self.tracker_on(store);
-        let state = patiently(true, || {
-            tracker.work_state(&scan.scan_id, scan.shards, &begun.work_id)
-        })
-        .await?;
-        let etag = match state {
-            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
-            Some(WorkState::Finished) | None => return Ok(()),
-        };
         let reason = format!(
             "work item {} ({}) failed after {} attempts: {error}",
             begun.work_id,
             M::NAME,
             begun.invocation.dequeue_count
         );
+        self.fail_work_item(begun.message.scan(), &begun.work_id, &reason)
+            .await
+            .map(|_| ())
+    }
+
+    /// Completes an unfinished work item as failed and fails its scan, retrying storage trouble
+    /// patiently. `Ok(false)`: the item was already finished (or never registered), nothing done.
+    async fn fail_work_item(
+        &self,
+        scan: &ScanContext,
+        work_id: &str,
+        reason: &str,
+    ) -> Result<bool, StorageError> {
+        let store = self.bookkeeping();
+        let tracker = self.tracker_on(store);
+        let state = patiently(true, || {
+            tracker.work_state(&scan.scan_id, scan.shards, work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(false),
+        };
         patiently(true, || {
             tracker.complete(
                 &scan.scan_id,
                 scan.shards,
-                &begun.work_id,
+                work_id,
                 &etag,
                 Counters::default(),
-                Some(&reason),
+                Some(reason),
             )
         })
         .await?;
         patiently(true, || {
-            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
+            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
         })
         .await?;
         self.scan_states.put(&scan.scan_id, ScanState::Failed);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
+    /// its work item is still unfinished, no delivery recorded an outcome (the handler was killed
+    /// or timed out every time, or storage stayed unreachable): the item is recorded as failed
+    /// and its scan fails, instead of running forever. Idempotent: a finished item is left alone
+    /// (the usual case — the last delivery recorded its own failure). A message that cannot be
+    /// decoded has no work item to settle and is dropped with a warning.
+    pub async fn settle_poisoned<M: ScanWork>(&self, body: &[u8]) -> InvocationResponse {
+        let request: InvocationRequest = match serde_json::from_slice(body) {
+            Ok(request) => request,
+            Err(e) => {
+                return reply(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid invocation payload: {e}"),
+                )
+            }
+        };
+        let invocation = match request.queue_invocation() {
+            Ok(invocation) => invocation,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, e.to_string()),
+        };
+        let message: M = match messages::decode(&invocation.message) {
+            Ok(message) => message,
+            Err(e) => {
+                return reply(
+                    StatusCode::OK,
+                    format!("dropped an undecodable poisoned {} message: {e}", M::NAME),
+                )
+            }
+        };
+        let work_id = messages::work_id(&message);
+        let scan = message.scan();
+        let reason = format!(
+            "work item {work_id} ({}) was poisoned: every delivery failed without recording an \
+             outcome (handler killed or timed out, or storage unreachable)",
+            M::NAME
+        );
+        match self.fail_work_item(scan, &work_id, &reason).await {
+            Ok(true) => reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: recorded as failed; scan {} failed",
+                    scan.scan_id
+                ),
+            ),
+            Ok(false) => reply(
+                StatusCode::OK,
+                format!("{work_id}: poisoned message of a finished work item; nothing to do"),
+            ),
+            // Transient or not, the host retries; it keeps the message while this fails.
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{work_id}: could not record the poisoned item: {e}"),
+            ),
+        }
     }
 
     async fn commit<M: ScanWork>(

@@ -1033,21 +1033,26 @@ pub fn parse_function(name: &str, file: &Path) -> Result<Option<FunctionConfig>,
     }))
 }
 
-/// Resolves `%AppSetting%` in a queue name, lower-cases and validates it.
+/// Resolves every `%AppSetting%` token in a queue name (`%Q%`, `%Q%-poison`, `jobs-%Env%`), as the
+/// host's `ResolveWholeString` does, then lower-cases and validates it. A token naming a missing
+/// setting, or a `%` without its closing `%`, is an error.
 pub fn resolve_queue_name(raw: &str, settings: &AppSettings) -> Result<String, String> {
-    let resolved = if raw.len() > 2 && raw.starts_with('%') && raw.ends_with('%') {
-        let key = &raw[1..raw.len() - 1];
-        settings
-            .get(key)
-            .ok_or_else(|| format!("app setting {key:?} (named by queueName {raw:?}) is not set"))?
-            .to_string()
-    } else if raw.contains('%') {
-        return Err(format!(
-            "{raw:?}: only a whole-name %AppSetting% reference is supported"
-        ));
-    } else {
-        raw.to_string()
-    };
+    let mut resolved = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(start) = rest.find('%') {
+        resolved.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let end = after
+            .find('%')
+            .ok_or_else(|| format!("queueName {raw:?}: a %AppSetting% token is not closed"))?;
+        let key = &after[..end];
+        let value = settings.get(key).ok_or_else(|| {
+            format!("app setting {key:?} (named by queueName {raw:?}) is not set")
+        })?;
+        resolved.push_str(value);
+        rest = &after[end + 1..];
+    }
+    resolved.push_str(rest);
     let lower = resolved.to_ascii_lowercase();
     validate_queue_name(&lower)?;
     Ok(lower)
@@ -1273,6 +1278,16 @@ mod tests {
         assert_eq!(resolve_queue_name("%Q%", &settings).unwrap(), "work-items");
         assert_eq!(settings.get("other"), Some("x"));
         assert!(resolve_queue_name("%Missing%", &settings).is_err());
+        assert_eq!(
+            resolve_queue_name("%Q%-poison", &settings).unwrap(),
+            "work-items-poison"
+        );
+        assert_eq!(
+            resolve_queue_name("x-%Q%-%Q%", &settings).unwrap(),
+            "x-work-items-work-items"
+        );
+        assert!(resolve_queue_name("%Q%-%Missing%", &settings).is_err());
+        assert!(resolve_queue_name("%Q", &settings).is_err());
         settings.set("AzureWebJobsMine", "UseDevelopmentStorage=true");
         assert_eq!(
             settings.connection_string("Mine"),

@@ -3,6 +3,7 @@
 pub mod cancel_scan;
 pub mod get_scan;
 pub mod list_scans;
+pub mod poisoned;
 pub mod prefix_scan;
 pub mod start_scan;
 pub mod status;

@@ -1,0 +1,20 @@
+//! `PrefixScanPoison` and `TableCopyPoison` (queue triggers on `<queue>-poison`): settle a
+//! message the host gave up on, so a work item whose handler died on every delivery fails its
+//! scan instead of leaving it `running` forever. See [`AppState::settle_poisoned`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+
+use crate::app::protocol::InvocationResponse;
+use crate::app::state::AppState;
+use crate::app::work::ScanWork;
+use crate::storage::{QueueStore, TableStore};
+
+pub async fn handle<M: ScanWork, T: TableStore + Clone, Q: QueueStore + Clone>(
+    State(state): State<Arc<AppState<T, Q>>>,
+    body: Bytes,
+) -> InvocationResponse {
+    state.settle_poisoned::<M>(&body).await
+}
