@@ -386,6 +386,65 @@ async fn create_and_delete_table_are_idempotent() {
 // ---------------------------------------------------------------------------------------------
 // Entity group transactions
 
+/// A transaction reports each written row's new ETag, the one a point read then returns, so a
+/// caller can update the row again under If-Match without reading it back.
+#[tokio::test]
+async fn transactions_report_the_new_etag_of_each_written_row() {
+    let (store, _) = table_store();
+    let table = new_table(&store, "etags").await;
+    store
+        .submit_batch(
+            &table,
+            "p",
+            &[BatchOperation::Upsert(entity("p", "gone", json!({})))],
+        )
+        .await
+        .unwrap();
+    let (_, old) = store
+        .get_entity(&table, "p", "gone")
+        .await
+        .unwrap()
+        .unwrap();
+    let etags = store
+        .submit_batch_with_etags(
+            &table,
+            "p",
+            &[
+                BatchOperation::Insert(entity("p", "a", json!({"N": 1}))),
+                BatchOperation::Upsert(entity("p", "it's", json!({"N": 2}))),
+                BatchOperation::Delete {
+                    row_key: "gone".into(),
+                    etag: Some(old),
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(etags.len(), 3);
+    assert_eq!(etags[2], None, "a delete has no new ETag");
+    for (i, rk) in [(0, "a"), (1, "it's")] {
+        let (_, current) = store.get_entity(&table, "p", rk).await.unwrap().unwrap();
+        assert_eq!(etags[i].as_deref(), Some(current.as_str()), "{rk}");
+    }
+    // And the reported ETag is accepted as the If-Match of the next update.
+    let merged = store
+        .submit_batch_with_etags(
+            &table,
+            "p",
+            &[BatchOperation::Merge {
+                entity: entity("p", "a", json!({"M": 3})),
+                etag: etags[0].clone(),
+            }],
+        )
+        .await
+        .unwrap();
+    let (row, current) = store.get_entity(&table, "p", "a").await.unwrap().unwrap();
+    assert_eq!(merged[0].as_deref(), Some(current.as_str()));
+    assert_eq!(row.properties["N"], json!(1));
+    assert_eq!(row.properties["M"], json!(3));
+    store.delete_table(&table).await.unwrap();
+}
+
 #[tokio::test]
 async fn failed_transaction_is_an_error_with_kind_code_and_index() {
     let (store, counters) = table_store();

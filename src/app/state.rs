@@ -113,6 +113,17 @@ impl<S: TableStore> TableStore for Counted<S> {
         self.tick();
         self.inner.submit_batch(table, pk, operations).await
     }
+    async fn submit_batch_with_etags(
+        &self,
+        table: &str,
+        pk: &str,
+        operations: &[BatchOperation],
+    ) -> StorageResult<Vec<Option<String>>> {
+        self.tick();
+        self.inner
+            .submit_batch_with_etags(table, pk, operations)
+            .await
+    }
     async fn get_entity(
         &self,
         table: &str,

@@ -621,8 +621,17 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             entity: row,
             etag: Some(pending_etag.to_string()),
         };
-        match self.store.submit_batch(self.work_table, &pk, &[op]).await {
-            Ok(()) => match self.work_state(scan_id, shards, work_id).await? {
+        match self
+            .store
+            .submit_batch_with_etags(self.work_table, &pk, &[op])
+            .await
+        {
+            // The row's new ETag, for the completion that follows.
+            Ok(etags) if etags.first().is_some_and(Option::is_some) => {
+                Ok(etags.into_iter().next().flatten().expect("checked"))
+            }
+            // The store did not report it: read it back.
+            Ok(_) => match self.work_state(scan_id, shards, work_id).await? {
                 Some(WorkState::Expanded { etag, .. }) => Ok(etag),
                 other => Err(RecordError::Lost(other)),
             },

@@ -163,7 +163,11 @@ impl AzureTableStore {
         Ok(Some((entity.0, etag)))
     }
 
-    async fn batch_once(&self, table: &str, body: &BatchBody) -> StorageResult<()> {
+    async fn batch_once(
+        &self,
+        table: &str,
+        body: &BatchBody,
+    ) -> StorageResult<Vec<Option<String>>> {
         let response = self
             .signed
             .send(
@@ -182,7 +186,17 @@ impl AzureTableStore {
         let text = std::str::from_utf8(&response.body).map_err(|_| {
             StorageError::invalid_response("entity group transaction response is not UTF-8")
         })?;
-        batch_outcome(body.operations, &parse_batch_response(text))
+        let parts = parse_batch_response(text);
+        batch_outcome(body.operations, &parts)?;
+        Ok(parts
+            .into_iter()
+            .map(|part| {
+                part.headers
+                    .into_iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case("etag"))
+                    .map(|(_, value)| value)
+            })
+            .collect())
     }
 }
 
@@ -288,6 +302,17 @@ impl TableStore for AzureTableStore {
         partition_key: &str,
         operations: &[BatchOperation],
     ) -> StorageResult<()> {
+        self.submit_batch_with_etags(table, partition_key, operations)
+            .await
+            .map(|_| ())
+    }
+
+    async fn submit_batch_with_etags(
+        &self,
+        table: &str,
+        partition_key: &str,
+        operations: &[BatchOperation],
+    ) -> StorageResult<Vec<Option<String>>> {
         // The shape is checked first; the size limit applies to the exact body we send.
         validate_batch_shape(partition_key, operations)?;
         let body = build_batch_body(&self.service.base, table, partition_key, operations)?;

@@ -262,6 +262,17 @@ impl TableStore for MemoryTableStore {
         partition_key: &str,
         operations: &[BatchOperation],
     ) -> StorageResult<()> {
+        self.submit_batch_with_etags(table, partition_key, operations)
+            .await
+            .map(|_| ())
+    }
+
+    async fn submit_batch_with_etags(
+        &self,
+        table: &str,
+        partition_key: &str,
+        operations: &[BatchOperation],
+    ) -> StorageResult<Vec<Option<String>>> {
         // Yield like real I/O would, so concurrent callers interleave between requests.
         tokio::task::yield_now().await;
         self.counters.record(RequestKind::Batch);
@@ -304,11 +315,13 @@ impl TableStore for MemoryTableStore {
                 _ => {}
             }
         }
+        let mut etags = Vec::with_capacity(operations.len());
         for op in operations {
             let key = (
                 Utf16Key(partition_key.to_string()),
                 Utf16Key(op.row_key().to_string()),
             );
+            etags.push((!matches!(op, BatchOperation::Delete { .. })).then(|| etag.to_string()));
             match op {
                 BatchOperation::Insert(e)
                 | BatchOperation::Upsert(e)
@@ -329,7 +342,7 @@ impl TableStore for MemoryTableStore {
             etag += 1;
         }
         state.next_etag = etag;
-        Ok(())
+        Ok(etags)
     }
 
     async fn get_entity(

@@ -504,6 +504,22 @@ pub trait TableStore: Send + Sync + 'static {
         operations: &[BatchOperation],
     ) -> impl Future<Output = StorageResult<()>> + Send;
 
+    /// [`TableStore::submit_batch`], also returning each operation's new ETag where the store
+    /// reports one (`None` for deletes, and from stores that cannot say: the default). Saves a
+    /// read-back when the caller must update the row again under optimistic concurrency.
+    fn submit_batch_with_etags(
+        &self,
+        table: &str,
+        partition_key: &str,
+        operations: &[BatchOperation],
+    ) -> impl Future<Output = StorageResult<Vec<Option<String>>>> + Send {
+        async move {
+            self.submit_batch(table, partition_key, operations)
+                .await
+                .map(|()| vec![None; operations.len()])
+        }
+    }
+
     /// Point read; `Ok(None)` when the entity does not exist. Returns the entity and its ETag.
     fn get_entity(
         &self,
