@@ -13,7 +13,6 @@ pub mod cloud;
 pub mod data;
 pub mod host;
 pub mod model;
-pub mod queue;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,6 +34,7 @@ use crate::app::state::AppState;
 use crate::app::tracking::{seed_backoff_jitter, ScanState};
 use crate::scan::{Scanner, StepBudget, Strategy};
 use crate::storage::memory::MemoryTableStore;
+use crate::storage::memory_queue::MemoryQueueStore;
 use crate::storage::QueueStore;
 
 use cloud::{Account, CloudQueues, CloudTables, Retry};
@@ -491,7 +491,7 @@ async fn simulate(
         account: account.clone(),
     };
     let queues = CloudQueues {
-        inner: queue::SimQueues::default(),
+        inner: MemoryQueueStore::without_yields(),
         account: account.clone(),
         messages_put: Arc::new(AtomicU64::new(0)),
     };
