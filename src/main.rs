@@ -2,6 +2,13 @@
 
 use std::process::ExitCode;
 
+/// mimalloc instead of the C library's allocator. The handler allocates per row (entities are
+/// strings and JSON maps), and the release build for Azure is static musl, whose allocator is
+/// slow; with glibc, the simulator spent about 60 % of its time in malloc/free on cache misses
+/// (2.5-3x slower overall than with mimalloc).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     tablescan::cli::main()
 }

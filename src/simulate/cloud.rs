@@ -16,6 +16,7 @@ use tokio::time::{sleep, Instant};
 
 use crate::storage::counters::{RequestCounters, RequestKind};
 use crate::storage::memory::MemoryTableStore;
+use crate::storage::memory_queue::MemoryQueueStore;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, KeyColumn, Page, Query, QueueStore, ReceivedMessage,
     StorageError, StorageResult, TableStore,
@@ -23,7 +24,6 @@ use crate::storage::{
 
 use super::data::SyntheticStore;
 use super::model::Model;
-use super::queue::SimQueues;
 
 /// One instance's single vCPU: work on it is serialized.
 pub struct Cpu {
@@ -416,7 +416,7 @@ impl TableStore for CloudTables {
 /// The simulated queue service.
 #[derive(Clone)]
 pub struct CloudQueues {
-    pub inner: SimQueues,
+    pub inner: MemoryQueueStore,
     pub account: Arc<Account>,
     /// Messages put (the "queue messages" metric).
     pub messages_put: Arc<AtomicU64>,

@@ -3,7 +3,8 @@
 //! 35 M rows do not fit as `Entity` maps, so the source is a sorted list of partition keys with
 //! row counts; row keys are generated from their index. Filters are evaluated by turning them
 //! into ranges of global row indexes (with a linear fallback for shapes we do not recognise), so
-//! a query costs O(log n + page) whatever the table size. The destination is a sink that only
+//! a query costs O(log n + page) whatever the table size. Rows carry their keys only (their size
+//! is the model's, not the entity's). The destination is a sink that only
 //! remembers which source rows were written (a bitset), so the copy can still be verified.
 
 use std::collections::HashSet;
@@ -12,7 +13,6 @@ use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::json;
 
 use crate::storage::{
     compare_keys, BatchOperation, CompareOp, Continuation, Entity, Filter, KeyColumn, Page, Query,
@@ -135,23 +135,19 @@ impl SyntheticTable {
 
     /// Every row as an entity (small tables only: for tests against `MemoryTableStore`).
     pub fn entities(&self) -> Vec<Entity> {
-        (0..self.total_rows())
-            .map(|i| self.entity(i, true))
-            .collect()
+        (0..self.total_rows()).map(|i| self.entity(i)).collect()
     }
 
     fn partition_of(&self, row: u64) -> usize {
         self.starts.partition_point(|&s| s <= row) - 1
     }
 
-    fn entity(&self, row: u64, full: bool) -> Entity {
+    /// Row `row` as an entity. Rows carry their keys only: the model charges a full row's
+    /// size (`Model::full_row_bytes`) for latency, and a property map per row (a B-tree node of
+    /// ~600 bytes) was the simulator's biggest allocation churn.
+    fn entity(&self, row: u64) -> Entity {
         let p = self.partition_of(row);
-        let mut e = Entity::new(&*self.keys[p], row_key(row - self.starts[p]));
-        if full {
-            // One small property: enough to exercise the copy path, cheap to carry around.
-            e.properties.insert("V".into(), json!(row));
-        }
-        e
+        Entity::new(&*self.keys[p], row_key(row - self.starts[p]))
     }
 
     /// First partition whose key is >= `v` (or > `v` when `strict`).
@@ -360,7 +356,7 @@ impl SyntheticTable {
                 1,
             );
             next.first().map(|&i| {
-                let e = self.entity(i, false);
+                let e = self.entity(i);
                 Continuation {
                     next_partition_key: e.partition_key,
                     next_row_key: Some(e.row_key),
@@ -369,18 +365,13 @@ impl SyntheticTable {
         } else {
             None
         };
-        let full = query.select.is_none();
         let mut entities = Vec::with_capacity(rows.len());
         let mut p = rows.first().map_or(0, |&i| self.partition_of(i));
         for i in rows {
             while self.starts[p + 1] <= i {
                 p += 1;
             }
-            let mut e = Entity::new(&*self.keys[p], row_key(i - self.starts[p]));
-            if full {
-                e.properties.insert("V".into(), json!(i));
-            }
-            entities.push(e);
+            entities.push(Entity::new(&*self.keys[p], row_key(i - self.starts[p])));
         }
         Ok(Page {
             entities,

@@ -13,7 +13,6 @@ pub mod cloud;
 pub mod data;
 pub mod host;
 pub mod model;
-pub mod queue;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,6 +34,7 @@ use crate::app::state::AppState;
 use crate::app::tracking::{seed_backoff_jitter, ScanState};
 use crate::scan::{Scanner, StepBudget, Strategy};
 use crate::storage::memory::MemoryTableStore;
+use crate::storage::memory_queue::MemoryQueueStore;
 use crate::storage::QueueStore;
 
 use cloud::{Account, CloudQueues, CloudTables, Retry};
@@ -138,6 +138,10 @@ pub struct SimulateArgs {
     /// Model override: mean rows per partition key of the generated table.
     #[arg(long)]
     pub mean_rows_per_key: Option<f64>,
+    /// Scenarios simulated at once, each on its own OS thread with its own virtual-time runtime
+    /// (results do not depend on it). Default: the machine's available parallelism.
+    #[arg(long)]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -267,21 +271,10 @@ pub struct ScenarioResult {
 pub fn run_simulate(args: SimulateArgs) -> Result<(), String> {
     let model = model_from(&args);
     let scenarios = scenarios(&args);
-    let mut results = Vec::new();
-    for s in &scenarios {
-        eprintln!(
-            "simulating {} rows, variant {} ...",
-            s.rows,
-            s.variant.name()
-        );
-        let r = run_scenario(s, &model, args.seed, args.horizon_minutes)?;
-        eprintln!(
-            "  simulated: completed {} in {:.0} s, max {} executions/30 s, max execution {:.1} s, {} instances, ${:.2} (wall {:.0} s)",
-            r.completed, r.duration_seconds, r.max_executions_per_30s, r.max_execution_seconds,
-            r.max_instances, r.estimated_cost_usd, r.wall_seconds
-        );
-        results.push(r);
-    }
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let results = run_scenarios(&scenarios, &model, args.seed, args.horizon_minutes, jobs)?;
     let out = json!({
         "simulated": true,
         "note": "Every figure is simulated by tablescan's cloud model (docs/simulator.md), not measured on Azure.",
@@ -297,6 +290,55 @@ pub fn run_simulate(args: SimulateArgs) -> Result<(), String> {
     std::fs::write(&chart_path, chart::render(&results))
         .map_err(|e| format!("{}: {e}", chart_path.display()))?;
     Ok(())
+}
+
+/// Runs scenarios on up to `jobs` OS threads, biggest tables first; results in input order.
+///
+/// Each scenario runs on one thread from start to end, in its own current-thread runtime with
+/// its own stores, model state and (thread-local) bookkeeping jitter, so its result does not
+/// depend on what runs beside it.
+pub fn run_scenarios(
+    scenarios: &[Scenario],
+    model: &Model,
+    seed: u64,
+    horizon_minutes: f64,
+    jobs: usize,
+) -> Result<Vec<ScenarioResult>, String> {
+    // Longest first, so the big scenarios do not start last and run alone.
+    let mut order: Vec<usize> = (0..scenarios.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(scenarios[i].rows));
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<ScenarioResult, String>>>> =
+        scenarios.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, scenarios.len().max(1)) {
+            scope.spawn(|| loop {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return;
+                };
+                let s = &scenarios[i];
+                eprintln!(
+                    "simulating {} rows, variant {} ...",
+                    s.rows,
+                    s.variant.name()
+                );
+                let r = run_scenario(s, model, seed, horizon_minutes);
+                match &r {
+                    Ok(r) => eprintln!(
+                        "  simulated {} rows, {}: completed {} in {:.0} s, max {} executions/30 s, max execution {:.1} s, {} instances, ${:.2} (wall {:.0} s)",
+                        r.rows, r.variant, r.completed, r.duration_seconds, r.max_executions_per_30s,
+                        r.max_execution_seconds, r.max_instances, r.estimated_cost_usd, r.wall_seconds
+                    ),
+                    Err(e) => eprintln!("  {} rows, {}: {e}", s.rows, s.variant.name()),
+                }
+                *slots[i].lock().unwrap() = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|s| s.into_inner().unwrap().expect("every scenario ran"))
+        .collect()
 }
 
 /// The model with the command line's overrides.
@@ -449,7 +491,7 @@ async fn simulate(
         account: account.clone(),
     };
     let queues = CloudQueues {
-        inner: queue::SimQueues::default(),
+        inner: MemoryQueueStore::without_yields(),
         account: account.clone(),
         messages_put: Arc::new(AtomicU64::new(0)),
     };

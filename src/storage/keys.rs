@@ -6,8 +6,30 @@
 use std::cmp::Ordering;
 
 /// Compares two keys the way the Table service does: UTF-16 code unit by code unit.
+///
+/// Computed on the UTF-8 bytes without re-encoding. Byte order is code point order, and the two
+/// orders differ only where the strings first differ by a supplementary character (lead byte
+/// F0..F4) against one of U+E000..U+FFFF (lead byte EE or EF): there the supplementary
+/// character is a surrogate pair (D800..DBFF first) and sorts below in UTF-16. The first
+/// differing byte is either a lead byte in both strings (they share every character before it)
+/// or a continuation byte of two characters with the same lead byte, which are then both
+/// supplementary or both from the same BMP block, ordered alike either way.
 pub fn compare_keys(a: &str, b: &str) -> Ordering {
-    a.encode_utf16().cmp(b.encode_utf16())
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) => {
+            let (p, q) = (x[i], y[i]);
+            let high_bmp = |c: u8| c == 0xEE || c == 0xEF;
+            if p >= 0xF0 && high_bmp(q) {
+                Ordering::Less
+            } else if q >= 0xF0 && high_bmp(p) {
+                Ordering::Greater
+            } else {
+                p.cmp(&q)
+            }
+        }
+    }
 }
 
 /// The lesser of two keys in UTF-16 order.
@@ -63,6 +85,48 @@ mod tests {
         assert_eq!(compare_keys(bmp_high, supplementary), Ordering::Greater);
         assert_eq!(compare_keys("\u{E000}", "\u{10000}"), Ordering::Greater);
         assert_eq!(compare_keys("\u{D7FF}", "\u{10000}"), Ordering::Less);
+    }
+
+    #[test]
+    fn byte_comparison_equals_utf16_comparison() {
+        use rand::{Rng, SeedableRng};
+        // Characters from every block whose order matters: ASCII, 2- and 3-byte BMP, the top of
+        // the BMP (U+E000..U+FFFF), around the surrogate gap, and supplementary planes.
+        let alphabet = [
+            'a',
+            'b',
+            'z',
+            '\u{7F}',
+            '\u{80}',
+            '\u{7FF}',
+            '\u{800}',
+            '\u{D7FF}',
+            '\u{E000}',
+            '\u{E001}',
+            '\u{F8FF}',
+            '\u{FFFF}',
+            '\u{10000}',
+            '\u{10001}',
+            '\u{1F600}',
+            '\u{10FFFF}',
+            '\u{0}',
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let word = |rng: &mut rand::rngs::StdRng| -> String {
+            (0..rng.gen_range(0..5))
+                .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
+                .collect()
+        };
+        for _ in 0..200_000 {
+            let common = word(&mut rng);
+            let a = format!("{common}{}", word(&mut rng));
+            let b = format!("{common}{}", word(&mut rng));
+            assert_eq!(
+                compare_keys(&a, &b),
+                a.encode_utf16().cmp(b.encode_utf16()),
+                "{a:?} vs {b:?}"
+            );
+        }
     }
 
     #[test]

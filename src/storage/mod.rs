@@ -68,17 +68,18 @@ impl Entity {
         })
     }
 
-    /// The JSON object to send to the service (keys plus typed properties).
+    /// The JSON object to send to the service (keys plus typed properties). The keys are the
+    /// entity's own: a property named like a key cannot change where the row is written.
     pub fn to_wire(&self) -> Map<String, Value> {
         let mut object = Map::with_capacity(self.properties.len() + 2);
+        for (name, value) in &self.properties {
+            object.insert(name.clone(), value.clone());
+        }
         object.insert(
             "PartitionKey".into(),
             Value::String(self.partition_key.clone()),
         );
         object.insert("RowKey".into(), Value::String(self.row_key.clone()));
-        for (name, value) in &self.properties {
-            object.insert(name.clone(), value.clone());
-        }
         object
     }
 
@@ -628,3 +629,33 @@ pub trait QueueStore: Send + Sync + 'static {
 
 /// Maximum queue message text (64 KiB).
 pub const MAX_MESSAGE_TEXT: usize = 64 * 1024;
+
+#[cfg(test)]
+mod wire_size_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wire_size_is_the_length_of_the_serialized_wire_object() {
+        let mut odd = Entity::new("p\"\\\u{1}\u{FFFF}", "r\u{1F600}\n");
+        odd.properties.insert("V".into(), json!(12345));
+        odd.properties.insert(
+            "Blob".into(),
+            json!({"a": [1, 2.5, null, "x\ty"], "b": true}),
+        );
+        odd.properties
+            .insert("Created@odata.type".into(), json!("Edm.DateTime"));
+        odd.properties.insert("é\"".into(), json!(-0.001));
+        let mut shadowing = Entity::new("p", "r");
+        shadowing
+            .properties
+            .insert("PartitionKey".into(), json!("other"));
+        shadowing.properties.insert("RowKey".into(), json!(7));
+        for e in [Entity::new("", ""), Entity::new("pk", "rk"), odd, shadowing] {
+            let expected = serde_json::to_vec(&e.to_wire()).unwrap().len();
+            assert_eq!(e.wire_size(), expected, "{e:?}");
+            let written: Value = serde_json::to_value(e.wire()).unwrap();
+            assert_eq!(written, Value::Object(e.to_wire()), "{e:?}");
+        }
+    }
+}
