@@ -192,9 +192,14 @@ impl SignedTableClient {
     }
 }
 
-/// A request that never got a whole answer: refused, reset, timed out. Always worth a retry.
+/// A request that never got a whole answer: refused, reset, timed out — worth a retry — or one
+/// that could not be built.
 fn transport_error(operation: &impl Fn() -> String, error: &reqwest::Error) -> StorageError {
     let text = format!("{} failed: {}", operation(), error_chain(error));
+    if error.is_builder() {
+        // The request could not even be built (an invalid header value): retrying cannot help.
+        return StorageError::invalid_input(redact(&text));
+    }
     // reqwest quotes the URL, which carries the SAS signature when one is used.
     StorageError::new(StorageErrorKind::Transient, redact(&text))
 }
