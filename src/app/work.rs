@@ -442,7 +442,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             Ok(true) => reply(
                 StatusCode::OK,
                 format!(
-                    "{work_id}: recorded as failed; scan {} failed",
+                    "{work_id}: recorded as failed; scan {} failed if it was still running",
                     scan.scan_id
                 ),
             ),
