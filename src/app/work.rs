@@ -135,6 +135,19 @@ where
     }
 }
 
+/// The queue message of a host invocation payload; `Err` is the 400 reply for a bad payload.
+fn queue_invocation(body: &[u8]) -> Result<QueueInvocation, InvocationResponse> {
+    let request: InvocationRequest = serde_json::from_slice(body).map_err(|e| {
+        reply(
+            StatusCode::BAD_REQUEST,
+            format!("invalid invocation payload: {e}"),
+        )
+    })?;
+    request
+        .queue_invocation()
+        .map_err(|e| reply(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
 fn parse_outcome(work_id: &str, json: &str) -> Result<WorkOutcome, WorkError> {
     serde_json::from_str(json)
         .map_err(|e| WorkError::Failed(format!("{work_id}: recorded outcome is unreadable: {e}")))
@@ -192,15 +205,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
     pub async fn begin<M: ScanWork>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
-        let request: InvocationRequest = serde_json::from_slice(body).map_err(|e| {
-            reply(
-                StatusCode::BAD_REQUEST,
-                format!("invalid invocation payload: {e}"),
-            )
-        })?;
-        let invocation = request
-            .queue_invocation()
-            .map_err(|e| reply(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let invocation = queue_invocation(body)?;
         // A message that cannot be decoded never will be: fail it so the host poisons it.
         let message: M = messages::decode(&invocation.message).map_err(|e| {
             reply(
@@ -409,18 +414,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// (the usual case — the last delivery recorded its own failure). A message that cannot be
     /// decoded has no work item to settle and is dropped with a warning.
     pub async fn settle_poisoned<M: ScanWork>(&self, body: &[u8]) -> InvocationResponse {
-        let request: InvocationRequest = match serde_json::from_slice(body) {
-            Ok(request) => request,
-            Err(e) => {
-                return reply(
-                    StatusCode::BAD_REQUEST,
-                    format!("invalid invocation payload: {e}"),
-                )
-            }
-        };
-        let invocation = match request.queue_invocation() {
+        let invocation = match queue_invocation(body) {
             Ok(invocation) => invocation,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, e.to_string()),
+            Err(reply) => return reply,
         };
         let message: M = match messages::decode(&invocation.message) {
             Ok(message) => message,

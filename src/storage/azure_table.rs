@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use super::azure::{map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
-use super::signed::{SignedTableClient, TableRequest};
+use super::signed::{odata_error_json, SignedTableClient, TableRequest};
 use super::{
     check_batch_bytes, is_read_only_property, validate_batch_shape, BatchOperation, Continuation,
     Entity, Page, Query, StorageError, StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
@@ -89,7 +89,6 @@ impl AzureTableStore {
                     query: &query_string,
                     content_type: "",
                     accept: ACCEPT_FULL_METADATA,
-                    headers: &[],
                     body: None,
                 },
                 || format!("query on table {table}"),
@@ -134,7 +133,6 @@ impl AzureTableStore {
                     query: "",
                     content_type: "",
                     accept: ACCEPT_FULL_METADATA,
-                    headers: &[],
                     body: None,
                 },
                 || format!("point read in table {table}"),
@@ -177,7 +175,6 @@ impl AzureTableStore {
                     query: "",
                     content_type: &body.content_type,
                     accept: ACCEPT_MINIMAL_METADATA,
-                    headers: &[],
                     body: Some(body.bytes.clone()),
                 },
                 || format!("entity group transaction on table {table}"),
@@ -590,21 +587,8 @@ fn batch_outcome(operations: usize, parts: &[SubResponse]) -> StorageResult<()> 
 
 /// `(code, message)` from `{"odata.error":{"code":..,"message":{"value":..}}}`.
 fn odata_error(body: &str) -> (Option<String>, String) {
-    let Ok(value) = serde_json::from_str::<Value>(body.trim()) else {
-        return (None, body.trim().chars().take(200).collect());
-    };
-    let error = value.get("odata.error").or_else(|| value.get("error"));
-    let code = error
-        .and_then(|e| e.get("code"))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let message = error
-        .and_then(|e| e.get("message"))
-        .and_then(|m| m.get("value").or(Some(m)))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    (code, message)
+    let body = body.trim();
+    odata_error_json(body.as_bytes()).unwrap_or_else(|| (None, body.chars().take(200).collect()))
 }
 
 /// Splits `"3:The specified entity already exists."` into `(Some(3), "The specified ...")`.

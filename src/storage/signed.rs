@@ -83,8 +83,6 @@ pub(crate) struct TableRequest<'a> {
     pub query: &'a str,
     pub content_type: &'a str,
     pub accept: &'a str,
-    /// Extra headers (name, value).
-    pub headers: &'a [(&'static str, &'a str)],
     pub body: Option<Bytes>,
 }
 
@@ -168,9 +166,6 @@ impl SignedTableClient {
         if !request.content_type.is_empty() {
             builder = builder.header("content-type", request.content_type);
         }
-        for (name, value) in request.headers {
-            builder = builder.header(*name, *value);
-        }
         builder = match request.body {
             Some(body) => builder.body(body),
             None => builder.header("content-length", HeaderValue::from_static("0")),
@@ -212,34 +207,45 @@ pub(crate) fn error_response(
     body: &[u8],
     operation: &str,
 ) -> StorageError {
-    let (mut code, mut message) = (None, None);
-    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
-        if let Some(error) = value.get("odata.error").or_else(|| value.get("error")) {
-            code = error
-                .get("code")
-                .and_then(|c| c.as_str())
-                .map(str::to_string);
-            message = error
-                .get("message")
-                .and_then(|m| m.get("value").or(Some(m)))
-                .and_then(|m| m.as_str())
-                .map(|m| m.lines().next().unwrap_or("").trim().to_string());
-        }
-    }
+    let (mut code, message) = match odata_error_json(body) {
+        Some((code, message)) => (
+            code,
+            message.lines().next().unwrap_or("").trim().to_string(),
+        ),
+        None => (None, String::new()),
+    };
     if code.is_none() {
         code = headers
             .get("x-ms-error-code")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
     }
-    let text = match message.filter(|m| !m.is_empty()) {
-        Some(detail) => format!("{operation} failed: {detail}"),
-        None => format!(
+    let text = match message.as_str() {
+        "" => format!(
             "{operation} failed: {}",
             status.canonical_reason().unwrap_or("error")
         ),
+        detail => format!("{operation} failed: {detail}"),
     };
     StorageError::from_status(status.as_u16(), code, redact(&text))
+}
+
+/// `(code, message)` from the service's `{"odata.error":{"code":..,"message":{"value":..}}}` (or
+/// `{"error":{..}}`); `None` when the body is not JSON. A missing message is empty.
+pub(crate) fn odata_error_json(body: &[u8]) -> Option<(Option<String>, String)> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let error = value.get("odata.error").or_else(|| value.get("error"));
+    let code = error
+        .and_then(|e| e.get("code"))
+        .and_then(|c| c.as_str())
+        .map(str::to_string);
+    let message = error
+        .and_then(|e| e.get("message"))
+        .and_then(|m| m.get("value").or(Some(m)))
+        .and_then(|m| m.as_str())
+        .unwrap_or("")
+        .to_string();
+    Some((code, message))
 }
 
 #[cfg(test)]
