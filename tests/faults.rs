@@ -55,7 +55,11 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32) 
     let destination = unique_name("Dest");
     let id = start_copy(&app, &source, &destination, take).await;
     let mut kills = vec![0usize; instances];
-    let budget = instances * per_instance;
+    // Each kill fails at most one delivery of each message in flight, and kills chase the newest
+    // invocation, so five kills can fail one message on all of host.json's 5 deliveries: it is
+    // then poisoned and the scan rightly fails. A run that must end exact kills at most 4 times.
+    const MAX_DELIVERIES: usize = 5;
+    let budget = (instances * per_instance).min(MAX_DELIVERIES - 1);
     while kills.iter().sum::<usize>() < budget {
         let pause = rand::thread_rng().gen_range(200..900);
         tokio::time::sleep(Duration::from_millis(pause)).await;
