@@ -153,7 +153,7 @@ async fn run_list(args: ListArgs) -> Result<(), String> {
             rows += 1;
             let line = match format {
                 Format::Tsv => format!("{}\t{}", entity.partition_key, entity.row_key),
-                Format::Jsonl => serde_json::Value::Object(entity.to_wire()).to_string(),
+                Format::Jsonl => serde_json::to_string(&entity.wire()).unwrap_or_default(),
             };
             writeln!(out, "{line}")
                 .map_err(|e| ScanError::InvalidStep(format!("cannot write output: {e}")))?;

@@ -5,9 +5,9 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::storage::Entity;
+use crate::storage::{Entity, Properties};
 
 const NAMESPACES: &[(&str, u32)] = &[
     ("Microsoft.", 30),
@@ -144,8 +144,8 @@ pub fn version(index: u32) -> String {
     format!("{}.{}.{}", index / 100, (index / 10) % 10, index % 10)
 }
 
-fn typed(props: &mut Map<String, Value>, name: &str, value: Value, edm: Option<&str>) {
-    props.insert(name.to_string(), value);
+fn typed(props: &mut Properties, name: &str, value: Value, edm: Option<&str>) {
+    props.insert(name, value);
     if let Some(t) = edm {
         props.insert(format!("{name}@odata.type"), json!(t));
     }
@@ -245,8 +245,14 @@ mod tests {
             "about 3 rows per key, got {mean}"
         );
         let e = entity("Microsoft.Extensions.Logging", 3);
-        assert_eq!(e.properties["Downloads@odata.type"], "Edm.Int64");
-        assert_eq!(e.properties["PackageId@odata.type"], "Edm.Guid");
+        assert_eq!(
+            e.properties.get_str("Downloads@odata.type").as_deref(),
+            Some("Edm.Int64")
+        );
+        assert_eq!(
+            e.properties.get_str("PackageId@odata.type").as_deref(),
+            Some("Edm.Guid")
+        );
         assert_eq!(entity("x", 1), entity("x", 1));
     }
 }

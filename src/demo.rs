@@ -128,7 +128,11 @@ pub async fn fingerprint(store: &AzureTableStore, table: &str) -> Result<(u64, S
         |segment| {
             for entity in segment {
                 rows += 1;
-                hasher.update(Value::Object(entity.to_wire()).to_string().as_bytes());
+                hasher.update(
+                    serde_json::to_string(&entity.wire())
+                        .unwrap_or_default()
+                        .as_bytes(),
+                );
                 hasher.update(b"\n");
             }
             Ok(())

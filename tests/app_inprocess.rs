@@ -180,12 +180,12 @@ fn source_rows() -> Vec<Entity> {
         for v in 0..(3 + i * 7) {
             let mut e = Entity::new(*pk, format!("{v}.0.{i}"));
             e.properties
-                .insert("Downloads".into(), json!(format!("{}", v * 1000)));
+                .insert("Downloads", json!(format!("{}", v * 1000)));
             e.properties
-                .insert("Downloads@odata.type".into(), json!("Edm.Int64"));
-            e.properties.insert("Listed".into(), json!(v % 2 == 0));
+                .insert("Downloads@odata.type", json!("Edm.Int64"));
+            e.properties.insert("Listed", json!(v % 2 == 0));
             e.properties
-                .insert("Title".into(), json!(format!("package {pk} v{v}")));
+                .insert("Title", json!(format!("package {pk} v{v}")));
             rows.push(e);
         }
     }

@@ -1307,7 +1307,7 @@ mod redelivery_after_crash {
 
         // The crash: the scan record never got its final write.
         let mut running = Entity::new(id.clone(), "scan");
-        running.properties.insert("State".into(), json!("running"));
+        running.properties.insert("State", json!("running"));
         tables
             .submit_batch(
                 &state.config.scans_table,

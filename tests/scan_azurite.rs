@@ -100,10 +100,9 @@ async fn list_command_prints_rows_in_key_order_and_fails_clearly() {
     ];
     for (pk, rk) in rows {
         let mut e = Entity::new(pk, rk);
+        e.properties.insert("Big", serde_json::json!("12345678901"));
         e.properties
-            .insert("Big".into(), serde_json::json!("12345678901"));
-        e.properties
-            .insert("Big@odata.type".into(), serde_json::json!("Edm.Int64"));
+            .insert("Big@odata.type", serde_json::json!("Edm.Int64"));
         store
             .submit_batch(&table, pk, &[BatchOperation::Insert(e)])
             .await

@@ -372,8 +372,8 @@ fn empty_table_and_select() {
     let store = table_with(&[], Pagination::default());
     assert!(scan_keys(&store, &ScanParameters::default(), Strategy::Prefix).is_empty());
     let mut e = Entity::new("p", "r");
-    e.properties.insert("A".into(), serde_json::json!(1));
-    e.properties.insert("B".into(), serde_json::json!("x"));
+    e.properties.insert("A", serde_json::json!(1));
+    e.properties.insert("B", serde_json::json!("x"));
     store.load(TABLE, [e]);
     let params = ScanParameters {
         select: Some(vec!["B".into()]),

@@ -18,12 +18,12 @@ use tablescan::storage::counters::{RequestCounters, RequestCounts};
 use tablescan::storage::retry::RetryPolicy;
 use tablescan::storage::{
     compare_keys, BatchOperation, CompareOp, Continuation, Entity, Filter, MessageEncoding, Query,
-    QueueStore, StorageErrorKind, TableStore, MAX_BATCH_BYTES, MAX_MESSAGE_TEXT,
+    QueueStore, StorageErrorKind, TableStore, MAX_BATCH_BYTES, MAX_ENTITY_BYTES, MAX_MESSAGE_TEXT,
 };
 
 fn entity(pk: &str, rk: &str, properties: Value) -> Entity {
     let mut e = Entity::new(pk, rk);
-    e.properties = properties.as_object().cloned().unwrap_or_default();
+    e.properties = properties.as_object().cloned().unwrap_or_default().into();
     e
 }
 
@@ -122,7 +122,7 @@ async fn explicit_endpoint_connection_string_works_against_azurite() {
         .await
         .unwrap()
         .expect("row exists");
-    assert_eq!(read.properties["V"], "x");
+    assert_eq!(read.properties.get_value("V").unwrap(), "x");
 
     let queues = account.queue_store(counters.clone());
     let queue = unique_name("conn");
@@ -254,7 +254,7 @@ async fn quotes_in_keys_work_in_filters_point_reads_and_batches() {
                 .unwrap_or_else(|e| panic!("point read {pk:?}/{rk:?}: {e}"))
                 .unwrap_or_else(|| panic!("{pk:?}/{rk:?} not found"));
             assert_eq!((e.partition_key.as_str(), e.row_key.as_str()), (pk, rk));
-            assert_eq!(e.properties["RK"], rk);
+            assert_eq!(e.properties.get_value("RK").unwrap(), rk);
             assert!(!etag.is_empty());
         }
     }
@@ -316,15 +316,15 @@ async fn quotes_in_keys_work_in_filters_point_reads_and_batches() {
         .unwrap();
     assert_eq!(
         replaced.properties,
-        json!({"New": true}).as_object().unwrap().clone()
+        json!({"New": true}).as_object().unwrap().clone().into()
     );
     let (merged, _) = store
         .get_entity(&table, "O'Brien", "''")
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(merged.properties["Merged"], 1);
-    assert_eq!(merged.properties["RK"], "''");
+    assert_eq!(merged.properties.get_value("Merged").unwrap(), 1);
+    assert_eq!(merged.properties.get_value("RK").unwrap(), "''");
     assert!(store
         .get_entity(&table, "O'Brien", "'")
         .await
@@ -440,8 +440,8 @@ async fn transactions_report_the_new_etag_of_each_written_row() {
         .unwrap();
     let (row, current) = store.get_entity(&table, "p", "a").await.unwrap().unwrap();
     assert_eq!(merged[0].as_deref(), Some(current.as_str()));
-    assert_eq!(row.properties["N"], json!(1));
-    assert_eq!(row.properties["M"], json!(3));
+    assert_eq!(row.properties.get_value("N").unwrap(), json!(1));
+    assert_eq!(row.properties.get_value("M").unwrap(), json!(3));
     store.delete_table(&table).await.unwrap();
 }
 
@@ -496,7 +496,7 @@ async fn failed_transaction_is_an_error_with_kind_code_and_index() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(existing.properties["V"], 1);
+    assert_eq!(existing.properties.get_value("V").unwrap(), 1);
 
     // If-Match with a stale ETag: 412 at its index.
     store
@@ -608,10 +608,22 @@ async fn batch_limits_are_enforced_before_sending() {
             etag: None,
         },
     ];
-    let big = "x".repeat(60_000);
+    // Two 60,000-byte strings (30,000 UTF-16 units each, under the 64 KiB property limit).
+    let big = "x".repeat(30_000);
     let too_big: Vec<_> = (0..80)
-        .map(|i| BatchOperation::Upsert(entity("p", &format!("r{i}"), json!({"Big": big}))))
+        .map(|i| {
+            BatchOperation::Upsert(entity(
+                "p",
+                &format!("r{i}"),
+                json!({"Big": big, "Big2": big}),
+            ))
+        })
         .collect();
+    let wide_property = vec![BatchOperation::Upsert(entity(
+        "p",
+        "w",
+        json!({"Big": "\u{1F600}".repeat(16_385)}),
+    ))];
     assert!(
         too_big
             .iter()
@@ -625,6 +637,7 @@ async fn batch_limits_are_enforced_before_sending() {
         ("mixed partition keys", mixed, "mixes partition keys"),
         ("duplicate RowKey", duplicate, "twice"),
         ("over 4 MiB", too_big, "4 MiB"),
+        ("a string over 64 KiB as UTF-16", wide_property, "64 KiB"),
     ] {
         let err = store.submit_batch(&table, "p", &ops).await.unwrap_err();
         assert_eq!(err.kind, StorageErrorKind::InvalidInput, "{name}: {err}");
@@ -689,7 +702,7 @@ async fn typed_properties_round_trip_through_upsert_query_and_point_read() {
         .unwrap()
         .entities;
     assert_eq!(
-        Value::Object(selected[0].properties.clone()),
+        serde_json::to_value(&selected[0].properties).unwrap(),
         json!({"I64": "9223372036854775807", "I64@odata.type": "Edm.Int64", "Dbl": 2.5, "Dbl@odata.type": "Edm.Double"}),
         "$select keeps annotations of selected columns"
     );
@@ -702,14 +715,25 @@ async fn typed_properties_round_trip_through_upsert_query_and_point_read() {
     ];
     for (name, edm) in expected_annotations {
         assert_eq!(
-            point.properties[&format!("{name}@odata.type")],
+            point
+                .properties
+                .get_value(&format!("{name}@odata.type"))
+                .unwrap(),
             edm,
             "{name}"
         );
-        assert_eq!(point.properties[name], original.properties[name], "{name}");
+        assert_eq!(
+            point.properties.get_value(name).unwrap(),
+            original.properties.get_value(name).unwrap(),
+            "{name}"
+        );
     }
     for name in ["Str", "EmptyStr", "I32", "NegI32", "Bool"] {
-        assert_eq!(point.properties[name], original.properties[name], "{name}");
+        assert_eq!(
+            point.properties.get_value(name).unwrap(),
+            original.properties.get_value(name).unwrap(),
+            "{name}"
+        );
         assert!(
             !point.properties.contains_key(&format!("{name}@odata.type")),
             "{name} needs no annotation"
@@ -720,16 +744,19 @@ async fn typed_properties_round_trip_through_upsert_query_and_point_read() {
     // the type survives a copy (unannotated, `3.0` would be stored as Int32).
     for name in ["Dbl", "WholeDbl", "BigDbl"] {
         assert!(
-            point.properties[name].is_f64(),
+            point.properties.get_value(name).unwrap().is_f64(),
             "{name} stays a JSON float: {:?}",
-            point.properties[name]
+            point.properties.get_value(name).unwrap()
         );
         assert_eq!(
-            point.properties[name].as_f64(),
-            original.properties[name].as_f64()
+            point.properties.get_value(name).unwrap().as_f64(),
+            original.properties.get_value(name).unwrap().as_f64()
         );
         assert_eq!(
-            point.properties[&format!("{name}@odata.type")],
+            point
+                .properties
+                .get_value(&format!("{name}@odata.type"))
+                .unwrap(),
             "Edm.Double",
             "{name}"
         );
@@ -753,7 +780,7 @@ async fn typed_properties_round_trip_through_upsert_query_and_point_read() {
         .unwrap();
     assert_eq!(copy_read, copy);
     assert!(
-        copy_read.properties["I32"].is_i64(),
+        copy_read.properties.get_value("I32").unwrap().is_i64(),
         "Int32 stays an integer"
     );
 
@@ -769,7 +796,10 @@ async fn typed_properties_round_trip_through_upsert_query_and_point_read() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(Value::Object(bare_read.properties), json!({"WholeDbl": 3}));
+    assert_eq!(
+        serde_json::to_value(&bare_read.properties).unwrap(),
+        json!({"WholeDbl": 3})
+    );
     store.delete_table(&table).await.unwrap();
 }
 
@@ -1538,4 +1568,50 @@ fn azurite_dies_with_its_killed_owner() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Records are sized the way the service counts them: an entity exactly at the 1 MiB limit with
+/// strings exactly at 64 KiB of UTF-16 is stored; one byte over is refused before anything is
+/// sent, naming the limit.
+#[tokio::test]
+async fn entities_at_the_service_limits_are_stored_and_over_them_refused() {
+    let (store, counters) = table_store();
+    let table = new_table(&store, "atlimit").await;
+    // 32,768 UTF-16 units = 64 KiB, half of them as surrogate pairs.
+    let full = format!("{}{}", "\u{1F600}".repeat(8_192), "y".repeat(16_384));
+    assert_eq!(full.encode_utf16().count() * 2, 64 * 1024);
+    let mut e = Entity::new("p", "limit");
+    for i in 0..15 {
+        e.properties.insert(format!("S{i:02}"), json!(full));
+    }
+    // Pad with one more string so the entity is exactly 1 MiB as the service counts it.
+    let pad_name = "Pad";
+    let without_pad = e.service_size() + 8 + 2 * pad_name.len() + 4;
+    let pad_units = (MAX_ENTITY_BYTES - without_pad) / 2;
+    e.properties.insert(pad_name, json!("z".repeat(pad_units)));
+    assert_eq!(e.service_size(), MAX_ENTITY_BYTES);
+    store
+        .submit_batch(&table, "p", &[BatchOperation::Upsert(e.clone())])
+        .await
+        .expect("an entity exactly at the limits is stored");
+    let (read, _) = store
+        .get_entity(&table, "p", "limit")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read, e);
+
+    let before = counters.snapshot();
+    let mut over = e.clone();
+    over.row_key = "limi2".into(); // as long as "limit": only the pad grows
+    over.properties
+        .insert(pad_name, json!("z".repeat(pad_units + 1)));
+    let err = store
+        .submit_batch(&table, "p", &[BatchOperation::Upsert(over)])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, StorageErrorKind::InvalidInput, "{err}");
+    assert!(err.message.contains("1 MiB"), "{err}");
+    assert_eq!(counters.snapshot().since(&before), RequestCounts::default());
+    store.delete_table(&table).await.unwrap();
 }

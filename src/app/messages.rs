@@ -105,6 +105,12 @@ pub enum CopyWork {
         from: (String, String),
         to: (String, String),
     },
+    /// Every row after `after` (exclusive) up to `to` inclusive: the rest of a range that grew
+    /// past what one copy invocation reads (rows inserted since it was scanned).
+    After {
+        after: (String, String),
+        to: (String, String),
+    },
     /// The reference design's split (kept for honest comparison): named rows of one partition,
     /// re-read with `PK eq pk and RK between first and last` and checked to all be there.
     Rows { pk: String, row_keys: Vec<String> },

@@ -25,15 +25,17 @@
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::storage::{
-    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+    BatchOperation, CompareOp, Entity, Filter, Properties, Query, StorageError, StorageErrorKind,
+    TableStore,
 };
 
 use super::messages::shard_of;
+use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 
 const SCAN_ROW: &str = "scan";
 const COUNTER_ROW: &str = "counter";
@@ -159,24 +161,24 @@ impl Counters {
     }
 }
 
-fn int64(props: &Map<String, Value>, name: &str) -> i64 {
-    match props.get(name) {
+fn int64(props: &Properties, name: &str) -> i64 {
+    match props.get_value(name) {
         Some(Value::String(s)) => s.parse().unwrap_or(0),
         Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
         _ => 0,
     }
 }
 
-fn put_int64(props: &mut Map<String, Value>, name: &str, value: i64) {
-    props.insert(name.to_string(), Value::String(value.to_string()));
+fn put_int64(props: &mut Properties, name: &str, value: i64) {
+    props.insert(name, Value::String(value.to_string()));
     props.insert(
         format!("{name}@odata.type"),
         Value::String("Edm.Int64".into()),
     );
 }
 
-fn put_time(props: &mut Map<String, Value>, name: &str, value: OffsetDateTime) {
-    props.insert(name.to_string(), Value::String(format_time(value)));
+fn put_time(props: &mut Properties, name: &str, value: OffsetDateTime) {
+    props.insert(name, Value::String(format_time(value)));
     props.insert(
         format!("{name}@odata.type"),
         Value::String("Edm.DateTime".into()),
@@ -192,15 +194,14 @@ pub fn format_time(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 
-fn get_time(props: &Map<String, Value>, name: &str) -> Option<OffsetDateTime> {
+fn get_time(props: &Properties, name: &str) -> Option<OffsetDateTime> {
     props
-        .get(name)
-        .and_then(Value::as_str)
-        .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok())
+        .get_str(name)
+        .and_then(|s| OffsetDateTime::parse(&s, &Rfc3339).ok())
 }
 
-fn get_str(props: &Map<String, Value>, name: &str) -> Option<String> {
-    props.get(name).and_then(Value::as_str).map(str::to_string)
+fn get_str(props: &Properties, name: &str) -> Option<String> {
+    props.get_str(name)
 }
 
 /// State of one work item's row.
@@ -218,10 +219,13 @@ pub enum WorkState {
     Finished,
 }
 
-/// Recorded outcomes are split over string properties of at most this many characters
-/// (Azure allows 64 KiB, i.e. 32K UTF-16 units, per string property).
-const OUTCOME_CHUNK: usize = 30_000;
-const MAX_OUTCOME_CHUNKS: usize = 30;
+/// Recorded outcomes are split over string properties of at most this many UTF-16 units (the
+/// service allows 64 KiB of UTF-16, 32,768 units, per string); the row as a whole must still
+/// fit the 1 MiB entity limit, which is checked before it is sent.
+const OUTCOME_CHUNK_UNITS: usize = 32_000;
+/// Longest diagnostic text (an error) stored on a record, in UTF-16 units: 16 KB of the
+/// 64 KiB a string property may hold; longer texts are cut with a marker.
+const MAX_DIAGNOSTIC_UNITS: usize = 8_000;
 
 /// Why an outcome could not be recorded.
 #[derive(Debug)]
@@ -333,9 +337,9 @@ impl<'a, T: TableStore> Tracker<'a, T> {
     pub async fn insert_scan(&self, record: &ScanRecord) -> Result<(), StorageError> {
         let mut entity = Entity::new(record.id.clone(), SCAN_ROW);
         let p = &mut entity.properties;
-        p.insert("State".into(), json!(record.state.as_str()));
-        p.insert("Request".into(), json!(record.request.to_string()));
-        p.insert("Shards".into(), json!(record.shards));
+        p.insert("State", json!(record.state.as_str()));
+        p.insert("Request", json!(record.request.to_string()));
+        p.insert("Shards", json!(record.shards));
         put_time(p, "StartedAt", record.started_at);
         match self
             .store
@@ -369,7 +373,7 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         Some(ScanRecord {
             state: ScanState::parse(&get_str(p, "State")?)?,
             request: serde_json::from_str(&get_str(p, "Request")?).ok()?,
-            shards: p.get("Shards").and_then(Value::as_u64)? as u32,
+            shards: p.get_value("Shards").and_then(|v| v.as_u64())? as u32,
             started_at: get_time(p, "StartedAt")?,
             completed_at: get_time(p, "CompletedAt"),
             error: get_str(p, "Error"),
@@ -433,18 +437,14 @@ impl<'a, T: TableStore> Tracker<'a, T> {
                 return Ok(false);
             }
             let mut entity = Entity::new(scan_id, SCAN_ROW);
-            entity
-                .properties
-                .insert("State".into(), json!(state.as_str()));
+            entity.properties.insert("State", json!(state.as_str()));
             put_time(
                 &mut entity.properties,
                 "CompletedAt",
                 OffsetDateTime::now_utc(),
             );
             if let Some(e) = error {
-                entity
-                    .properties
-                    .insert("Error".into(), json!(truncate(e, 8000)));
+                entity.properties.insert("Error", json!(diagnostic(e)));
             }
             let op = BatchOperation::Merge {
                 entity,
@@ -571,16 +571,11 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             .get_entity(self.work_table, &pk, work_id)
             .await?
             .map(
-                |(entity, etag)| match entity.properties.get("State").and_then(Value::as_str) {
+                |(entity, etag)| match get_str(&entity.properties, "State").as_deref() {
                     Some("pending") => WorkState::Pending { etag },
                     Some("expanded") => {
-                        let outcome: String = (0..MAX_OUTCOME_CHUNKS)
-                            .map_while(|i| {
-                                entity
-                                    .properties
-                                    .get(&format!("Outcome{i}"))
-                                    .and_then(Value::as_str)
-                            })
+                        let outcome: String = (0..MAX_CUSTOM_PROPERTIES)
+                            .map_while(|i| get_str(&entity.properties, &format!("Outcome{i}")))
                             .collect();
                         WorkState::Expanded { etag, outcome }
                     }
@@ -600,22 +595,16 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         outcome: &str,
     ) -> Result<String, RecordError> {
         let pk = shard_partition(scan_id, shard_of(work_id, shards));
-        let chunks: Vec<String> = outcome
-            .chars()
-            .collect::<Vec<_>>()
-            .chunks(OUTCOME_CHUNK)
-            .map(|c| c.iter().collect())
-            .collect();
-        if chunks.len() > MAX_OUTCOME_CHUNKS {
-            return Err(RecordError::Storage(StorageError::invalid_input(format!(
-                "outcome of {work_id} is too large to record ({} chars)",
-                outcome.len()
-            ))));
-        }
         let mut row = Entity::new(pk.clone(), work_id);
-        row.properties.insert("State".into(), json!("expanded"));
-        for (i, chunk) in chunks.into_iter().enumerate() {
+        row.properties.insert("State", json!("expanded"));
+        for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
             row.properties.insert(format!("Outcome{i}"), json!(chunk));
+        }
+        if let Err(e) = row.check_limits() {
+            return Err(RecordError::Storage(StorageError::invalid_input(format!(
+                "the outcome of {work_id} cannot be recorded: {}",
+                e.message
+            ))));
         }
         let op = BatchOperation::Merge {
             entity: row,
@@ -761,13 +750,12 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
             row.properties.insert(
-                "State".into(),
+                "State",
                 json!(if failure.is_some() { "failed" } else { "done" }),
             );
             put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
             if let Some(f) = failure {
-                row.properties
-                    .insert("Error".into(), json!(truncate(f, 8000)));
+                row.properties.insert("Error", json!(diagnostic(f)));
             }
             let ops = [
                 // Replace, not merge: the recorded outcome is no longer needed.
@@ -816,12 +804,62 @@ impl<'a, T: TableStore> Tracker<'a, T> {
 
 fn work_row(partition_key: &str, work: &NewWork) -> Entity {
     let mut row = Entity::new(partition_key, work.id.clone());
-    row.properties.insert("State".into(), json!("pending"));
-    row.properties.insert("Kind".into(), json!(work.kind));
+    row.properties.insert("State", json!("pending"));
+    row.properties.insert("Kind", json!(work.kind));
     put_time(&mut row.properties, "CreatedAt", OffsetDateTime::now_utc());
     row
 }
 
-fn truncate(s: &str, max_chars: usize) -> String {
-    s.chars().take(max_chars).collect()
+/// Splits `text` into pieces of at most `max_units` UTF-16 units, never inside a character.
+fn utf16_chunks(text: &str, max_units: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut units = 0;
+        let end = rest
+            .char_indices()
+            .find(|(_, c)| {
+                units += c.len_utf16();
+                units > max_units
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let (chunk, tail) = rest.split_at(end);
+        rest = tail;
+        Some(chunk)
+    })
+}
+
+/// A diagnostic text cut to [`MAX_DIAGNOSTIC_UNITS`] UTF-16 units, with a marker saying so.
+fn diagnostic(text: &str) -> String {
+    let total = text.encode_utf16().count();
+    if total <= MAX_DIAGNOSTIC_UNITS {
+        return text.to_string();
+    }
+    let marker = format!(" … [truncated: {total} UTF-16 units in all]");
+    let keep = MAX_DIAGNOSTIC_UNITS - marker.encode_utf16().count();
+    let head = utf16_chunks(text, keep).next().unwrap_or("");
+    format!("{head}{marker}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_and_diagnostics_are_measured_in_utf16_units() {
+        let text = format!("{}{}", "a".repeat(5), "\u{1F600}".repeat(3));
+        let chunks: Vec<&str> = utf16_chunks(&text, 6).collect();
+        assert_eq!(chunks.concat(), text);
+        assert!(chunks.iter().all(|c| c.encode_utf16().count() <= 6));
+        let wide = "\u{1F600}".repeat(MAX_DIAGNOSTIC_UNITS);
+        let cut = diagnostic(&wide);
+        assert!(cut.encode_utf16().count() <= MAX_DIAGNOSTIC_UNITS);
+        assert!(cut.ends_with(&format!(
+            "[truncated: {} UTF-16 units in all]",
+            2 * MAX_DIAGNOSTIC_UNITS
+        )));
+        assert_eq!(diagnostic("short"), "short");
+    }
 }

@@ -65,6 +65,8 @@ pub enum ScanError {
     Storage(#[from] StorageError),
     #[error("invalid step: {0}")]
     InvalidStep(String),
+    #[error("the scan cannot go on: {0}")]
+    Unaddressable(String),
 }
 
 /// Executes scan steps for one table and one set of parameters.
@@ -179,7 +181,13 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             continuation,
         };
         out.queries += 1;
-        Ok(self.store.query_page(self.table, &query).await?)
+        let page = self.store.query_page(self.table, &query).await?;
+        // Discovery needs every key of a page to place its bounds; a key it cannot name stops
+        // the step, naming the row (see `storage::UnaddressableRow`).
+        match page.unaddressable.first() {
+            Some(row) => Err(ScanError::Unaddressable(row.to_string())),
+            None => Ok(page),
+        }
     }
 
     /// The prefix query loop: read up to N non-empty pages of the range; if more rows remain,

@@ -150,7 +150,7 @@ impl Blog {
                     p: pk,
                     r: row_keys,
                 })),
-                CopyWork::Range { .. } => None,
+                CopyWork::Range { .. } | CopyWork::After { .. } => None,
             })
             .collect()
     }

@@ -376,6 +376,7 @@ impl SyntheticTable {
         Ok(Page {
             entities,
             continuation,
+            ..Page::default()
         })
     }
 }

@@ -1,4 +1,6 @@
 //! [`TableStore`] over Azure Table Storage (and Azurite) with `azure_data_tables` 0.21.
+//! Entities are parsed with [`super::entity::parse_service_entity`]: property values pass
+//! through as the service's JSON text.
 //!
 //! Table create/delete go through the crate. Queries, point reads and entity group transactions
 //! are built here and sent on the lean signed path ([`super::signed`]): they are the requests a
@@ -15,15 +17,14 @@ use azure_storage::clients::ServiceType;
 use azure_storage::CloudLocation;
 use bytes::Bytes;
 use reqwest::Method;
-use serde_json::{Map, Value};
 
 use super::azure::{map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::signed::{odata_error_json, SignedTableClient, TableRequest};
 use super::{
-    check_batch_bytes, is_read_only_property, validate_batch_shape, BatchOperation, Continuation,
-    Entity, Page, Query, StorageError, StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
+    check_batch_bytes, validate_batch_shape, BatchOperation, Continuation, Entity, Page, Query,
+    ServiceEntity, StorageError, StorageErrorKind, StorageResult, TableStore, MAX_TAKE,
 };
 
 /// `Accept` for reads: full metadata, so every typed property comes with its `@odata.type`
@@ -111,10 +112,17 @@ impl AzureTableStore {
                 "query on table {table} returned invalid JSON: {e}"
             ))
         })?;
-        Ok(Page {
-            entities: body.value.into_iter().map(|w| w.0).collect(),
+        let mut page = Page {
             continuation,
-        })
+            ..Page::default()
+        };
+        for entity in body.value {
+            match entity {
+                ServiceEntity::Entity(e) => page.entities.push(e),
+                ServiceEntity::Unaddressable(row) => page.unaddressable.push(row),
+            }
+        }
+        Ok(page)
     }
 
     async fn get_once(
@@ -155,10 +163,15 @@ impl AzureTableStore {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
             .ok_or_else(|| StorageError::invalid_response("point read response without an ETag"))?;
-        let entity: WireEntityIn = serde_json::from_slice(&response.body).map_err(|e| {
+        let entity: ServiceEntity = serde_json::from_slice(&response.body).map_err(|e| {
             StorageError::invalid_response(format!("point read returned invalid JSON: {e}"))
         })?;
-        Ok(Some((entity.0, etag)))
+        match entity {
+            ServiceEntity::Entity(entity) => Ok(Some((entity, etag))),
+            ServiceEntity::Unaddressable(row) => Err(StorageError::invalid_response(format!(
+                "point read in table {table} returned an unaddressable {row}"
+            ))),
+        }
     }
 
     async fn batch_once(
@@ -230,53 +243,7 @@ fn query_string(query: &Query) -> String {
 /// A query response: `{"odata.metadata": .., "value": [entity, ..]}`.
 #[derive(serde::Deserialize)]
 struct QueryBody {
-    value: Vec<WireEntityIn>,
-}
-
-/// An entity read straight from the service's JSON into an [`Entity`]: keys taken out,
-/// read-only metadata skipped unparsed, whole doubles annotated (see [`annotate_doubles`]).
-struct WireEntityIn(Entity);
-
-impl<'de> serde::Deserialize<'de> for WireEntityIn {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = WireEntityIn;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a table entity object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<WireEntityIn, A::Error> {
-                let (mut partition_key, mut row_key) = (None, None);
-                let mut properties = Map::new();
-                while let Some(name) = map.next_key::<String>()? {
-                    match name.as_str() {
-                        "PartitionKey" => partition_key = Some(map.next_value::<String>()?),
-                        "RowKey" => row_key = Some(map.next_value::<String>()?),
-                        name if is_read_only_property(name) => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
-                        }
-                        _ => {
-                            let value = map.next_value::<Value>()?;
-                            properties.insert(name, value);
-                        }
-                    }
-                }
-                let missing =
-                    |name| serde::de::Error::custom(format!("entity without a string {name}"));
-                let mut entity = Entity {
-                    partition_key: partition_key.ok_or_else(|| missing("PartitionKey"))?,
-                    row_key: row_key.ok_or_else(|| missing("RowKey"))?,
-                    properties,
-                };
-                annotate_doubles(&mut entity);
-                Ok(WireEntityIn(entity))
-            }
-        }
-        deserializer.deserialize_map(Visitor)
-    }
+    value: Vec<ServiceEntity>,
 }
 
 impl TableStore for AzureTableStore {
@@ -369,25 +336,6 @@ impl TableStore for AzureTableStore {
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// Adds an explicit `Edm.Double` annotation to every fractional JSON number. The service does
-/// not annotate doubles in responses; a whole double comes back as `3.0`, and written back
-/// unannotated it would be stored as Int32, so copying an entity would silently change a
-/// property's type. A number with a fraction or exponent can only be a Double.
-fn annotate_doubles(entity: &mut Entity) {
-    let doubles: Vec<String> = entity
-        .properties
-        .iter()
-        .filter(|(name, value)| value.is_f64() && !name.contains('@'))
-        .map(|(name, _)| format!("{name}@odata.type"))
-        .filter(|annotation| !entity.properties.contains_key(annotation))
-        .collect();
-    for annotation in doubles {
-        entity
-            .properties
-            .insert(annotation, Value::String("Edm.Double".into()));
     }
 }
 
@@ -635,7 +583,7 @@ mod tests {
     #[test]
     fn batch_body_has_one_part_per_operation_with_if_match() {
         let mut e = Entity::new("p'k", "r1");
-        e.properties.insert("N".into(), Value::from(1));
+        e.properties.insert("N", serde_json::json!(1));
         let ops = vec![
             BatchOperation::Insert(e.clone()),
             BatchOperation::Replace {

@@ -148,10 +148,10 @@ fn project(entity: &Entity, select: &Option<Vec<String>>) -> Entity {
             let mut out = Entity::new(entity.partition_key.clone(), entity.row_key.clone());
             for column in columns {
                 if let Some(v) = entity.properties.get(column) {
-                    out.properties.insert(column.clone(), v.clone());
+                    out.properties.insert_raw(column.clone(), v.to_owned());
                     let annotation = format!("{column}@odata.type");
                     if let Some(t) = entity.properties.get(&annotation) {
-                        out.properties.insert(annotation, t.clone());
+                        out.properties.insert_raw(annotation, t.to_owned());
                     }
                 }
             }
@@ -221,6 +221,7 @@ impl TableStore for MemoryTableStore {
                 return Ok(Page {
                     entities: Vec::new(),
                     continuation,
+                    ..Page::default()
                 });
             }
         }
@@ -253,6 +254,7 @@ impl TableStore for MemoryTableStore {
         Ok(Page {
             entities,
             continuation,
+            ..Page::default()
         })
     }
 
@@ -331,7 +333,7 @@ impl TableStore for MemoryTableStore {
                 BatchOperation::Merge { entity, .. } => {
                     let slot = rows.get_mut(&key).expect("checked above");
                     for (k, v) in &entity.properties {
-                        slot.0.properties.insert(k.clone(), v.clone());
+                        slot.0.properties.insert_raw(k, v.to_owned());
                     }
                     slot.1 = etag;
                 }

@@ -9,6 +9,7 @@ pub mod azure_queue;
 pub mod azure_table;
 pub mod connection;
 pub mod counters;
+pub mod entity;
 pub mod keys;
 pub mod memory;
 pub mod memory_queue;
@@ -20,8 +21,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
+pub use entity::{
+    is_read_only_property, Entity, Properties, ServiceEntity, UnaddressableRow, MAX_ENTITY_BYTES,
+};
 pub use keys::{compare_keys, key_successor};
 
 /// Maximum `$top` Azure accepts for one query page.
@@ -30,107 +33,6 @@ pub const MAX_TAKE: u32 = 1000;
 pub const MAX_BATCH_OPERATIONS: usize = 100;
 /// Entity group transactions must be smaller than 4 MiB.
 pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
-
-/// One table entity: the two keys plus the other properties exactly as the Table service's JSON
-/// carries them, including `Name@odata.type` annotations, so every typed property round-trips.
-/// Read-only metadata (`odata.*`, `Timestamp`) is never kept here.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Entity {
-    pub partition_key: String,
-    pub row_key: String,
-    pub properties: Map<String, Value>,
-}
-
-impl Entity {
-    pub fn new(partition_key: impl Into<String>, row_key: impl Into<String>) -> Self {
-        Entity {
-            partition_key: partition_key.into(),
-            row_key: row_key.into(),
-            properties: Map::new(),
-        }
-    }
-
-    /// Builds an entity from the service's JSON object, dropping read-only metadata.
-    pub fn from_wire(mut object: Map<String, Value>) -> Result<Self, StorageError> {
-        let take_key = |object: &mut Map<String, Value>, name: &str| match object.remove(name) {
-            Some(Value::String(s)) => Ok(s),
-            _ => Err(StorageError::invalid_response(format!(
-                "entity without a string {name}"
-            ))),
-        };
-        let partition_key = take_key(&mut object, "PartitionKey")?;
-        let row_key = take_key(&mut object, "RowKey")?;
-        object.retain(|name, _| !is_read_only_property(name));
-        Ok(Entity {
-            partition_key,
-            row_key,
-            properties: object,
-        })
-    }
-
-    /// The JSON object to send to the service (keys plus typed properties). The keys are the
-    /// entity's own: a property named like a key cannot change where the row is written.
-    pub fn to_wire(&self) -> Map<String, Value> {
-        let mut object = Map::with_capacity(self.properties.len() + 2);
-        for (name, value) in &self.properties {
-            object.insert(name.clone(), value.clone());
-        }
-        object.insert(
-            "PartitionKey".into(),
-            Value::String(self.partition_key.clone()),
-        );
-        object.insert("RowKey".into(), Value::String(self.row_key.clone()));
-        object
-    }
-
-    /// The entity as the service's JSON object (keys first), serialized without copying.
-    pub fn wire(&self) -> WireEntity<'_> {
-        WireEntity(self)
-    }
-
-    /// Exact size of [`Entity::wire`] as JSON, used to keep batches under the 4 MiB limit.
-    pub fn wire_size(&self) -> usize {
-        struct Count(usize);
-        impl std::io::Write for Count {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0 += buf.len();
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut count = Count(0);
-        match serde_json::to_writer(&mut count, &self.wire()) {
-            Ok(()) => count.0,
-            Err(_) => usize::MAX,
-        }
-    }
-}
-
-/// [`Entity::to_wire`] by reference: serializes PartitionKey, RowKey, then the properties.
-pub struct WireEntity<'a>(&'a Entity);
-
-impl Serialize for WireEntity<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let entity = self.0;
-        let mut map = serializer.serialize_map(Some(entity.properties.len() + 2))?;
-        map.serialize_entry("PartitionKey", &entity.partition_key)?;
-        map.serialize_entry("RowKey", &entity.row_key)?;
-        for (name, value) in &entity.properties {
-            if name != "PartitionKey" && name != "RowKey" {
-                map.serialize_entry(name, value)?;
-            }
-        }
-        map.end()
-    }
-}
-
-/// Properties the service maintains itself; they must not be copied into another table.
-pub fn is_read_only_property(name: &str) -> bool {
-    name.starts_with("odata.") || name == "Timestamp" || name == "Timestamp@odata.type"
-}
 
 /// The two key columns a filter can constrain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,6 +187,9 @@ pub struct Query {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Page {
     pub entities: Vec<Entity>,
+    /// Rows of this page whose keys cannot be addressed (see [`UnaddressableRow`]); they are
+    /// not in `entities`, and whoever reads the page must report them.
+    pub unaddressable: Vec<UnaddressableRow>,
     pub continuation: Option<Continuation>,
 }
 
@@ -348,7 +253,9 @@ pub fn validate_batch(
     check_batch_bytes(bytes)
 }
 
-/// The rules of [`validate_batch`] but the size, for adapters that check the exact body size.
+/// The rules of [`validate_batch`] but the body size, for adapters that check the exact body
+/// size. Every entity is also held to the service's per-entity limits
+/// ([`Entity::check_limits`]), so a record that cannot be stored fails here, before it is sent.
 pub fn validate_batch_shape(
     partition_key: &str,
     operations: &[BatchOperation],
@@ -360,8 +267,12 @@ pub fn validate_batch_shape(
         )));
     }
     let mut seen = std::collections::HashSet::with_capacity(operations.len());
-    for op in operations {
+    for (index, op) in operations.iter().enumerate() {
         if let Some(entity) = op.entity() {
+            entity.check_limits().map_err(|mut e| {
+                e.failed_operation = Some(index);
+                e
+            })?;
             if entity.partition_key != partition_key {
                 return Err(StorageError::invalid_input(format!(
                     "entity group transaction mixes partition keys {partition_key:?} and {:?}",
@@ -629,33 +540,3 @@ pub trait QueueStore: Send + Sync + 'static {
 
 /// Maximum queue message text (64 KiB).
 pub const MAX_MESSAGE_TEXT: usize = 64 * 1024;
-
-#[cfg(test)]
-mod wire_size_tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn wire_size_is_the_length_of_the_serialized_wire_object() {
-        let mut odd = Entity::new("p\"\\\u{1}\u{FFFF}", "r\u{1F600}\n");
-        odd.properties.insert("V".into(), json!(12345));
-        odd.properties.insert(
-            "Blob".into(),
-            json!({"a": [1, 2.5, null, "x\ty"], "b": true}),
-        );
-        odd.properties
-            .insert("Created@odata.type".into(), json!("Edm.DateTime"));
-        odd.properties.insert("é\"".into(), json!(-0.001));
-        let mut shadowing = Entity::new("p", "r");
-        shadowing
-            .properties
-            .insert("PartitionKey".into(), json!("other"));
-        shadowing.properties.insert("RowKey".into(), json!(7));
-        for e in [Entity::new("", ""), Entity::new("pk", "rk"), odd, shadowing] {
-            let expected = serde_json::to_vec(&e.to_wire()).unwrap().len();
-            assert_eq!(e.wire_size(), expected, "{e:?}");
-            let written: Value = serde_json::to_value(e.wire()).unwrap();
-            assert_eq!(written, Value::Object(e.to_wire()), "{e:?}");
-        }
-    }
-}

@@ -71,12 +71,7 @@ pub async fn recorded_state(app: &TestApp, id: &str) -> Option<String> {
         .get_entity(&app.names.scans_table, id, "scan")
         .await
         .expect("read scan record")
-        .and_then(|(e, _)| {
-            e.properties
-                .get("State")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
+        .and_then(|(e, _)| e.properties.get_str("State"))
 }
 
 /// Waits (generously) until the workers move the scan out of `running`; returns the state.
@@ -120,7 +115,7 @@ pub async fn unfinished_bookkeeping(app: &TestApp, id: &str) -> (Vec<String>, i6
     let mut unfinished = Vec::new();
     let mut pending = 0i64;
     let int = |e: &Entity, name: &str| -> i64 {
-        match e.properties.get(name) {
+        match e.properties.get_value(name) {
             Some(Value::String(s)) => s.parse().unwrap_or(0),
             Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
             _ => 0,
@@ -130,8 +125,8 @@ pub async fn unfinished_bookkeeping(app: &TestApp, id: &str) -> (Vec<String>, i6
         if e.row_key == "counter" {
             pending += int(e, "Created") - int(e, "Completed");
         } else {
-            let state = e.properties.get("State").and_then(Value::as_str);
-            if state != Some("done") {
+            let state = e.properties.get_str("State");
+            if state.as_deref() != Some("done") {
                 unfinished.push(format!("{} is {state:?}", e.row_key));
             }
         }

@@ -1,0 +1,579 @@
+//! Table entities as the Table service's JSON carries them.
+//!
+//! Invariants this module keeps:
+//! 1. **A property value is never re-encoded.** Every property's JSON text is kept byte for byte
+//!    as the service sent it ([`RawValue`]) and written back unchanged, so a copy cannot alter a
+//!    number's last bit, a date's seventh fractional digit, or a string the service accepted that
+//!    Rust's `String` cannot hold (a lone UTF-16 surrogate, sent as `"\ud800"`). Only the two
+//!    keys are decoded, because they address rows in URLs and filters.
+//! 2. **A property's type survives.** The service's JSON annotates some types
+//!    (`Name@odata.type`); the annotations are properties here like any other and travel with
+//!    their values. The one type the service leaves unannotated in responses although JSON cannot
+//!    tell it from Int32 is a whole Double (`3.0`): [`parse_service_entity`] annotates every
+//!    fractional or exponent number as `Edm.Double`, which is the only type such a token can be.
+//! 3. **A record is sized the way the service counts it** ([`Entity::service_size`]) before it
+//!    is sent: UTF-16 for strings and names, decoded bytes for binaries, fixed sizes for the rest.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::StorageError;
+
+/// Most custom properties an entity may have (255 minus PartitionKey, RowKey and Timestamp).
+pub const MAX_CUSTOM_PROPERTIES: usize = 252;
+/// Largest entity, as the service counts it ([`Entity::service_size`]).
+pub const MAX_ENTITY_BYTES: usize = 1024 * 1024;
+/// Largest String (as UTF-16) or Binary property value.
+pub const MAX_PROPERTY_BYTES: usize = 64 * 1024;
+
+/// One table entity: the two keys plus the other properties exactly as the service's JSON
+/// carries them (see the module's invariants). Read-only metadata (`odata.*`, `Timestamp`) is
+/// never kept here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entity {
+    pub partition_key: String,
+    pub row_key: String,
+    pub properties: Properties,
+}
+
+/// Property name → the value's JSON text, in name order. Annotations (`Name@odata.type`) are
+/// entries like any other.
+#[derive(Clone, Default, Serialize, Deserialize)]
+pub struct Properties(BTreeMap<String, Box<RawValue>>);
+
+impl Properties {
+    /// Sets a property from a JSON value (our own records and test data).
+    pub fn insert(&mut self, name: impl Into<String>, value: Value) {
+        let raw = serde_json::value::to_raw_value(&value).expect("a JSON value serializes");
+        self.0.insert(name.into(), raw);
+    }
+
+    /// Sets a property from JSON text kept as it is.
+    pub fn insert_raw(&mut self, name: impl Into<String>, value: Box<RawValue>) {
+        self.0.insert(name.into(), value);
+    }
+
+    /// The value's JSON text.
+    pub fn get(&self, name: &str) -> Option<&RawValue> {
+        self.0.get(name).map(|raw| &**raw)
+    }
+
+    /// The value parsed as JSON (for our own records; never used on copied data).
+    pub fn get_value(&self, name: &str) -> Option<Value> {
+        self.get(name)
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+    }
+
+    /// The value if it is a JSON string Rust can hold.
+    pub fn get_str(&self, name: &str) -> Option<String> {
+        self.get(name)
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Box<RawValue>> {
+        self.0.remove(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Property names, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &RawValue)> {
+        self.0.iter().map(|(name, raw)| (name.as_str(), &**raw))
+    }
+
+    /// The declared or inferred EDM type of property `name` (see [`EdmType`]).
+    pub fn edm_type(&self, name: &str) -> Option<EdmType> {
+        let raw = self.get(name)?;
+        let annotation = self.get(&format!("{name}@odata.type"));
+        Some(EdmType::of(raw, annotation))
+    }
+}
+
+impl From<serde_json::Map<String, Value>> for Properties {
+    fn from(map: serde_json::Map<String, Value>) -> Self {
+        let mut properties = Properties::default();
+        for (name, value) in map {
+            properties.insert(name, value);
+        }
+        properties
+    }
+}
+
+impl<'a> IntoIterator for &'a Properties {
+    type Item = (&'a str, &'a RawValue);
+    type IntoIter = Box<dyn Iterator<Item = (&'a str, &'a RawValue)> + 'a>;
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+/// Equal when every name and every value's text is equal (text, not value: `1.0` ≠ `1`).
+impl PartialEq for Properties {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .iter()
+                .zip(other.iter())
+                .all(|((a, va), (b, vb))| a == b && va.get() == vb.get())
+    }
+}
+
+impl fmt::Debug for Properties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(name, raw)| (name, raw.get())))
+            .finish()
+    }
+}
+
+/// The Table service's property types, with the size the service counts for each value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdmType {
+    String,
+    Binary,
+    Boolean,
+    DateTime,
+    Double,
+    Guid,
+    Int32,
+    Int64,
+    /// `null`, or an annotation we do not know: sized as nothing, left to the service to judge.
+    Other,
+}
+
+impl EdmType {
+    /// The annotated type, else the type the service infers from the JSON token.
+    fn of(raw: &RawValue, annotation: Option<&RawValue>) -> EdmType {
+        if let Some(annotation) = annotation {
+            return match annotation.get() {
+                "\"Edm.String\"" => EdmType::String,
+                "\"Edm.Binary\"" => EdmType::Binary,
+                "\"Edm.Boolean\"" => EdmType::Boolean,
+                "\"Edm.DateTime\"" => EdmType::DateTime,
+                "\"Edm.Double\"" => EdmType::Double,
+                "\"Edm.Guid\"" => EdmType::Guid,
+                "\"Edm.Int32\"" => EdmType::Int32,
+                "\"Edm.Int64\"" => EdmType::Int64,
+                _ => EdmType::Other,
+            };
+        }
+        match raw.get().as_bytes().first() {
+            Some(b'"') => EdmType::String,
+            Some(b't' | b'f') => EdmType::Boolean,
+            Some(b'-' | b'0'..=b'9') if is_fractional_number(raw.get()) => EdmType::Double,
+            Some(b'-' | b'0'..=b'9') => EdmType::Int32,
+            _ => EdmType::Other,
+        }
+    }
+
+    /// Bytes the service counts for a value of this type (`raw` is its JSON text).
+    fn value_size(self, raw: &str) -> usize {
+        match self {
+            EdmType::String => 4 + 2 * json_string_utf16_len(raw),
+            EdmType::Binary => 4 + base64_decoded_len(raw),
+            EdmType::Boolean => 1,
+            EdmType::Int32 => 4,
+            EdmType::DateTime | EdmType::Double | EdmType::Int64 => 8,
+            EdmType::Guid => 16,
+            EdmType::Other => 0,
+        }
+    }
+}
+
+/// A JSON number token with a fraction or exponent: the Table service reads it as a Double.
+fn is_fractional_number(text: &str) -> bool {
+    text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E'))
+}
+
+/// UTF-16 code units of the string a JSON string literal denotes (escapes counted decoded; a
+/// `\uXXXX` escape is one unit, so lone surrogates count as the service counts them).
+fn json_string_utf16_len(literal: &str) -> usize {
+    let inner = literal
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(literal);
+    let mut units = 0;
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        units += 1;
+        if c == '\\' {
+            if chars.next() == Some('u') {
+                chars.by_ref().take(4).for_each(drop);
+            }
+        } else {
+            units += c.len_utf16() - 1;
+        }
+    }
+    units
+}
+
+/// Bytes a base64 JSON string literal decodes to (padding accounted, whitespace ignored).
+fn base64_decoded_len(literal: &str) -> usize {
+    let symbols = literal
+        .bytes()
+        .filter(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/'))
+        .count();
+    symbols * 3 / 4
+}
+
+/// Properties the service maintains itself; they must not be copied into another table.
+pub fn is_read_only_property(name: &str) -> bool {
+    name.starts_with("odata.") || name == "Timestamp" || name == "Timestamp@odata.type"
+}
+
+fn is_annotation(name: &str) -> bool {
+    name.contains('@')
+}
+
+impl Entity {
+    pub fn new(partition_key: impl Into<String>, row_key: impl Into<String>) -> Self {
+        Entity {
+            partition_key: partition_key.into(),
+            row_key: row_key.into(),
+            properties: Properties::default(),
+        }
+    }
+
+    /// The entity as the service's JSON object (keys first), serialized without copying.
+    /// The keys are the entity's own: a property named like a key cannot change where the row
+    /// is written.
+    pub fn wire(&self) -> WireEntity<'_> {
+        WireEntity(self)
+    }
+
+    /// Exact size of [`Entity::wire`] as JSON, used to keep batches under the 4 MiB limit.
+    pub fn wire_size(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut count = Count(0);
+        match serde_json::to_writer(&mut count, &self.wire()) {
+            Ok(()) => count.0,
+            Err(_) => usize::MAX,
+        }
+    }
+
+    /// The entity's size as the Table service counts it against the 1 MiB limit:
+    /// 4 bytes + 2 × UTF-16 length of both keys + for each property 8 bytes + 2 × its name's
+    /// UTF-16 length + its value's size by type (String 4 + 2 per UTF-16 unit, Binary 4 + bytes,
+    /// Boolean 1, Int32 4, Int64/Double/DateTime 8, Guid 16).
+    pub fn service_size(&self) -> usize {
+        let keys = self.partition_key.encode_utf16().count() + self.row_key.encode_utf16().count();
+        let properties: usize = self
+            .custom_properties()
+            .map(|(name, raw)| {
+                let edm = self.properties.edm_type(name).unwrap_or(EdmType::Other);
+                8 + 2 * name.encode_utf16().count() + edm.value_size(raw.get())
+            })
+            .sum();
+        4 + 2 * keys + properties
+    }
+
+    /// Checks the service's limits on one entity before it is sent: at most 252 custom
+    /// properties, every String and Binary value at most 64 KiB, the whole at most 1 MiB.
+    pub fn check_limits(&self) -> Result<(), StorageError> {
+        let row = || format!("row ({:?}, {:?})", self.partition_key, self.row_key);
+        let count = self.custom_properties().count();
+        if count > MAX_CUSTOM_PROPERTIES {
+            return Err(StorageError::invalid_input(format!(
+                "{} has {count} properties, over the {MAX_CUSTOM_PROPERTIES} the service allows",
+                row()
+            )));
+        }
+        for (name, raw) in self.custom_properties() {
+            let size = match self.properties.edm_type(name) {
+                Some(edm @ (EdmType::String | EdmType::Binary)) => edm.value_size(raw.get()) - 4,
+                _ => continue,
+            };
+            if size > MAX_PROPERTY_BYTES {
+                return Err(StorageError::invalid_input(format!(
+                    "property {name} of {} is {size} bytes, over the 64 KiB the service allows",
+                    row()
+                )));
+            }
+        }
+        let size = self.service_size();
+        if size > MAX_ENTITY_BYTES {
+            return Err(StorageError::invalid_input(format!(
+                "{} is {size} bytes as the service counts it, over the 1 MiB entity limit",
+                row()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Properties other than annotations and the key names.
+    fn custom_properties(&self) -> impl Iterator<Item = (&str, &RawValue)> {
+        self.properties.iter().filter(|(name, _)| {
+            !is_annotation(name) && *name != "PartitionKey" && *name != "RowKey"
+        })
+    }
+}
+
+/// [`Entity::wire`]: serializes PartitionKey, RowKey, then the properties' JSON texts.
+pub struct WireEntity<'a>(&'a Entity);
+
+impl Serialize for WireEntity<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let entity = self.0;
+        let mut map = serializer.serialize_map(Some(entity.properties.len() + 2))?;
+        map.serialize_entry("PartitionKey", &entity.partition_key)?;
+        map.serialize_entry("RowKey", &entity.row_key)?;
+        for (name, value) in entity.properties.iter() {
+            if name != "PartitionKey" && name != "RowKey" {
+                map.serialize_entry(name, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// A row whose key the service stores but Rust cannot hold (a lone UTF-16 surrogate): it
+/// cannot be named in a URL or a filter, so it cannot be read back, written or deleted by key.
+/// Its keys are kept as the service's JSON text, to report exactly which row it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnaddressableRow {
+    pub partition_key_json: String,
+    pub row_key_json: String,
+}
+
+impl fmt::Display for UnaddressableRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "row (PartitionKey {}, RowKey {}) has a key with a lone UTF-16 surrogate, which \
+             cannot be addressed by key",
+            self.partition_key_json, self.row_key_json
+        )
+    }
+}
+
+/// One entity of a service response: usable, or a row whose keys cannot be addressed.
+#[derive(Debug)]
+pub enum ServiceEntity {
+    Entity(Entity),
+    Unaddressable(UnaddressableRow),
+}
+
+/// Parses one entity of the service's JSON (see the module's invariants): keys decoded,
+/// read-only metadata skipped unparsed, every other value kept as its JSON text, fractional
+/// numbers annotated as `Edm.Double`.
+pub fn parse_service_entity<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<ServiceEntity, D::Error> {
+    deserializer.deserialize_map(ServiceEntityVisitor)
+}
+
+impl<'de> Deserialize<'de> for ServiceEntity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        parse_service_entity(deserializer)
+    }
+}
+
+struct ServiceEntityVisitor;
+
+impl<'de> Visitor<'de> for ServiceEntityVisitor {
+    type Value = ServiceEntity;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a table entity object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ServiceEntity, A::Error> {
+        let (mut partition_key, mut row_key): (Option<Box<RawValue>>, Option<Box<RawValue>>) =
+            (None, None);
+        let mut properties = Properties::default();
+        while let Some(name) = map.next_key::<String>()? {
+            match name.as_str() {
+                "PartitionKey" => partition_key = Some(map.next_value()?),
+                "RowKey" => row_key = Some(map.next_value()?),
+                name if is_read_only_property(name) => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                _ => {
+                    let value = map.next_value_seed(RawSeed)?;
+                    properties.insert_raw(name, value);
+                }
+            }
+        }
+        let missing = |name| serde::de::Error::custom(format!("entity without a string {name}"));
+        let partition_key = partition_key.ok_or_else(|| missing("PartitionKey"))?;
+        let row_key = row_key.ok_or_else(|| missing("RowKey"))?;
+        let decode = |raw: &RawValue| serde_json::from_str::<String>(raw.get());
+        let (Ok(pk), Ok(rk)) = (decode(&partition_key), decode(&row_key)) else {
+            if !partition_key.get().starts_with('"') || !row_key.get().starts_with('"') {
+                return Err(missing("PartitionKey and RowKey"));
+            }
+            return Ok(ServiceEntity::Unaddressable(UnaddressableRow {
+                partition_key_json: partition_key.get().to_string(),
+                row_key_json: row_key.get().to_string(),
+            }));
+        };
+        annotate_doubles(&mut properties);
+        Ok(ServiceEntity::Entity(Entity {
+            partition_key: pk,
+            row_key: rk,
+            properties,
+        }))
+    }
+}
+
+/// Reads one value as its raw JSON text.
+struct RawSeed;
+
+impl<'de> DeserializeSeed<'de> for RawSeed {
+    type Value = Box<RawValue>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        Box::<RawValue>::deserialize(deserializer)
+    }
+}
+
+/// Adds `Edm.Double` to every unannotated fractional or exponent number (invariant 2).
+fn annotate_doubles(properties: &mut Properties) {
+    let doubles: Vec<String> = properties
+        .iter()
+        .filter(|(name, raw)| {
+            !is_annotation(name)
+                && matches!(raw.get().as_bytes().first(), Some(b'-' | b'0'..=b'9'))
+                && is_fractional_number(raw.get())
+        })
+        .map(|(name, _)| format!("{name}@odata.type"))
+        .filter(|annotation| !properties.contains_key(annotation))
+        .collect();
+    for annotation in doubles {
+        properties.insert(annotation, Value::String("Edm.Double".into()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(text: &str) -> ServiceEntity {
+        let mut de = serde_json::Deserializer::from_str(text);
+        parse_service_entity(&mut de).unwrap()
+    }
+
+    fn entity(text: &str) -> Entity {
+        match parse(text) {
+            ServiceEntity::Entity(e) => e,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn values_pass_through_as_text_and_whole_doubles_keep_their_type() {
+        let text = r#"{"odata.etag":"W/\"x\"","PartitionKey":"p","RowKey":"r","Timestamp":"2020-01-01T00:00:00Z",
+            "Score":0.46464804158416084,"Whole":3.0,"Tiny":5e-324,"Int":3,
+            "Big@odata.type":"Edm.Int64","Big":"9223372036854775807",
+            "Nan@odata.type":"Edm.Double","Nan":"NaN","Lone":"x\ud800y","Date@odata.type":"Edm.DateTime",
+            "Date":"2020-01-01T00:00:00.1234567Z"}"#;
+        let e = entity(text);
+        let p = &e.properties;
+        assert_eq!(p.get("Score").unwrap().get(), "0.46464804158416084");
+        assert_eq!(p.get("Whole").unwrap().get(), "3.0");
+        assert_eq!(p.get_str("Whole@odata.type").as_deref(), Some("Edm.Double"));
+        assert_eq!(p.get_str("Tiny@odata.type").as_deref(), Some("Edm.Double"));
+        assert!(!p.contains_key("Int@odata.type"));
+        assert!(!p.contains_key("Timestamp") && !p.contains_key("odata.etag"));
+        assert_eq!(p.get("Lone").unwrap().get(), r#""x\ud800y""#);
+        assert_eq!(
+            p.get("Date").unwrap().get(),
+            r#""2020-01-01T00:00:00.1234567Z""#
+        );
+        let written = serde_json::to_string(&e.wire()).unwrap();
+        assert!(written.starts_with(r#"{"PartitionKey":"p","RowKey":"r","#));
+        for fragment in [
+            r#""Score":0.46464804158416084"#,
+            r#""Lone":"x\ud800y""#,
+            r#""Big":"9223372036854775807""#,
+            r#""Whole":3.0"#,
+            r#""Whole@odata.type":"Edm.Double""#,
+        ] {
+            assert!(written.contains(fragment), "{fragment} in {written}");
+        }
+        assert_eq!(e.wire_size(), written.len());
+    }
+
+    #[test]
+    fn keys_with_lone_surrogates_are_reported_not_parsed() {
+        match parse(r#"{"PartitionKey":"b\ud800","RowKey":"r","V":1}"#) {
+            ServiceEntity::Unaddressable(row) => {
+                assert_eq!(row.partition_key_json, r#""b\ud800""#);
+                assert!(row.to_string().contains(r#"PartitionKey "b\ud800""#));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn service_size_counts_utf16_and_types() {
+        let mut e = Entity::new("pk", "r\u{1F600}"); // 2 + 3 UTF-16 units
+        e.properties.insert("S", json!("a\u{1F600}")); // 3 units
+        e.properties.insert("I", json!(7));
+        e.properties.insert("D", json!(1.5));
+        e.properties.insert("D@odata.type", json!("Edm.Double"));
+        e.properties.insert("B", json!("AAAA")); // String unless annotated
+        e.properties.insert("L", json!(true));
+        let expected =
+            4 + 2 * 5 + (8 + 2 + 4 + 6) + (8 + 2 + 4) + (8 + 2 + 8) + (8 + 2 + 4 + 8) + (8 + 2 + 1);
+        assert_eq!(e.service_size(), expected);
+        e.properties.insert("B@odata.type", json!("Edm.Binary"));
+        assert_eq!(e.service_size(), expected - 8 + 3);
+        assert_eq!(json_string_utf16_len(r#""x\ud800y\n\"""#), 5);
+    }
+
+    #[test]
+    fn limits_are_checked_as_the_service_counts() {
+        let mut e = Entity::new("p", "r");
+        e.properties.insert("S", json!("x".repeat(32 * 1024)));
+        e.check_limits().unwrap();
+        e.properties
+            .insert("S", json!("\u{1F600}".repeat(16 * 1024 + 1)));
+        let err = e.check_limits().unwrap_err().to_string();
+        assert!(
+            err.contains("property S") && err.contains("64 KiB"),
+            "{err}"
+        );
+        let mut wide = Entity::new("p", "r");
+        for i in 0..=MAX_CUSTOM_PROPERTIES {
+            wide.properties.insert(format!("P{i}"), json!(i));
+        }
+        assert!(wide.check_limits().unwrap_err().to_string().contains("253"));
+        let mut big = Entity::new("p", "r");
+        for i in 0..17 {
+            big.properties
+                .insert(format!("S{i}"), json!("x".repeat(32_000)));
+        }
+        let err = big.check_limits().unwrap_err().to_string();
+        assert!(err.contains("1 MiB"), "{err}");
+    }
+}
