@@ -39,45 +39,35 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
 
 /// The exact filter for rows from `from` to `to` inclusive in (PK, RK) order.
 pub fn range_filter(from: &(String, String), to: &(String, String)) -> Filter {
-    if from.0 == to.0 {
-        return Filter::and(vec![
-            Filter::pk(CompareOp::Eq, from.0.clone()),
-            Filter::rk(CompareOp::Ge, from.1.clone()),
-            Filter::rk(CompareOp::Le, to.1.clone()),
-        ]);
-    }
-    Filter::or(vec![
-        Filter::and(vec![
-            Filter::pk(CompareOp::Eq, from.0.clone()),
-            Filter::rk(CompareOp::Ge, from.1.clone()),
-        ]),
-        Filter::and(vec![
-            Filter::pk(CompareOp::Gt, from.0.clone()),
-            Filter::pk(CompareOp::Lt, to.0.clone()),
-        ]),
-        Filter::and(vec![
-            Filter::pk(CompareOp::Eq, to.0.clone()),
-            Filter::rk(CompareOp::Le, to.1.clone()),
-        ]),
-    ])
+    key_range_filter(from, CompareOp::Ge, to)
 }
 
 /// The exact filter for rows after `after` (exclusive) up to `to` inclusive in (PK, RK) order.
 pub fn range_filter_after(after: &(String, String), to: &(String, String)) -> Filter {
-    if after.0 == to.0 {
+    key_range_filter(after, CompareOp::Gt, to)
+}
+
+/// Rows whose RowKey compares with `start_op` to the start row's within its partition, the
+/// partitions in between, and the end partition's rows up to `to` inclusive.
+fn key_range_filter(
+    start: &(String, String),
+    start_op: CompareOp,
+    to: &(String, String),
+) -> Filter {
+    if start.0 == to.0 {
         return Filter::and(vec![
-            Filter::pk(CompareOp::Eq, after.0.clone()),
-            Filter::rk(CompareOp::Gt, after.1.clone()),
+            Filter::pk(CompareOp::Eq, start.0.clone()),
+            Filter::rk(start_op, start.1.clone()),
             Filter::rk(CompareOp::Le, to.1.clone()),
         ]);
     }
     Filter::or(vec![
         Filter::and(vec![
-            Filter::pk(CompareOp::Eq, after.0.clone()),
-            Filter::rk(CompareOp::Gt, after.1.clone()),
+            Filter::pk(CompareOp::Eq, start.0.clone()),
+            Filter::rk(start_op, start.1.clone()),
         ]),
         Filter::and(vec![
-            Filter::pk(CompareOp::Gt, after.0.clone()),
+            Filter::pk(CompareOp::Gt, start.0.clone()),
             Filter::pk(CompareOp::Lt, to.0.clone()),
         ]),
         Filter::and(vec![
