@@ -148,8 +148,20 @@ impl Counters {
         self.created - self.completed
     }
 
-    fn from_entity(entity: &Entity) -> Counters {
-        Counters::from_values(COUNTER_FIELDS.map(|f| int64(&entity.properties, f)))
+    /// Reads a counter row; a field that is there but unreadable is an error, never a zero
+    /// (a zero `Created` would end a scan early). A missing field is 0 (rows written before
+    /// the field existed).
+    fn from_entity(entity: &Entity) -> Result<Counters, StorageError> {
+        let mut values = [0i64; 7];
+        for (value, field) in values.iter_mut().zip(COUNTER_FIELDS) {
+            *value = int64(&entity.properties, field).ok_or_else(|| {
+                StorageError::invalid_response(format!(
+                    "counter row {} has an unreadable {field}",
+                    entity.partition_key
+                ))
+            })?;
+        }
+        Ok(Counters::from_values(values))
     }
 
     fn to_entity(self, partition_key: &str) -> Entity {
@@ -161,11 +173,13 @@ impl Counters {
     }
 }
 
-fn int64(props: &Properties, name: &str) -> i64 {
+/// An Int64 property (sent as a string, as the service's JSON does); `None` if unreadable.
+fn int64(props: &Properties, name: &str) -> Option<i64> {
     match props.get_value(name) {
-        Some(Value::String(s)) => s.parse().unwrap_or(0),
-        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
-        _ => 0,
+        None => Some(0),
+        Some(Value::String(s)) => s.parse().ok(),
+        Some(Value::Number(n)) => n.as_i64(),
+        Some(_) => None,
     }
 }
 
@@ -479,7 +493,7 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             .get_entity(self.work_table, &pk, COUNTER_ROW)
             .await?
         {
-            Some((entity, etag)) => Ok((Counters::from_entity(&entity), etag)),
+            Some((entity, etag)) => Ok((Counters::from_entity(&entity)?, etag)),
             None => Err(StorageError::new(
                 StorageErrorKind::NotFound,
                 format!("counter row of {pk} is missing"),
