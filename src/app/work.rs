@@ -37,12 +37,28 @@ pub enum WorkError {
     Storage(#[from] StorageError),
     #[error("{0}")]
     Failed(String),
+    /// Fails the same way on every attempt (a row that cannot be addressed, a record over the
+    /// service's limits): recorded as failed at once instead of after every retry.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl WorkError {
+    /// Whether retrying cannot help: recorded as failed on the first attempt.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            WorkError::Permanent(_) => true,
+            WorkError::Storage(s) => s.kind == crate::storage::StorageErrorKind::InvalidInput,
+            WorkError::Failed(_) => false,
+        }
+    }
 }
 
 impl From<crate::scan::ScanError> for WorkError {
     fn from(e: crate::scan::ScanError) -> Self {
         match e {
             crate::scan::ScanError::Storage(s) => WorkError::Storage(s),
+            e @ crate::scan::ScanError::Unaddressable(_) => WorkError::Permanent(e.to_string()),
             other => WorkError::Failed(other.to_string()),
         }
     }
@@ -332,7 +348,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         match self.commit(&begun, result).await {
             Ok(line) => reply(StatusCode::OK, line),
             Err(e) => {
-                if begun.invocation.dequeue_count >= self.config.max_dequeue_count {
+                if begun.invocation.dequeue_count >= self.config.max_dequeue_count
+                    || e.is_permanent()
+                {
                     if let Err(record) = self.record_failure(&begun, &e).await {
                         tracing::error!(work = %begun.work_id, scan = %scan_id, error = %record, "could not record the failure of a poisoned work item; the scan will not end by itself");
                     }

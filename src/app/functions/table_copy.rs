@@ -250,7 +250,7 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
         .await?;
     // Every other row is written; a row that cannot be addressed fails the item, named exactly.
     if let Some(first) = unaddressable.first() {
-        return Err(WorkError::Failed(format!(
+        return Err(WorkError::Permanent(format!(
             "copied every other row, but {first}{}",
             match unaddressable.len() {
                 1 => String::new(),
