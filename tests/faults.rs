@@ -420,7 +420,7 @@ async fn work_poisoned_without_a_record_still_fails_the_scan() {
 async fn verify_copy_keep_poison(
     app: &TestApp,
     id: &str,
-    source_rows: &[tablescan::storage::Entity],
+    source_rows: &[support::raw::RawEntity],
     destination: &str,
 ) -> support::faults::Verdict {
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -441,7 +441,7 @@ async fn verify_copy_keep_poison(
 async fn verify_copy_inner(
     app: &TestApp,
     id: &str,
-    source_rows: &[tablescan::storage::Entity],
+    source_rows: &[support::raw::RawEntity],
     destination: &str,
     expected_left: u64,
 ) -> support::faults::Verdict {

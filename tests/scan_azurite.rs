@@ -98,15 +98,15 @@ async fn list_command_prints_rows_in_key_order_and_fails_clearly() {
         ("a\u{1F600}", "s"),
         ("a\u{FFFF}", "m"),
     ];
+    // Written as JSON text by the test's own client, not through tablescan's entity type.
+    let client = support::raw::RawClient::azurite();
     for (pk, rk) in rows {
-        let mut e = Entity::new(pk, rk);
-        e.properties.insert("Big", serde_json::json!("12345678901"));
-        e.properties
-            .insert("Big@odata.type", serde_json::json!("Edm.Int64"));
-        store
-            .submit_batch(&table, pk, &[BatchOperation::Insert(e)])
-            .await
-            .unwrap();
+        let body = format!(
+            "{{\"PartitionKey\":{},\"RowKey\":{},\"Big\":\"12345678901\",\"Big@odata.type\":\"Edm.Int64\"}}",
+            support::raw::json_string(pk),
+            support::raw::json_string(rk)
+        );
+        client.insert(&table, &body).await.unwrap();
     }
     let cs = support::azurite().connection_string();
     let out = tablescan()

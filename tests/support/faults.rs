@@ -1,16 +1,20 @@
 //! Fault-suite helpers: datasets, the checks every faulted copy scan must pass (completed by the
 //! workers themselves, destination = source, exact counters, empty queues and bookkeeping), and
 //! the one-line summary per fault kind.
+//!
+//! Tables are read back with the test's own REST client ([`super::raw`]), never through
+//! tablescan's entity parser: destination = source means the same property texts, byte for byte.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tablescan::dataset;
 use tablescan::proxy::{FaultPolicy, StorageProxy};
-use tablescan::storage::{Entity, TableStore};
+use tablescan::storage::Entity;
 
-use super::e2e::{rows, seed, TestApp};
+use super::e2e::{seed, TestApp};
+use super::raw::{self, RawClient, RawEntity};
 use super::unique_name;
 
 /// `rows` dataset rows (many small partitions, typed properties) plus keys that need escaping.
@@ -31,12 +35,13 @@ pub fn source_entities(rows: u64, seed: u64) -> Vec<Entity> {
     all
 }
 
-/// Seeds a new uniquely named source table; returns its name and its rows in key order.
-pub async fn seeded_source(app: &TestApp, entities: Vec<Entity>) -> (String, Vec<Entity>) {
+/// Seeds a new uniquely named source table; returns its name and its rows in key order, as
+/// read back raw (the texts a copy must reproduce).
+pub async fn seeded_source(app: &TestApp, entities: Vec<Entity>) -> (String, Vec<RawEntity>) {
     let source = unique_name("Source");
     let expected = entities.len();
     seed(&app.store, &source, entities).await;
-    let source_rows = rows(&app.store, &source).await;
+    let source_rows = RawClient::azurite().rows(&source).await;
     assert_eq!(source_rows.len(), expected, "seeded source");
     (source, source_rows)
 }
@@ -67,11 +72,11 @@ pub async fn start_copy(app: &TestApp, source: &str, destination: &str, take: u3
 /// The scan's recorded state, read from the scans table (not through the API, whose GET would
 /// itself finish a drained scan and so hide a scan the workers left running).
 pub async fn recorded_state(app: &TestApp, id: &str) -> Option<String> {
-    app.store
+    RawClient::azurite()
         .get_entity(&app.names.scans_table, id, "scan")
         .await
-        .expect("read scan record")
-        .and_then(|(e, _)| e.properties.get_str("State"))
+        .unwrap_or_else(|e| panic!("read scan record: {e}"))
+        .and_then(|e| e.text("State").map(raw::decode_string_lossy))
 }
 
 /// Waits (generously) until the workers move the scan out of `running`; returns the state.
@@ -110,24 +115,21 @@ impl Verdict {
 
 /// Work rows of a scan that are not `done`, and Σ created − Σ completed over its counter rows.
 pub async fn unfinished_bookkeeping(app: &TestApp, id: &str) -> (Vec<String>, i64) {
-    let all = rows(&app.store, &app.names.work_table).await;
+    let all = RawClient::azurite().rows(&app.names.work_table).await;
     let prefix = format!("{id}-");
     let mut unfinished = Vec::new();
     let mut pending = 0i64;
-    let int = |e: &Entity, name: &str| -> i64 {
-        match e.properties.get_value(name) {
-            Some(Value::String(s)) => s.parse().unwrap_or(0),
-            Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
-            _ => 0,
-        }
-    };
-    for e in all.iter().filter(|e| e.partition_key.starts_with(&prefix)) {
-        if e.row_key == "counter" {
+    let int = |e: &RawEntity, name: &str| -> i64 { raw::integer(e.text(name)).unwrap_or(0) };
+    for e in all
+        .iter()
+        .filter(|e| e.partition_key().starts_with(&prefix))
+    {
+        if e.row_key() == "counter" {
             pending += int(e, "Created") - int(e, "Completed");
         } else {
-            let state = e.properties.get_str("State");
+            let state = e.text("State").map(raw::decode_string_lossy);
             if state.as_deref() != Some("done") {
-                unfinished.push(format!("{} is {state:?}", e.row_key));
+                unfinished.push(format!("{} is {state:?}", e.row_key()));
             }
         }
     }
@@ -148,11 +150,12 @@ pub async fn wait_queues_settle(app: &TestApp, expected: u64, timeout: Duration)
 }
 
 /// Every check of a faulted copy scan: completed by the workers; destination equals source row
-/// for row and property for property; exact counters; no work left in bookkeeping or queues.
+/// for row and property for property (the raw texts, byte for byte); exact counters; no work
+/// left in bookkeeping or queues.
 pub async fn verify_copy(
     app: &TestApp,
     id: &str,
-    source_rows: &[Entity],
+    source_rows: &[RawEntity],
     destination: &str,
     timeout: Duration,
 ) -> Verdict {
@@ -163,7 +166,7 @@ pub async fn verify_copy(
 pub async fn verify_copy_with(
     app: &TestApp,
     id: &str,
-    source_rows: &[Entity],
+    source_rows: &[RawEntity],
     destination: &str,
     timeout: Duration,
     expected_left: u64,
@@ -191,23 +194,22 @@ pub async fn verify_copy_with(
         v.problem(format!("status says {}", status["state"]));
     }
 
-    let copied = rows(&app.store, destination).await;
+    let copied = RawClient::azurite().rows(destination).await;
     v.rows_copied = copied.len();
-    let by_key: BTreeMap<(&str, &str), &Entity> = copied
-        .iter()
-        .map(|e| ((e.partition_key.as_str(), e.row_key.as_str()), e))
-        .collect();
+    let by_key: BTreeMap<(&str, &str), &RawEntity> = copied.iter().map(|e| (e.key(), e)).collect();
     for row in source_rows {
-        match by_key.get(&(row.partition_key.as_str(), row.row_key.as_str())) {
+        match by_key.get(&row.key()) {
             None => v.lost += 1,
-            Some(got) if *got != row => {
-                v.mismatches += 1;
-                v.problem(format!(
-                    "row ({:?}, {:?}) differs: {:?} vs {:?}",
-                    row.partition_key, row.row_key, got.properties, row.properties
-                ));
+            Some(got) => {
+                let differences = raw::diff_entity(row, got);
+                if !differences.is_empty() {
+                    v.mismatches += 1;
+                    v.problem(format!(
+                        "row ({}, {}) differs: {differences:?}",
+                        row.partition_key_text, row.row_key_text
+                    ));
+                }
             }
-            Some(_) => {}
         }
     }
     if v.lost > 0 {
