@@ -303,6 +303,115 @@ async fn cancel_drops_pending_work() {
     assert_eq!(body["scans"][0]["id"], id.as_str());
 }
 
+/// Bookkeeping tables are never a scan's source or destination, on any connection that reaches
+/// the app's own account; source and destination are compared by the account the connections
+/// resolve to and by table name up to case.
+#[tokio::test]
+async fn scans_never_touch_bookkeeping_tables_or_rewrite_their_source() {
+    let own_by_endpoint = format!(
+        "AccountName=devstoreaccount1;AccountKey={};TableEndpoint=http://127.0.0.1:10002/DEVSTOREACCOUNT1/;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1",
+        tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY
+    );
+    let other_account = format!(
+        "DefaultEndpointsProtocol=https;AccountName=other;AccountKey={}",
+        tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY
+    );
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let other = MemoryTableStore::default();
+    other.load("Source", source_rows());
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in [
+        (
+            "AzureWebJobsStorage",
+            "UseDevelopmentStorage=true".to_string(),
+        ),
+        ("TABLESCAN_CONNECTIONS", "Alias,Other".to_string()),
+        ("Alias", own_by_endpoint),
+        ("Other", other_account),
+    ] {
+        settings.insert(k.into(), v);
+    }
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    let map: BTreeMap<String, MemoryTableStore> = [
+        ("AzureWebJobsStorage".to_string(), tables.clone()),
+        ("Alias".to_string(), tables.clone()),
+        ("Other".to_string(), other.clone()),
+    ]
+    .into_iter()
+    .collect();
+    let state = AppState::new(config, map, queues.clone());
+    let copy = |extra: Value| {
+        let mut body =
+            json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            copy(json!({"destinationTable": "TablescanScans"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"destinationTable": "tablescanwork"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"destinationTable": "TABLESCANSCANS", "destinationConnection": "Alias"})),
+            "destinationTable",
+        ),
+        (
+            json!({"driver": "count", "sourceTable": "TablescanWork"}),
+            "sourceTable",
+        ),
+        (
+            json!({"driver": "count", "sourceTable": "tablescanscans", "sourceConnection": "Alias"}),
+            "sourceTable",
+        ),
+        (
+            copy(
+                json!({"sourceTable": "TablescanWork", "sourceConnection": "Alias", "destinationConnection": "Other"}),
+            ),
+            "sourceTable",
+        ),
+        (
+            copy(json!({"destinationTable": "SOURCE"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"destinationTable": "source", "destinationConnection": "Alias"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"sourceConnection": "Alias", "destinationTable": "Source"})),
+            "destinationTable",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+        assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
+    }
+    assert!(tables.rows("TablescanScans").is_empty());
+    assert!(tables.rows("TablescanWork").is_empty());
+    assert!(queues.is_empty());
+    // Another account's tables of the same names are ordinary tables.
+    for body in [
+        copy(json!({"destinationConnection": "Other", "destinationTable": "Source"})),
+        copy(json!({"destinationConnection": "Other", "destinationTable": "TablescanScans"})),
+        json!({"driver": "count", "sourceConnection": "Other", "sourceTable": "Source"}),
+    ] {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body} → {reply}");
+    }
+    pump(&state, &queues, false, 5).await;
+    assert_eq!(other.rows("TablescanScans"), tables.rows("Source"));
+    assert_eq!(tables.rows("TablescanScans").len(), 3, "three scan records");
+}
+
 #[tokio::test]
 async fn bad_requests_get_4xx_naming_the_field_and_write_nothing() {
     let tables = MemoryTableStore::default();

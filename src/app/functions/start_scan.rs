@@ -119,14 +119,6 @@ impl ScanRequest {
             }
             (Driver::Copy, Some(dst)) => {
                 validate::table_name(dst).map_err(|m| ApiError::field("destinationTable", m))?;
-                if dst.eq_ignore_ascii_case(&self.source_table)
-                    && self.destination_connection == self.source_connection
-                {
-                    return Err(ApiError::field(
-                        "destinationTable",
-                        "must differ from the source table",
-                    ));
-                }
             }
             (Driver::Count, None) => {
                 if self.work_split != WorkSplit::Page {
@@ -145,6 +137,41 @@ impl ScanRequest {
                 return Err(ApiError::field(
                     field,
                     format!("{name:?} is not an allowed connection; name an app setting listed in TABLESCAN_CONNECTIONS"),
+                ));
+            }
+        }
+        // Compared by the table service the connections resolve to, not by setting name, and
+        // by table name up to case (Azure table names are case-insensitive).
+        let config = &state.config;
+        for (field, connection, table) in [
+            (
+                "sourceTable",
+                &self.source_connection,
+                Some(&self.source_table),
+            ),
+            (
+                "destinationTable",
+                &self.destination_connection,
+                self.destination_table.as_ref(),
+            ),
+        ] {
+            if let Some(table) = table {
+                if config.is_bookkeeping_table(connection, table) {
+                    return Err(ApiError::field(
+                        field,
+                        format!("{table} is one of tablescan's bookkeeping tables on the app's own storage account"),
+                    ));
+                }
+            }
+        }
+        if let Some(dst) = &self.destination_table {
+            if config.same_table(
+                (&self.source_connection, &self.source_table),
+                (&self.destination_connection, dst),
+            ) {
+                return Err(ApiError::field(
+                    "destinationTable",
+                    "must differ from the source table (the two connections reach the same storage account, and table names are case-insensitive)",
                 ));
             }
         }
