@@ -33,7 +33,7 @@ use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
 };
 
-use super::messages::shard_of;
+use super::messages::{shard_of, ScanContext};
 
 const SCAN_ROW: &str = "scan";
 const COUNTER_ROW: &str = "counter";
@@ -78,6 +78,9 @@ pub struct ScanRecord {
     pub state: ScanState,
     /// The validated request, as JSON (no secrets: connections are app-setting names).
     pub request: Value,
+    /// What the scan's work items read and write, recorded at start (`None` on records written
+    /// before contexts were recorded, or unreadable: derive it from `request`).
+    pub context: Option<ScanContext>,
     pub shards: u32,
     pub started_at: OffsetDateTime,
     pub completed_at: Option<OffsetDateTime>,
@@ -173,6 +176,10 @@ fn put_int64(props: &mut Map<String, Value>, name: &str, value: i64) {
         format!("{name}@odata.type"),
         Value::String("Edm.Int64".into()),
     );
+}
+
+fn put_str(props: &mut Map<String, Value>, name: &str, value: &str) {
+    props.insert(name.to_string(), Value::String(value.to_string()));
 }
 
 fn put_time(props: &mut Map<String, Value>, name: &str, value: OffsetDateTime) {
@@ -337,6 +344,10 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         p.insert("Request".into(), json!(record.request.to_string()));
         p.insert("Shards".into(), json!(record.shards));
         put_time(p, "StartedAt", record.started_at);
+        if let Some(context) = &record.context {
+            let context = serde_json::to_string(context).expect("contexts serialize");
+            put_str(p, "Context", &context);
+        }
         match self
             .store
             .submit_batch(
@@ -369,6 +380,7 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         Some(ScanRecord {
             state: ScanState::parse(&get_str(p, "State")?)?,
             request: serde_json::from_str(&get_str(p, "Request")?).ok()?,
+            context: get_str(p, "Context").and_then(|c| serde_json::from_str(&c).ok()),
             shards: p.get("Shards").and_then(Value::as_u64)? as u32,
             started_at: get_time(p, "StartedAt")?,
             completed_at: get_time(p, "CompletedAt"),
