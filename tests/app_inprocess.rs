@@ -219,6 +219,21 @@ async fn deliver(
     .await
 }
 
+/// Work rows of a scan that are not finished (`pending` or `expanded`).
+fn unfinished_work_rows(tables: &MemoryTableStore, scan_id: &str) -> Vec<Entity> {
+    tables
+        .rows("TablescanWork")
+        .into_iter()
+        .filter(|e| e.partition_key.starts_with(scan_id) && e.row_key != "counter")
+        .filter(|e| {
+            matches!(
+                e.properties.get("State").and_then(Value::as_str),
+                Some("pending" | "expanded")
+            )
+        })
+        .collect()
+}
+
 fn source_rows() -> Vec<Entity> {
     let mut rows = Vec::new();
     for (i, pk) in [
@@ -342,22 +357,99 @@ async fn cancel_drops_pending_work() {
     let (_, body) = post_json(
         &state,
         "/api/scans",
-        json!({"driver": "count", "sourceTable": "Source", "takeCount": 1}),
+        json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "takeCount": 2}),
     )
     .await;
     let id = body["id"].as_str().unwrap().to_string();
+    // Run part of the scan, so steps and copy items are queued on both queues.
+    pump_some(&state, &queues, &WORK_QUEUES, false, 5, 6).await;
+    let (_, before) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    let queued = before["pendingWorkItems"].as_i64().unwrap();
+    assert!(queued >= 2, "{before}");
+    assert!(!peek_all(&queues, "tablescan-tablecopy").await.is_empty());
+    let leftovers = [
+        (
+            "PrefixScan",
+            peek_all(&queues, "tablescan-prefixscan").await,
+        ),
+        ("TableCopy", peek_all(&queues, "tablescan-tablecopy").await),
+    ];
+
     let (status, body) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["state"], "cancelled");
-    pump(&state, &queues, false, 5).await;
-    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
-    assert_eq!(body["state"], "cancelled");
-    assert_eq!(body["rowsScanned"], 0);
+    // An ended scan has nothing pending: what was queued will never run.
+    assert_eq!(body["pendingWorkItems"], 0, "{body}");
+    assert_eq!(body["droppedWorkItems"], queued, "{body}");
+    assert_eq!(unfinished_work_rows(&tables, &id).len() as i64, queued);
+
+    // The queued messages clean up as they are delivered (twice each, concurrently).
+    pump(&state, &queues, true, 5).await;
+    assert!(queues.is_empty());
+    assert!(
+        unfinished_work_rows(&tables, &id).is_empty(),
+        "no pending work rows remain"
+    );
+    let (_, after) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(after["state"], "cancelled");
+    assert_eq!(after["pendingWorkItems"], 0, "{after}");
+    assert_eq!(after["droppedWorkItems"], queued, "{after}");
+    assert_eq!(after["failedWorkItems"], 0, "{after}");
+    for field in ["rowsScanned", "rowsWritten", "messagesProcessed"] {
+        assert_eq!(after[field], before[field], "{field}: {after}");
+    }
+    let tracker = state.tracker_on(state.bookkeeping());
+    let totals = tracker.totals(&id, 4).await.unwrap();
+    assert_eq!((totals.pending(), totals.dropped), (0, queued));
+
+    // Redeliveries, and the poison functions meeting the same messages, change nothing.
+    for (function, texts) in &leftovers {
+        for text in texts {
+            let (status, reply) = deliver(&state, function, text, 2).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let (status, reply) = deliver(&state, &format!("{function}Poison"), text, 1).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+        }
+    }
+    assert!(queues.is_empty());
+    assert_eq!(tracker.totals(&id, 4).await.unwrap(), totals);
+    let (_, again) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(again, after);
+
     let (status, body) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, body) = call(&state, "GET", "/api/scans", None, vec![]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["scans"][0]["id"], id.as_str());
+    assert_eq!(body["scans"][0]["droppedWorkItems"], queued);
+}
+
+/// A poisoned message of a scan that has ended is dropped, not failed: the ended scan keeps its
+/// state and its figures stay meaningful.
+#[tokio::test]
+async fn poisoned_work_of_a_cancelled_scan_is_dropped() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (_, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "count", "sourceTable": "Source", "takeCount": 2}),
+    )
+    .await;
+    let id = body["id"].as_str().unwrap().to_string();
+    let root = peek_all(&queues, "tablescan-prefixscan").await;
+    let (status, _) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    for _ in 0..2 {
+        let (status, reply) = deliver(&state, "PrefixScanPoison", &root[0], 1).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+    }
+    let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(scan["state"], "cancelled", "{scan}");
+    assert_eq!(scan["failedWorkItems"], 0, "{scan}");
+    assert_eq!(scan["droppedWorkItems"], 1, "{scan}");
+    assert!(unfinished_work_rows(&tables, &id).is_empty());
 }
 
 /// A re-sent real work item whose message names another destination, other parameters or

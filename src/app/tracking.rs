@@ -9,8 +9,8 @@
 //! Invariants that make completion exact:
 //! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
 //!    adds 1 to `Created` on its shard's counter, so each work item is counted once however many
-//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`, so a late
-//!    duplicate parent cannot resurrect a finished child.
+//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`/`dropped`, so a
+//!    late duplicate parent cannot resurrect a finished child.
 //! 2. Executing a step is not deterministic (Azure may cut pages anywhere, so two executions of
 //!    the same step can split its range differently). So the first execution to finish records
 //!    its outcome (children + counters) on the item's row, guarded by the row's ETag
@@ -21,6 +21,9 @@
 //! 4. Hence Σ Created − Σ Completed is the number of unfinished items, never 0 early. It is
 //!    read with a double collect (two passes over the monotonic counters that agree), which is a
 //!    consistent snapshot.
+//! 5. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
+//!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
+//!    the queued messages clean up an ended scan's work rows as they are delivered.
 
 use std::time::Duration;
 
@@ -93,7 +96,7 @@ pub struct ScanRecord {
 pub struct Counters {
     /// Work items registered.
     pub created: i64,
-    /// Work items finished (done or failed).
+    /// Work items finished (done, failed or dropped).
     pub completed: i64,
     /// Work items that failed for good (poisoned).
     pub failed: i64,
@@ -102,9 +105,13 @@ pub struct Counters {
     pub storage_requests: i64,
     /// Queue messages whose work was committed.
     pub messages: i64,
+    /// Work items finished without running because their scan had ended (cancelled or failed).
+    /// Absent from counters and outcomes recorded by earlier versions: 0.
+    #[serde(default)]
+    pub dropped: i64,
 }
 
-const COUNTER_FIELDS: [&str; 7] = [
+const COUNTER_FIELDS: [&str; 8] = [
     "Created",
     "Completed",
     "Failed",
@@ -112,10 +119,11 @@ const COUNTER_FIELDS: [&str; 7] = [
     "RowsWritten",
     "StorageRequests",
     "Messages",
+    "Dropped",
 ];
 
 impl Counters {
-    fn values(&self) -> [i64; 7] {
+    fn values(&self) -> [i64; 8] {
         [
             self.created,
             self.completed,
@@ -124,10 +132,11 @@ impl Counters {
             self.rows_written,
             self.storage_requests,
             self.messages,
+            self.dropped,
         ]
     }
 
-    fn from_values(v: [i64; 7]) -> Counters {
+    fn from_values(v: [i64; 8]) -> Counters {
         Counters {
             created: v[0],
             completed: v[1],
@@ -136,6 +145,7 @@ impl Counters {
             rows_written: v[4],
             storage_requests: v[5],
             messages: v[6],
+            dropped: v[7],
         }
     }
 
@@ -763,23 +773,56 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         mut delta: Counters,
         failure: Option<&str>,
     ) -> Result<Completion, StorageError> {
+        delta.failed = i64::from(failure.is_some());
+        delta.messages = 1;
+        let state = if failure.is_some() { "failed" } else { "done" };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, state, failure)
+            .await
+    }
+
+    /// Finishes a work item of an ended scan without running it: its row is marked `dropped`
+    /// and `Completed` and `Dropped` grow by one, atomically with its shard's counter row and
+    /// guarded by the row's ETag, so a redelivery or a concurrent completion cannot count it
+    /// twice.
+    pub async fn drop_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+    ) -> Result<Completion, StorageError> {
+        let delta = Counters {
+            dropped: 1,
+            ..Counters::default()
+        };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, "dropped", None)
+            .await
+    }
+
+    /// Replaces an unfinished row (at `work_etag`) with a finished one in `state` and adds
+    /// `delta` plus one completion to the shard's counter, in one transaction.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        state: &str,
+        error: Option<&str>,
+    ) -> Result<Completion, StorageError> {
         let shard = shard_of(work_id, shards);
         let pk = shard_partition(scan_id, shard);
         delta.completed = 1;
-        delta.failed = i64::from(failure.is_some());
-        delta.messages = 1;
         for attempt in 0..MAX_COUNTER_ATTEMPTS {
             let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
-            row.properties.insert(
-                "State".into(),
-                json!(if failure.is_some() { "failed" } else { "done" }),
-            );
+            put_str(&mut row.properties, "State", state);
             put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
-            if let Some(f) = failure {
-                row.properties
-                    .insert("Error".into(), json!(truncate(f, 8000)));
+            if let Some(e) = error {
+                put_str(&mut row.properties, "Error", &truncate(e, 8000));
             }
             let ops = [
                 // Replace, not merge: the recorded outcome is no longer needed.

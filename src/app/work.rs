@@ -5,7 +5,8 @@
 //! `tracking` for why this is exact under at-least-once delivery.
 //!
 //! A message names only its scan and its work; what to read and write comes from the scan's
-//! recorded [`ScanContext`], never from the message.
+//! recorded [`ScanContext`], never from the message. Work of a scan that has ended is dropped:
+//! its row is finished as `dropped`, so an ended scan leaves no pending rows behind.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -233,6 +234,30 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         Ok(Some((record.state, context)))
     }
 
+    /// Finishes an unfinished work item of an ended scan as dropped. `Ok(false)`: it was already
+    /// finished (or never registered); nothing done. Idempotent under redelivery.
+    async fn drop_work_item<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        work_id: &str,
+        last_attempt: bool,
+    ) -> Result<bool, StorageError> {
+        let state = patiently(last_attempt, || {
+            tracker.work_state(&scan.scan_id, scan.shards, work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(false),
+        };
+        let completion = patiently(last_attempt, || {
+            tracker.drop_work(&scan.scan_id, scan.shards, work_id, &etag)
+        })
+        .await?;
+        Ok(matches!(completion, Completion::Committed { .. }))
+    }
+
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
     pub async fn begin<M: ScanWork>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
@@ -291,11 +316,20 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
         }
         if state != ScanState::Running {
+            let dropped = self
+                .drop_work_item(&tracker, &scan, &work_id, last_attempt)
+                .await
+                .map_err(storage_failure)?;
             return Err(reply(
                 StatusCode::OK,
                 format!(
-                    "{work_id}: scan {scan_id} is {}; dropping its work",
-                    state.as_str()
+                    "{work_id}: scan {scan_id} is {}; {}",
+                    state.as_str(),
+                    if dropped {
+                        "dropped its work item"
+                    } else {
+                        "no unfinished work item to drop"
+                    }
                 ),
             ));
         }
@@ -439,8 +473,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
     /// its work item is still unfinished, no delivery recorded an outcome (the handler was killed
     /// or timed out every time, or storage stayed unreachable): the item is recorded as failed
-    /// and its scan fails, instead of running forever. Idempotent: a finished item is left alone
-    /// (the usual case — the last delivery recorded its own failure). A message that cannot be decoded, or names no
+    /// and its scan fails, instead of running forever — or, if the scan has already ended, the
+    /// item is dropped. Idempotent: a finished item is left alone (the usual case — the last
+    /// delivery recorded its own failure). A message that cannot be decoded, or names no
     /// recorded scan, has no work item to settle and is dropped with a warning.
     pub async fn settle_poisoned<M: ScanWork>(&self, body: &[u8]) -> InvocationResponse {
         let invocation = match queue_invocation(body) {
@@ -469,7 +504,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let work_id = messages::work_id(&message);
         let scan_id = message.scan_id();
         let tracker = self.tracker_on(self.bookkeeping());
-        let (_, scan) = match self.scan_of(&tracker, scan_id, true).await {
+        let (state, scan) = match self.scan_of(&tracker, scan_id, true).await {
             Ok(Some(found)) => found,
             Ok(None) => {
                 return reply(
@@ -497,6 +532,25 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 }
             }
         };
+        if state != ScanState::Running {
+            return match self.drop_work_item(&tracker, &scan, &work_id, true).await {
+                Ok(true) => reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: poisoned message of a {} scan; dropped its work item",
+                        state.as_str()
+                    ),
+                ),
+                Ok(false) => reply(
+                    StatusCode::OK,
+                    format!("{work_id}: poisoned message of a finished work item; nothing to do"),
+                ),
+                Err(e) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: could not drop the poisoned item: {e}"),
+                ),
+            };
+        }
         let reason = format!(
             "work item {work_id} ({}) was poisoned: every delivery failed without recording an \
              outcome (handler killed or timed out, or storage unreachable)",
