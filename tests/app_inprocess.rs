@@ -95,6 +95,12 @@ fn host_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str) -> 
     .into_bytes()
 }
 
+/// The work queues and the functions that consume them.
+const WORK_QUEUES: [(&str, &str); 2] = [
+    ("tablescan-prefixscan", "PrefixScan"),
+    ("tablescan-tablecopy", "TableCopy"),
+];
+
 /// Delivers messages until both queues are empty. With `duplicates`, each message is delivered
 /// twice concurrently before it is deleted. Returns invocations made.
 async fn pump(
@@ -103,18 +109,40 @@ async fn pump(
     duplicates: bool,
     max_dequeue: u64,
 ) -> usize {
+    pump_some(
+        state,
+        queues,
+        &WORK_QUEUES,
+        duplicates,
+        max_dequeue,
+        usize::MAX,
+    )
+    .await
+}
+
+/// Like [`pump`], over the given queues only, stopping after `limit` messages.
+async fn pump_some(
+    state: &State,
+    queues: &MemoryQueueStore,
+    which: &[(&str, &str)],
+    duplicates: bool,
+    max_dequeue: u64,
+    limit: usize,
+) -> usize {
     let mut invocations = 0;
+    let mut delivered = 0;
     for _ in 0..10_000 {
         let mut any = false;
-        for (queue, function) in [
-            ("tablescan-prefixscan", "PrefixScan"),
-            ("tablescan-tablecopy", "TableCopy"),
-        ] {
+        for &(queue, function) in which {
             let messages = queues
                 .get_messages(queue, 32, std::time::Duration::ZERO)
                 .await
                 .unwrap_or_default();
             for m in messages {
+                if delivered == limit {
+                    return invocations;
+                }
+                delivered += 1;
                 any = true;
                 let decoded =
                     String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap()).unwrap();
@@ -160,6 +188,50 @@ async fn pump(
         }
     }
     panic!("queues never drained");
+}
+
+/// The decoded JSON of every message waiting in `queue` (left in place).
+async fn peek_all(queues: &MemoryQueueStore, queue: &str) -> Vec<String> {
+    queues
+        .get_messages(queue, 32, std::time::Duration::ZERO)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|m| String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap()).unwrap())
+        .collect()
+}
+
+/// Delivers one decoded message to `function` as the host would.
+async fn deliver(
+    state: &State,
+    function: &str,
+    decoded: &str,
+    dequeue: u64,
+) -> (StatusCode, Value) {
+    let payload = host_payload(function, decoded, dequeue, "manual");
+    call(
+        state,
+        "POST",
+        &format!("/{function}"),
+        Some("application/json"),
+        payload,
+    )
+    .await
+}
+
+/// Work rows of a scan that are not finished (`pending` or `expanded`).
+fn unfinished_work_rows(tables: &MemoryTableStore, scan_id: &str) -> Vec<Entity> {
+    tables
+        .rows("TablescanWork")
+        .into_iter()
+        .filter(|e| e.partition_key.starts_with(scan_id) && e.row_key != "counter")
+        .filter(|e| {
+            matches!(
+                e.properties.get_str("State").as_deref(),
+                Some("pending" | "expanded")
+            )
+        })
+        .collect()
 }
 
 fn source_rows() -> Vec<Entity> {
@@ -285,22 +357,362 @@ async fn cancel_drops_pending_work() {
     let (_, body) = post_json(
         &state,
         "/api/scans",
-        json!({"driver": "count", "sourceTable": "Source", "takeCount": 1}),
+        json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "takeCount": 2}),
     )
     .await;
     let id = body["id"].as_str().unwrap().to_string();
+    // Run part of the scan, so steps and copy items are queued on both queues.
+    pump_some(&state, &queues, &WORK_QUEUES, false, 5, 6).await;
+    let (_, before) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    let queued = before["pendingWorkItems"].as_i64().unwrap();
+    assert!(queued >= 2, "{before}");
+    assert!(!peek_all(&queues, "tablescan-tablecopy").await.is_empty());
+    let leftovers = [
+        (
+            "PrefixScan",
+            peek_all(&queues, "tablescan-prefixscan").await,
+        ),
+        ("TableCopy", peek_all(&queues, "tablescan-tablecopy").await),
+    ];
+
     let (status, body) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["state"], "cancelled");
-    pump(&state, &queues, false, 5).await;
-    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
-    assert_eq!(body["state"], "cancelled");
-    assert_eq!(body["rowsScanned"], 0);
+    // An ended scan has nothing pending: what was queued will never run.
+    assert_eq!(body["pendingWorkItems"], 0, "{body}");
+    assert_eq!(body["droppedWorkItems"], queued, "{body}");
+    assert_eq!(unfinished_work_rows(&tables, &id).len() as i64, queued);
+
+    // The queued messages clean up as they are delivered (twice each, concurrently).
+    pump(&state, &queues, true, 5).await;
+    assert!(queues.is_empty());
+    assert!(
+        unfinished_work_rows(&tables, &id).is_empty(),
+        "no pending work rows remain"
+    );
+    let (_, after) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(after["state"], "cancelled");
+    assert_eq!(after["pendingWorkItems"], 0, "{after}");
+    assert_eq!(after["droppedWorkItems"], queued, "{after}");
+    assert_eq!(after["failedWorkItems"], 0, "{after}");
+    for field in ["rowsScanned", "rowsWritten", "messagesProcessed"] {
+        assert_eq!(after[field], before[field], "{field}: {after}");
+    }
+    let tracker = state.tracker_on(state.bookkeeping());
+    let totals = tracker.totals(&id, 4).await.unwrap();
+    assert_eq!((totals.pending(), totals.dropped), (0, queued));
+
+    // Redeliveries, and the poison functions meeting the same messages, change nothing.
+    for (function, texts) in &leftovers {
+        for text in texts {
+            let (status, reply) = deliver(&state, function, text, 2).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let (status, reply) = deliver(&state, &format!("{function}Poison"), text, 1).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+        }
+    }
+    assert!(queues.is_empty());
+    assert_eq!(tracker.totals(&id, 4).await.unwrap(), totals);
+    let (_, again) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(again, after);
+
     let (status, body) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, body) = call(&state, "GET", "/api/scans", None, vec![]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["scans"][0]["id"], id.as_str());
+    assert_eq!(body["scans"][0]["droppedWorkItems"], queued);
+}
+
+/// A poisoned message of a scan that has ended is dropped, not failed: the ended scan keeps its
+/// state and its figures stay meaningful.
+#[tokio::test]
+async fn poisoned_work_of_a_cancelled_scan_is_dropped() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (_, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "count", "sourceTable": "Source", "takeCount": 2}),
+    )
+    .await;
+    let id = body["id"].as_str().unwrap().to_string();
+    let root = peek_all(&queues, "tablescan-prefixscan").await;
+    let (status, _) = call(&state, "DELETE", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    for _ in 0..2 {
+        let (status, reply) = deliver(&state, "PrefixScanPoison", &root[0], 1).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+    }
+    let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(scan["state"], "cancelled", "{scan}");
+    assert_eq!(scan["failedWorkItems"], 0, "{scan}");
+    assert_eq!(scan["droppedWorkItems"], 1, "{scan}");
+    assert!(unfinished_work_rows(&tables, &id).is_empty());
+}
+
+/// A re-sent real work item whose message names another destination, other parameters or
+/// another driver changes nothing: work runs with the scan's recorded context, so nothing is
+/// written to the forged table and the scan completes exactly into its real destination.
+#[tokio::test]
+async fn forged_scan_context_in_a_message_changes_nothing() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (_, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "takeCount": 3}),
+    )
+    .await;
+    let id = body["id"].as_str().unwrap().to_string();
+    let record = state
+        .tracker_on(state.bookkeeping())
+        .get_scan(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut forged_context = serde_json::to_value(record.context.unwrap()).unwrap();
+    for (field, value) in [
+        ("sh", json!(1)),
+        ("dr", json!("count")),
+        ("st", json!("serial")),
+        ("dst", json!({"c": "AzureWebJobsStorage", "t": "Hijack3"})),
+    ] {
+        forged_context[field] = value;
+    }
+    forged_context["p"]["prefix"] = json!("Microsoft.");
+    forged_context["p"]["take"] = json!(1);
+    // Steps run until copy items are queued; then forge a pending step and pending copy items:
+    // as v1 messages with a whole forged context, and as v2 messages with extra context fields.
+    let forge = |decoded: &str| -> Vec<String> {
+        let mut v1: Value = serde_json::from_str(decoded).unwrap();
+        v1["v"] = json!(1);
+        v1["d"]["s"] = forged_context.clone();
+        let mut v2: Value = serde_json::from_str(decoded).unwrap();
+        v2["d"]["dst"] = json!({"t": "Hijack3"});
+        v2["d"]["dr"] = json!("count");
+        vec![v1.to_string(), v2.to_string()]
+    };
+    pump_some(&state, &queues, &WORK_QUEUES[..1], false, 5, 2).await;
+    let copies = peek_all(&queues, "tablescan-tablecopy").await;
+    let steps = peek_all(&queues, "tablescan-prefixscan").await;
+    assert!(!copies.is_empty() && !steps.is_empty());
+    for text in forge(&copies[0])
+        .iter()
+        .chain(&forge(&copies[copies.len() - 1]))
+    {
+        let (status, reply) = deliver(&state, "TableCopy", text, 1).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+    }
+    for text in forge(&steps[0]) {
+        let (status, reply) = deliver(&state, "PrefixScan", &text, 1).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+    }
+    assert!(tables.rows("Hijack3").is_empty());
+    pump(&state, &queues, true, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    let total = source_rows().len() as i64;
+    assert_eq!(body["state"], "completed", "{body}");
+    assert_eq!(body["rowsScanned"], total, "{body}");
+    assert_eq!(body["rowsWritten"], total, "{body}");
+    assert_eq!(body["pendingWorkItems"], 0, "{body}");
+    assert_eq!(tables.rows("Dest"), tables.rows("Source"));
+    assert!(
+        tables.rows("Hijack3").is_empty(),
+        "nothing written to the forged table"
+    );
+    // A forged message for work the scan never had is refused (422), as before.
+    let mut unknown: Value = serde_json::from_str(&copies[0]).unwrap();
+    unknown["d"]["w"] = json!({"kind": "range", "from": ["a", "0"], "to": ["a", "9"]});
+    let (status, reply) = deliver(&state, "TableCopy", &unknown.to_string(), 1).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert!(tables.rows("Hijack3").is_empty());
+}
+
+/// Messages queued by the previous version (v1, carrying the context) of a scan whose record
+/// predates recorded contexts still run, with the context derived from the recorded request.
+#[tokio::test]
+async fn v1_messages_of_a_scan_recorded_without_a_context_complete_it() {
+    use tablescan::storage::{BatchOperation, TableStore};
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (_, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "takeCount": 4, "partitionKeyPrefix": "Microsoft."}),
+    )
+    .await;
+    let id = body["id"].as_str().unwrap().to_string();
+    let (record, _) = tables
+        .get_entity("TablescanScans", &id, "scan")
+        .await
+        .unwrap()
+        .unwrap();
+    let context: Value =
+        serde_json::from_str(&record.properties.get_str("Context").unwrap()).unwrap();
+    // The record as the previous version wrote it: no context.
+    let mut legacy = record.clone();
+    legacy.properties.remove("Context");
+    tables
+        .submit_batch(
+            "TablescanScans",
+            &id,
+            &[BatchOperation::Replace {
+                entity: legacy,
+                etag: None,
+            }],
+        )
+        .await
+        .unwrap();
+    // The root message as the previous version queued it: v1, with the whole context.
+    let messages = queues
+        .get_messages("tablescan-prefixscan", 1, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let mut v1: Value = serde_json::from_str(
+        &String::from_utf8(MessageEncoding::Base64.decode(&messages[0].text).unwrap()).unwrap(),
+    )
+    .unwrap();
+    queues
+        .delete_message(
+            "tablescan-prefixscan",
+            &messages[0].id,
+            &messages[0].pop_receipt,
+        )
+        .await
+        .unwrap();
+    v1["v"] = json!(1);
+    v1["d"]["s"] = context;
+    queues
+        .put_message(
+            "tablescan-prefixscan",
+            &MessageEncoding::Base64.encode(v1.to_string().as_bytes()),
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    pump(&state, &queues, false, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    let expected: Vec<Entity> = tables
+        .rows("Source")
+        .into_iter()
+        .filter(|e| e.partition_key.starts_with("Microsoft."))
+        .collect();
+    assert_eq!(body["state"], "completed", "{body}");
+    assert_eq!(body["rowsWritten"], expected.len() as i64, "{body}");
+    assert_eq!(tables.rows("Dest"), expected);
+}
+
+/// Bookkeeping tables are never a scan's source or destination, on any connection that reaches
+/// the app's own account; source and destination are compared by the account the connections
+/// resolve to and by table name up to case.
+#[tokio::test]
+async fn scans_never_touch_bookkeeping_tables_or_rewrite_their_source() {
+    let own_by_endpoint = format!(
+        "AccountName=devstoreaccount1;AccountKey={};TableEndpoint=http://127.0.0.1:10002/DEVSTOREACCOUNT1/;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1",
+        tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY
+    );
+    let other_account = format!(
+        "DefaultEndpointsProtocol=https;AccountName=other;AccountKey={}",
+        tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY
+    );
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let other = MemoryTableStore::default();
+    other.load("Source", source_rows());
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in [
+        (
+            "AzureWebJobsStorage",
+            "UseDevelopmentStorage=true".to_string(),
+        ),
+        ("TABLESCAN_CONNECTIONS", "Alias,Other".to_string()),
+        ("Alias", own_by_endpoint),
+        ("Other", other_account),
+    ] {
+        settings.insert(k.into(), v);
+    }
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    let map: BTreeMap<String, MemoryTableStore> = [
+        ("AzureWebJobsStorage".to_string(), tables.clone()),
+        ("Alias".to_string(), tables.clone()),
+        ("Other".to_string(), other.clone()),
+    ]
+    .into_iter()
+    .collect();
+    let state = AppState::new(config, map, queues.clone());
+    let copy = |extra: Value| {
+        let mut body =
+            json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            copy(json!({"destinationTable": "TablescanScans"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"destinationTable": "tablescanwork"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"destinationTable": "TABLESCANSCANS", "destinationConnection": "Alias"})),
+            "destinationTable",
+        ),
+        (
+            json!({"driver": "count", "sourceTable": "TablescanWork"}),
+            "sourceTable",
+        ),
+        (
+            json!({"driver": "count", "sourceTable": "tablescanscans", "sourceConnection": "Alias"}),
+            "sourceTable",
+        ),
+        (
+            copy(
+                json!({"sourceTable": "TablescanWork", "sourceConnection": "Alias", "destinationConnection": "Other"}),
+            ),
+            "sourceTable",
+        ),
+        (
+            copy(json!({"destinationTable": "SOURCE"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"destinationTable": "source", "destinationConnection": "Alias"})),
+            "destinationTable",
+        ),
+        (
+            copy(json!({"sourceConnection": "Alias", "destinationTable": "Source"})),
+            "destinationTable",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+        assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
+    }
+    assert!(tables.rows("TablescanScans").is_empty());
+    assert!(tables.rows("TablescanWork").is_empty());
+    assert!(queues.is_empty());
+    // Another account's tables of the same names are ordinary tables.
+    for body in [
+        copy(json!({"destinationConnection": "Other", "destinationTable": "Source"})),
+        copy(json!({"destinationConnection": "Other", "destinationTable": "TablescanScans"})),
+        json!({"driver": "count", "sourceConnection": "Other", "sourceTable": "Source"}),
+    ] {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body} → {reply}");
+    }
+    pump(&state, &queues, false, 5).await;
+    assert_eq!(other.rows("TablescanScans"), tables.rows("Source"));
+    assert_eq!(tables.rows("TablescanScans").len(), 3, "three scan records");
 }
 
 #[tokio::test]

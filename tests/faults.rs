@@ -850,8 +850,8 @@ async fn hostile_http_requests_get_4xx_and_write_nothing() {
 /// and a concurrent scan stays exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_queue_messages_are_poisoned_without_harm() {
-    use tablescan::app::messages::{self, Driver, ScanContext, StepMessage, TableRef, WorkSplit};
-    use tablescan::scan::{ScanParameters, Step, Strategy};
+    use tablescan::app::messages::{self, StepMessage};
+    use tablescan::scan::Step;
 
     let mut summary = Summary::new("bad-messages");
     let app = TestApp::start(1, &[]).await;
@@ -862,22 +862,7 @@ async fn hostile_queue_messages_are_poisoned_without_harm() {
 
     let b64 = |s: &str| MessageEncoding::Base64.encode(s.as_bytes());
     let live = StepMessage {
-        scan: ScanContext {
-            scan_id: id.clone(),
-            shards: 4,
-            driver: Driver::Copy,
-            strategy: Strategy::Prefix,
-            source: TableRef {
-                connection: "AzureWebJobsStorage".into(),
-                table: source.clone(),
-            },
-            destination: Some(TableRef {
-                connection: "AzureWebJobsStorage".into(),
-                table: destination.clone(),
-            }),
-            params: ScanParameters::default(),
-            work_split: WorkSplit::Page,
-        },
+        scan_id: id.clone(),
         step: Step::PartitionKeyQuery {
             partition_key: "Forged.Partition".into(),
             row_key_skip: None,
@@ -902,7 +887,7 @@ async fn hostile_queue_messages_are_poisoned_without_harm() {
         ),
         (
             &prefix_queue,
-            b64(&forged_json.replace("\"v\":1", "\"v\":99")),
+            b64(&forged_json.replace("\"v\":2", "\"v\":99")),
             "v99",
         ),
         (

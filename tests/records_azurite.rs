@@ -81,6 +81,7 @@ async fn long_errors_are_cut_with_a_marker_and_still_stored() {
         started_at: time::OffsetDateTime::now_utc(),
         completed_at: None,
         error: None,
+        context: None,
         etag: String::new(),
     };
     tracker.insert_scan(&record).await.unwrap();

@@ -6,8 +6,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use azure_core::Url;
+
 use crate::app::catalog::{PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING};
 use crate::scan::StepBudget;
+use crate::storage::connection::StorageAccount;
 
 /// The app setting holding the function app's own storage connection string (queues, bookkeeping,
 /// and the default account for source and destination tables).
@@ -30,6 +33,10 @@ pub struct Config {
     /// `AzureWebJobsStorage`; others come from `TABLESCAN_CONNECTIONS` (comma-separated names).
     /// Values are secrets: never logged.
     pub connections: BTreeMap<String, String>,
+    /// The table service each connection resolves to, by app-setting name: its table endpoint,
+    /// lowercased, without credentials or trailing slash (see [`table_identity`]). Two settings
+    /// with equal identities reach the same tables. Not secret.
+    pub table_identities: BTreeMap<String, String>,
     /// Must equal host.json `extensions.queues.maxDequeueCount` (`TABLESCAN_MAX_DEQUEUE_COUNT`,
     /// default 5): on the last attempt a failing work item is recorded as failed before the host
     /// moves its message to the poison queue.
@@ -55,6 +62,7 @@ impl fmt::Debug for Config {
             .field("scans_table", &self.scans_table)
             .field("work_table", &self.work_table)
             .field("connections", &self.connections.keys().collect::<Vec<_>>())
+            .field("table_identities", &self.table_identities)
             .field("max_dequeue_count", &self.max_dequeue_count)
             .field("counter_shards", &self.counter_shards)
             .field("copy_concurrency", &self.copy_concurrency)
@@ -76,6 +84,24 @@ fn err(name: &str, message: impl Into<String>) -> ConfigError {
         name: name.to_string(),
         message: message.into(),
     }
+}
+
+/// The table service a connection string resolves to: scheme, host, port and path of its table
+/// endpoint, lowercased (storage account names and DNS hosts are case-insensitive), without any
+/// credential or trailing slash. `UseDevelopmentStorage=true` and an explicit endpoint naming
+/// the same Azurite account resolve alike. The error never contains the connection string.
+pub fn table_identity(connection_string: &str) -> Result<String, String> {
+    let account = StorageAccount::parse(connection_string).map_err(|e| e.to_string())?;
+    let url = Url::parse(account.table_endpoint())
+        .map_err(|e| format!("the table endpoint is not a URL ({e})"))?;
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    Ok(format!(
+        "{}://{}{port}{}",
+        url.scheme(),
+        url.host_str().unwrap_or_default(),
+        url.path().trim_end_matches('/')
+    )
+    .to_ascii_lowercase())
 }
 
 impl Config {
@@ -124,6 +150,15 @@ impl Config {
                 connections.insert(name.to_string(), value);
             }
         }
+        let table_identities = connections
+            .iter()
+            .map(|(name, value)| {
+                Ok((
+                    name.clone(),
+                    table_identity(value).map_err(|m| err(name, m))?,
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
         let queue = |name: &str, default: &str| -> Result<String, ConfigError> {
             let value = get(name).unwrap_or_else(|| default.to_string());
             crate::app::validate::queue_name(&value).map_err(|m| err(name, m))?;
@@ -141,11 +176,87 @@ impl Config {
             scans_table: table("TABLESCAN_SCANS_TABLE", "TablescanScans")?,
             work_table: table("TABLESCAN_WORK_TABLE", "TablescanWork")?,
             connections,
+            table_identities,
             max_dequeue_count: number("TABLESCAN_MAX_DEQUEUE_COUNT", 5, 1, 1000)?,
             counter_shards: number("TABLESCAN_COUNTER_SHARDS", 16, 1, 64)? as u32,
             copy_concurrency: number("TABLESCAN_COPY_CONCURRENCY", 8, 1, 64)? as usize,
             step_budget: StepBudget::default(),
             test_fail_prefix: get("TABLESCAN_TEST_FAIL_PREFIX"),
         })
+    }
+
+    /// Whether `table` on `connection` is one of the app's bookkeeping tables (on the app's own
+    /// account, however the connection is named; table names are case-insensitive).
+    pub fn is_bookkeeping_table(&self, connection: &str, table: &str) -> bool {
+        let own = self.table_identities.get(STORAGE_SETTING);
+        own.is_some()
+            && self.table_identities.get(connection) == own
+            && [&self.scans_table, &self.work_table]
+                .iter()
+                .any(|t| t.eq_ignore_ascii_case(table))
+    }
+
+    /// Whether two (connection, table) pairs name the same table: same table service and the
+    /// same name up to case.
+    pub fn same_table(&self, a: (&str, &str), b: (&str, &str)) -> bool {
+        let (ia, ib) = (
+            self.table_identities.get(a.0),
+            self.table_identities.get(b.0),
+        );
+        ia.is_some() && ia == ib && a.1.eq_ignore_ascii_case(b.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::storage::connection::DEVELOPMENT_ACCOUNT_KEY as KEY;
+
+    #[test]
+    fn identities_resolve_accounts_not_setting_names() {
+        let dev = table_identity("UseDevelopmentStorage=true").unwrap();
+        assert_eq!(dev, "http://127.0.0.1:10002/devstoreaccount1");
+        let explicit = format!(
+            "AccountName=devstoreaccount1;AccountKey={KEY};TableEndpoint=HTTP://127.0.0.1:10002/DevStoreAccount1/;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1"
+        );
+        assert_eq!(table_identity(&explicit).unwrap(), dev);
+        let derived = format!("DefaultEndpointsProtocol=https;AccountName=Prod;AccountKey={KEY}");
+        let explicit_443 = format!(
+            "AccountName=prod;AccountKey={KEY};TableEndpoint=https://prod.table.core.windows.net:443;QueueEndpoint=https://prod.queue.core.windows.net"
+        );
+        assert_eq!(
+            table_identity(&derived).unwrap(),
+            "https://prod.table.core.windows.net"
+        );
+        assert_eq!(
+            table_identity(&explicit_443).unwrap(),
+            table_identity(&derived).unwrap()
+        );
+        let error = table_identity(&format!(
+            "AccountName=x;AccountKey={KEY};TableEndpoint=nope"
+        ))
+        .unwrap_err();
+        assert!(!error.contains(KEY), "{error}");
+
+        let settings: BTreeMap<&str, String> = [
+            (
+                "AzureWebJobsStorage",
+                "UseDevelopmentStorage=true".to_string(),
+            ),
+            ("TABLESCAN_CONNECTIONS", "Alias, Other".to_string()),
+            ("Alias", explicit),
+            ("Other", derived),
+        ]
+        .into_iter()
+        .collect();
+        let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+        assert!(config.is_bookkeeping_table("Alias", "tablescanscans"));
+        assert!(config.is_bookkeeping_table(STORAGE_SETTING, "TABLESCANWORK"));
+        assert!(!config.is_bookkeeping_table("Other", "TablescanScans"));
+        assert!(!config.is_bookkeeping_table(STORAGE_SETTING, "Packages"));
+        assert!(config.same_table((STORAGE_SETTING, "Packages"), ("Alias", "packages")));
+        assert!(!config.same_table((STORAGE_SETTING, "Packages"), ("Other", "Packages")));
+        assert!(!format!("{config:?}").contains(KEY));
     }
 }

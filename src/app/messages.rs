@@ -1,11 +1,15 @@
 //! Queue messages: a versioned JSON envelope `{"n": name, "v": version, "d": data}`, stored
 //! base64-encoded (the Functions queue trigger's default `messageEncoding`), never over 64 KiB.
 //!
-//! Every message carries the whole [`ScanContext`], so any child step can run anywhere with no
-//! other lookup than the scan's state.
+//! A message carries only its scan's id and its unit of work (v2). What the scan reads and
+//! writes — its [`ScanContext`] — is recorded on the scan record when the scan starts and read
+//! from there, so a forged or stale message cannot redirect a scan. v1 messages (queued by
+//! earlier versions) carried the whole context; they are still accepted, but only their scan id
+//! is used.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::scan::{ScanParameters, Step, Strategy};
@@ -31,7 +35,8 @@ pub struct TableRef {
     pub table: String,
 }
 
-/// Everything a work item of a scan needs, copied into every message.
+/// Everything a work item of a scan needs besides its own work: recorded on the scan record at
+/// start and never changed (v1 messages carried a copy).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScanContext {
     #[serde(rename = "id")]
@@ -61,28 +66,34 @@ fn is_default_split(split: &WorkSplit) -> bool {
 /// A typed queue message: its envelope name and version, and the function that handles it.
 pub trait WorkMessage: Serialize + DeserializeOwned {
     const NAME: &'static str;
+    /// The version written; v1 is still read (see [`decode_with_legacy_context`]).
     const VERSION: u32;
     /// Deterministic identity of this unit of work within its scan (independent of delivery).
     fn work_key(&self) -> String;
+    /// The scan this work belongs to.
+    fn scan_id(&self) -> &str;
 }
 
 /// One scan step to execute (PrefixScan function).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepMessage {
     #[serde(rename = "s")]
-    pub scan: ScanContext,
+    pub scan_id: String,
     #[serde(rename = "w")]
     pub step: Step,
 }
 
 impl WorkMessage for StepMessage {
     const NAME: &'static str = "scan-step";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
     fn work_key(&self) -> String {
         format!(
             "step:{}",
             serde_json::to_string(&self.step).expect("steps serialize")
         )
+    }
+    fn scan_id(&self) -> &str {
+        &self.scan_id
     }
 }
 
@@ -90,7 +101,7 @@ impl WorkMessage for StepMessage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CopyMessage {
     #[serde(rename = "s")]
-    pub scan: ScanContext,
+    pub scan_id: String,
     #[serde(rename = "w")]
     pub work: CopyWork,
 }
@@ -138,13 +149,23 @@ pub enum ChildSpec {
 
 impl WorkMessage for CopyMessage {
     const NAME: &'static str = "table-copy";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
     fn work_key(&self) -> String {
         format!(
             "copy:{}",
             serde_json::to_string(&self.work).expect("copy work serializes")
         )
     }
+    fn scan_id(&self) -> &str {
+        &self.scan_id
+    }
+}
+
+/// The data of a v1 message: the whole scan context, and the work.
+#[derive(Deserialize)]
+struct LegacyData {
+    s: ScanContext,
+    w: Value,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -201,20 +222,39 @@ pub fn encode<M: WorkMessage>(message: &M) -> Result<String, MessageError> {
 
 /// Parses a message's JSON (already decoded from the queue's encoding by the host).
 pub fn decode<M: WorkMessage>(json: &str) -> Result<M, MessageError> {
+    decode_with_legacy_context(json).map(|(message, _)| message)
+}
+
+/// Like [`decode`], also returning the scan context a v1 message carried (`None` for v2). The
+/// context is for diagnostics only: work always runs with the scan's recorded context.
+pub fn decode_with_legacy_context<M: WorkMessage>(
+    json: &str,
+) -> Result<(M, Option<ScanContext>), MessageError> {
     if json.len() > MAX_MESSAGE_TEXT {
         return Err(MessageError::TooLarge(json.len()));
     }
-    let header: Envelope<serde_json::Value> =
+    let header: Envelope<Value> =
         serde_json::from_str(json).map_err(|e| MessageError::Malformed(e.to_string()))?;
-    if header.n != M::NAME || header.v != M::VERSION {
-        return Err(MessageError::WrongKind {
+    let malformed = |e: serde_json::Error| MessageError::Malformed(e.to_string());
+    match header.v {
+        v if header.n == M::NAME && v == M::VERSION => {
+            Ok((serde_json::from_value(header.d).map_err(malformed)?, None))
+        }
+        1 if header.n == M::NAME => {
+            let legacy: LegacyData = serde_json::from_value(header.d).map_err(malformed)?;
+            let data = serde_json::json!({ "s": legacy.s.scan_id, "w": legacy.w });
+            Ok((
+                serde_json::from_value(data).map_err(malformed)?,
+                Some(legacy.s),
+            ))
+        }
+        _ => Err(MessageError::WrongKind {
             found: header.n,
             version: header.v,
             expected: M::NAME,
             expected_version: M::VERSION,
-        });
+        }),
     }
-    serde_json::from_value(header.d).map_err(|e| MessageError::Malformed(e.to_string()))
 }
 
 #[cfg(test)]
@@ -243,11 +283,15 @@ mod tests {
     #[test]
     fn round_trip_and_rejections() {
         let m = StepMessage {
-            scan: context(),
+            scan_id: "s1".into(),
             step: Step::Start,
         };
         let text = encode(&m).unwrap();
         let json = String::from_utf8(MessageEncoding::Base64.decode(&text).unwrap()).unwrap();
+        assert!(
+            json.starts_with(r#"{"n":"scan-step","v":2,"d":{"s":"s1","w":"#),
+            "a message carries the scan id and its work only: {json}"
+        );
         assert_eq!(decode::<StepMessage>(&json).unwrap(), m);
         assert!(matches!(
             decode::<CopyMessage>(&json),
@@ -257,17 +301,17 @@ mod tests {
             decode::<StepMessage>(&json[..json.len() / 2]),
             Err(MessageError::Malformed(_))
         ));
-        let v2 = json.replace("\"v\":1", "\"v\":2");
+        let v3 = json.replace("\"v\":2", "\"v\":3");
         assert!(matches!(
-            decode::<StepMessage>(&v2),
-            Err(MessageError::WrongKind { version: 2, .. })
+            decode::<StepMessage>(&v3),
+            Err(MessageError::WrongKind { version: 3, .. })
         ));
         assert!(matches!(
             decode::<StepMessage>(&"x".repeat(70_000)),
             Err(MessageError::TooLarge(_))
         ));
         let huge = StepMessage {
-            scan: context(),
+            scan_id: "s1".into(),
             step: Step::PartitionKeyQuery {
                 partition_key: "k".repeat(60_000),
                 row_key_skip: None,
@@ -277,16 +321,49 @@ mod tests {
         assert!(matches!(encode(&huge), Err(MessageError::TooLarge(_))));
     }
 
+    /// v1 messages carried the whole context: they are read, their context is returned apart
+    /// (never used to run work), and a v1 message whose context is unreadable is malformed.
+    #[test]
+    fn v1_messages_are_read_for_their_scan_id_and_work() {
+        let work = CopyWork::Range {
+            from: ("a".into(), "1".into()),
+            to: ("b".into(), "2".into()),
+        };
+        let v1 = serde_json::json!({"n": "table-copy", "v": 1, "d": {"s": context(), "w": work}})
+            .to_string();
+        let (m, legacy) = decode_with_legacy_context::<CopyMessage>(&v1).unwrap();
+        assert_eq!(
+            m,
+            CopyMessage {
+                scan_id: "s1".into(),
+                work: work.clone()
+            }
+        );
+        assert_eq!(legacy, Some(context()));
+        assert_eq!(work_id(&m), work_id(&decode::<CopyMessage>(&v1).unwrap()));
+        for bad in [
+            r#"{"n":"table-copy","v":1,"d":{"s":42,"w":{}}}"#,
+            r#"{"n":"table-copy","v":1,"d":{"s":"s1","w":{"kind":"range","from":["a","1"],"to":["b","2"]}}}"#,
+        ] {
+            assert!(
+                matches!(decode::<CopyMessage>(bad), Err(MessageError::Malformed(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            decode::<StepMessage>(&v1),
+            Err(MessageError::WrongKind { version: 1, .. })
+        ));
+    }
+
     #[test]
     fn work_ids_are_deterministic_and_distinct() {
         let a = StepMessage {
-            scan: context(),
+            scan_id: "s1".into(),
             step: Step::Start,
         };
-        let mut other_scan = context();
-        other_scan.scan_id = "s2".into();
         let b = StepMessage {
-            scan: other_scan,
+            scan_id: "s2".into(),
             step: Step::Start,
         };
         assert_eq!(
@@ -295,7 +372,7 @@ mod tests {
             "identity is the work, not the envelope"
         );
         let c = StepMessage {
-            scan: context(),
+            scan_id: "s1".into(),
             step: Step::Serial { after: None },
         };
         assert_ne!(work_id(&a), work_id(&c));

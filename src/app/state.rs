@@ -13,6 +13,7 @@ use crate::storage::{
 };
 
 use super::config::{Config, STORAGE_SETTING};
+use super::messages::ScanContext;
 use super::tracking::{ScanState, Tracker};
 
 /// How long a work item trusts a cached `running` state. Cancellation and failure are noticed
@@ -21,12 +22,15 @@ const RUNNING_STATE_TTL: Duration = Duration::from_secs(2);
 /// Bound on remembered scans (the map is cleared when it grows past this).
 const MAX_CACHED_SCANS: usize = 10_000;
 
-/// Recently read scan states. Every work item checks that its scan is still running; the scan
-/// record is a single partition, so reading it for every item would cost a request per item and
-/// cap a big scan at that partition's throughput.
+/// Recently read scan states and contexts. Every work item checks that its scan is still
+/// running and reads what to do from the scan's recorded context; the scan record is a single
+/// partition, so reading it for every item would cost a request per item and cap a big scan at
+/// that partition's throughput.
 #[derive(Default)]
 pub struct ScanStateCache {
     entries: Mutex<HashMap<String, (ScanState, Instant)>>,
+    /// Contexts never change once recorded: kept without expiry.
+    contexts: Mutex<HashMap<String, Arc<ScanContext>>>,
 }
 
 impl ScanStateCache {
@@ -43,6 +47,19 @@ impl ScanStateCache {
             entries.clear();
         }
         entries.insert(scan_id.to_string(), (state, Instant::now()));
+    }
+
+    /// The scan's recorded context, if read before.
+    pub fn context(&self, scan_id: &str) -> Option<Arc<ScanContext>> {
+        self.contexts.lock().unwrap().get(scan_id).cloned()
+    }
+
+    pub fn put_context(&self, context: Arc<ScanContext>) {
+        let mut contexts = self.contexts.lock().unwrap();
+        if contexts.len() >= MAX_CACHED_SCANS {
+            contexts.clear();
+        }
+        contexts.insert(context.scan_id.clone(), context);
     }
 }
 

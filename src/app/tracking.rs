@@ -9,8 +9,8 @@
 //! Invariants that make completion exact:
 //! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
 //!    adds 1 to `Created` on its shard's counter, so each work item is counted once however many
-//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`, so a late
-//!    duplicate parent cannot resurrect a finished child.
+//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`/`dropped`, so a
+//!    late duplicate parent cannot resurrect a finished child.
 //! 2. Executing a step is not deterministic (Azure may cut pages anywhere, so two executions of
 //!    the same step can split its range differently). So the first execution to finish records
 //!    its outcome (children + counters) on the item's row, guarded by the row's ETag
@@ -21,6 +21,9 @@
 //! 4. Hence Σ Created − Σ Completed is the number of unfinished items, never 0 early. It is
 //!    read with a double collect (two passes over the monotonic counters that agree), which is a
 //!    consistent snapshot.
+//! 5. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
+//!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
+//!    the queued messages clean up an ended scan's work rows as they are delivered.
 
 use std::time::Duration;
 
@@ -34,7 +37,7 @@ use crate::storage::{
     TableStore,
 };
 
-use super::messages::shard_of;
+use super::messages::{shard_of, ScanContext};
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 
 const SCAN_ROW: &str = "scan";
@@ -80,6 +83,9 @@ pub struct ScanRecord {
     pub state: ScanState,
     /// The validated request, as JSON (no secrets: connections are app-setting names).
     pub request: Value,
+    /// What the scan's work items read and write, recorded at start (`None` on records written
+    /// before contexts were recorded, or unreadable: derive it from `request`).
+    pub context: Option<ScanContext>,
     pub shards: u32,
     pub started_at: OffsetDateTime,
     pub completed_at: Option<OffsetDateTime>,
@@ -92,7 +98,7 @@ pub struct ScanRecord {
 pub struct Counters {
     /// Work items registered.
     pub created: i64,
-    /// Work items finished (done or failed).
+    /// Work items finished (done, failed or dropped).
     pub completed: i64,
     /// Work items that failed for good (poisoned).
     pub failed: i64,
@@ -101,9 +107,13 @@ pub struct Counters {
     pub storage_requests: i64,
     /// Queue messages whose work was committed.
     pub messages: i64,
+    /// Work items finished without running because their scan had ended (cancelled or failed).
+    /// Absent from counters and outcomes recorded by earlier versions: 0.
+    #[serde(default)]
+    pub dropped: i64,
 }
 
-const COUNTER_FIELDS: [&str; 7] = [
+const COUNTER_FIELDS: [&str; 8] = [
     "Created",
     "Completed",
     "Failed",
@@ -111,10 +121,11 @@ const COUNTER_FIELDS: [&str; 7] = [
     "RowsWritten",
     "StorageRequests",
     "Messages",
+    "Dropped",
 ];
 
 impl Counters {
-    fn values(&self) -> [i64; 7] {
+    fn values(&self) -> [i64; 8] {
         [
             self.created,
             self.completed,
@@ -123,10 +134,11 @@ impl Counters {
             self.rows_written,
             self.storage_requests,
             self.messages,
+            self.dropped,
         ]
     }
 
-    fn from_values(v: [i64; 7]) -> Counters {
+    fn from_values(v: [i64; 8]) -> Counters {
         Counters {
             created: v[0],
             completed: v[1],
@@ -135,6 +147,7 @@ impl Counters {
             rows_written: v[4],
             storage_requests: v[5],
             messages: v[6],
+            dropped: v[7],
         }
     }
 
@@ -152,7 +165,7 @@ impl Counters {
     /// (a zero `Created` would end a scan early). A missing field is 0 (rows written before
     /// the field existed).
     fn from_entity(entity: &Entity) -> Result<Counters, StorageError> {
-        let mut values = [0i64; 7];
+        let mut values = [0i64; COUNTER_FIELDS.len()];
         for (value, field) in values.iter_mut().zip(COUNTER_FIELDS) {
             *value = int64(&entity.properties, field).ok_or_else(|| {
                 StorageError::invalid_response(format!(
@@ -189,6 +202,10 @@ fn put_int64(props: &mut Properties, name: &str, value: i64) {
         format!("{name}@odata.type"),
         Value::String("Edm.Int64".into()),
     );
+}
+
+fn put_str(props: &mut Properties, name: &str, value: &str) {
+    props.insert(name, Value::String(value.to_string()));
 }
 
 fn put_time(props: &mut Properties, name: &str, value: OffsetDateTime) {
@@ -355,6 +372,10 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         p.insert("Request", json!(record.request.to_string()));
         p.insert("Shards", json!(record.shards));
         put_time(p, "StartedAt", record.started_at);
+        if let Some(context) = &record.context {
+            let context = serde_json::to_string(context).expect("contexts serialize");
+            put_str(p, "Context", &context);
+        }
         match self
             .store
             .submit_batch(
@@ -387,6 +408,7 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         Some(ScanRecord {
             state: ScanState::parse(&get_str(p, "State")?)?,
             request: serde_json::from_str(&get_str(p, "Request")?).ok()?,
+            context: get_str(p, "Context").and_then(|c| serde_json::from_str(&c).ok()),
             shards: p.get_value("Shards").and_then(|v| v.as_u64())? as u32,
             started_at: get_time(p, "StartedAt")?,
             completed_at: get_time(p, "CompletedAt"),
@@ -754,22 +776,56 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         mut delta: Counters,
         failure: Option<&str>,
     ) -> Result<Completion, StorageError> {
+        delta.failed = i64::from(failure.is_some());
+        delta.messages = 1;
+        let state = if failure.is_some() { "failed" } else { "done" };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, state, failure)
+            .await
+    }
+
+    /// Finishes a work item of an ended scan without running it: its row is marked `dropped`
+    /// and `Completed` and `Dropped` grow by one, atomically with its shard's counter row and
+    /// guarded by the row's ETag, so a redelivery or a concurrent completion cannot count it
+    /// twice.
+    pub async fn drop_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+    ) -> Result<Completion, StorageError> {
+        let delta = Counters {
+            dropped: 1,
+            ..Counters::default()
+        };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, "dropped", None)
+            .await
+    }
+
+    /// Replaces an unfinished row (at `work_etag`) with a finished one in `state` and adds
+    /// `delta` plus one completion to the shard's counter, in one transaction.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        state: &str,
+        error: Option<&str>,
+    ) -> Result<Completion, StorageError> {
         let shard = shard_of(work_id, shards);
         let pk = shard_partition(scan_id, shard);
         delta.completed = 1;
-        delta.failed = i64::from(failure.is_some());
-        delta.messages = 1;
         for attempt in 0..MAX_COUNTER_ATTEMPTS {
             let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
-            row.properties.insert(
-                "State",
-                json!(if failure.is_some() { "failed" } else { "done" }),
-            );
+            put_str(&mut row.properties, "State", state);
             put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
-            if let Some(f) = failure {
-                row.properties.insert("Error", json!(diagnostic(f)));
+            if let Some(e) = error {
+                put_str(&mut row.properties, "Error", &diagnostic(e));
             }
             let ops = [
                 // Replace, not merge: the recorded outcome is no longer needed.

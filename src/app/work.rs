@@ -1,8 +1,12 @@
 //! The life of one queue work item, shared by the PrefixScan and TableCopy functions:
-//! decode → check the scan is running and the item unfinished → execute (or adopt the outcome
-//! an earlier execution recorded) → register and enqueue children → commit completion with
-//! counters → detect the end of the scan. See `tracking` for why this is exact under
-//! at-least-once delivery.
+//! decode → read the scan's recorded context and check the scan is running and the item
+//! unfinished → execute (or adopt the outcome an earlier execution recorded) → register and
+//! enqueue children → commit completion with counters → detect the end of the scan. See
+//! `tracking` for why this is exact under at-least-once delivery.
+//!
+//! A message names only its scan and its work; what to read and write comes from the scan's
+//! recorded [`ScanContext`], never from the message. Work of a scan that has ended is dropped:
+//! its row is finished as `dropped`, so an ended scan leaves no pending rows behind.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,12 +19,14 @@ use serde::{Deserialize, Serialize};
 use crate::storage::{QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
+use super::functions::start_scan::recorded_context;
+use super::functions::status::is_valid_scan_id;
 use super::messages::{
     self, shard_of, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
 use super::state::{AppState, Counted};
-use super::tracking::{Completion, Counters, NewWork, RecordError, ScanState, WorkState};
+use super::tracking::{Completion, Counters, NewWork, RecordError, ScanState, Tracker, WorkState};
 
 /// What executing a work item produced: children to spawn and counters to add.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -81,6 +87,8 @@ enum Progress {
 /// A decoded, unfinished work item.
 pub struct Begun<M> {
     pub message: M,
+    /// The scan's recorded context: what the item reads and writes.
+    pub scan: Arc<ScanContext>,
     pub invocation: QueueInvocation,
     pub work_id: String,
     progress: Progress,
@@ -96,20 +104,17 @@ impl<M> Begun<M> {
 }
 
 /// Messages that belong to a scan.
-pub trait ScanWork: WorkMessage {
-    fn scan(&self) -> &ScanContext;
-}
+pub trait ScanWork: WorkMessage {}
 
-impl ScanWork for StepMessage {
-    fn scan(&self) -> &ScanContext {
-        &self.scan
-    }
-}
+impl ScanWork for StepMessage {}
 
-impl ScanWork for CopyMessage {
-    fn scan(&self) -> &ScanContext {
-        &self.scan
-    }
+impl ScanWork for CopyMessage {}
+
+/// Why a scan's context could not be had.
+enum ScanLookupError {
+    Storage(StorageError),
+    /// The record exists but its context cannot be derived.
+    Unusable(String),
 }
 
 fn reply(status: StatusCode, line: String) -> InvocationResponse {
@@ -184,7 +189,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         Ok(Counted::new(store.clone(), requests.clone()))
     }
 
-    /// The queue message of a child of `scan`.
+    /// The queue message of a child of `scan`: its scan id and its work, nothing else.
     fn child_message(
         &self,
         scan: &ScanContext,
@@ -193,7 +198,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         match child {
             ChildSpec::Step(step) => {
                 let m = StepMessage {
-                    scan: scan.clone(),
+                    scan_id: scan.scan_id.clone(),
                     step: step.clone(),
                 };
                 Ok((
@@ -205,7 +210,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             }
             ChildSpec::Copy(work) => {
                 let m = CopyMessage {
-                    scan: scan.clone(),
+                    scan_id: scan.scan_id.clone(),
                     work: work.clone(),
                 };
                 Ok((
@@ -218,19 +223,76 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         }
     }
 
+    /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
+    /// yet). Served from the cache when it can be trusted; a record read refreshes both.
+    /// `patient`: retry storage trouble as on a last attempt (see [`patiently`]).
+    async fn scan_of<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan_id: &str,
+        patient: bool,
+    ) -> Result<Option<(ScanState, Arc<ScanContext>)>, ScanLookupError> {
+        if let (Some(state), Some(context)) = (
+            self.scan_states.get(scan_id),
+            self.scan_states.context(scan_id),
+        ) {
+            return Ok(Some((state, context)));
+        }
+        let Some(record) = patiently(patient, || tracker.get_scan(scan_id))
+            .await
+            .map_err(ScanLookupError::Storage)?
+        else {
+            return Ok(None);
+        };
+        let context = Arc::new(recorded_context(&record).map_err(ScanLookupError::Unusable)?);
+        self.scan_states.put(scan_id, record.state);
+        self.scan_states.put_context(context.clone());
+        Ok(Some((record.state, context)))
+    }
+
+    /// Finishes an unfinished work item of an ended scan as dropped. `Ok(false)`: it was already
+    /// finished (or never registered); nothing done. Idempotent under redelivery.
+    async fn drop_work_item<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        work_id: &str,
+        last_attempt: bool,
+    ) -> Result<bool, StorageError> {
+        let state = patiently(last_attempt, || {
+            tracker.work_state(&scan.scan_id, scan.shards, work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(false),
+        };
+        let completion = patiently(last_attempt, || {
+            tracker.drop_work(&scan.scan_id, scan.shards, work_id, &etag)
+        })
+        .await?;
+        Ok(matches!(completion, Completion::Committed { .. }))
+    }
+
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
     pub async fn begin<M: ScanWork>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
         let invocation = queue_invocation(body)?;
         // A message that cannot be decoded never will be: fail it so the host poisons it.
-        let message: M = messages::decode(&invocation.message).map_err(|e| {
+        let rejected = |e: String| {
             reply(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("rejected {} message: {e}", M::NAME),
             )
-        })?;
+        };
+        let (message, sent_context): (M, _) =
+            messages::decode_with_legacy_context(&invocation.message)
+                .map_err(|e| rejected(e.to_string()))?;
+        let scan_id = message.scan_id().to_string();
+        if !is_valid_scan_id(&scan_id) {
+            return Err(rejected(format!("{scan_id:?} is not a scan id")));
+        }
         let work_id = messages::work_id(&message);
-        let scan = message.scan();
         let requests = Arc::new(AtomicU64::new(0));
         let store = self
             .counted_table(STORAGE_SETTING, &requests)
@@ -243,49 +305,49 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 format!("{work_id}: storage: {e}"),
             )
         };
-        let cached = self.scan_states.get(&scan.scan_id);
-        let state = match cached {
-            Some(state) => Some(state),
-            None => {
-                let state = tracker
-                    .get_scan(&scan.scan_id)
-                    .await
-                    .map_err(storage_failure)?
-                    .map(|r| r.state);
-                if let Some(state) = state {
-                    self.scan_states.put(&scan.scan_id, state);
-                }
-                state
-            }
-        };
-        match state {
-            None if last_attempt => {
+        let (state, scan) = match self.scan_of(&tracker, &scan_id, last_attempt).await {
+            Ok(Some(found)) => found,
+            Ok(None) if last_attempt => {
                 return Err(reply(
                     StatusCode::OK,
-                    format!(
-                        "{work_id}: scan {} does not exist; dropping the message",
-                        scan.scan_id
-                    ),
+                    format!("{work_id}: scan {scan_id} does not exist; dropping the message"),
                 ))
             }
             // The starter writes the record right after queuing the root: retry until it exists.
-            None => {
+            Ok(None) => {
                 return Err(reply(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{work_id}: scan {} is not recorded yet", scan.scan_id),
+                    format!("{work_id}: scan {scan_id} is not recorded yet"),
                 ))
             }
-            Some(state) if state != ScanState::Running => {
+            Err(ScanLookupError::Storage(e)) => return Err(storage_failure(e)),
+            Err(ScanLookupError::Unusable(e)) => {
                 return Err(reply(
-                    StatusCode::OK,
-                    format!(
-                        "{work_id}: scan {} is {}; dropping its work",
-                        scan.scan_id,
-                        state.as_str()
-                    ),
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{work_id}: {e}"),
                 ))
             }
-            Some(_) => {}
+        };
+        if sent_context.is_some_and(|sent| sent != *scan) {
+            tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
+        }
+        if state != ScanState::Running {
+            let dropped = self
+                .drop_work_item(&tracker, &scan, &work_id, last_attempt)
+                .await
+                .map_err(storage_failure)?;
+            return Err(reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: scan {scan_id} is {}; {}",
+                    state.as_str(),
+                    if dropped {
+                        "dropped its work item"
+                    } else {
+                        "no unfinished work item to drop"
+                    }
+                ),
+            ));
         }
         let progress = match patiently(last_attempt, || {
             tracker.work_state(&scan.scan_id, scan.shards, &work_id)
@@ -330,6 +392,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         };
         Ok(Begun {
             message,
+            scan,
             invocation,
             work_id,
             progress,
@@ -344,7 +407,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         begun: Begun<M>,
         result: Result<WorkOutcome, WorkError>,
     ) -> InvocationResponse {
-        let scan_id = begun.message.scan().scan_id.clone();
+        let scan_id = begun.scan.scan_id.clone();
         match self.commit(&begun, result).await {
             Ok(line) => reply(StatusCode::OK, line),
             Err(e) => {
@@ -383,7 +446,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             M::NAME,
             begun.invocation.dequeue_count
         );
-        self.fail_work_item(begun.message.scan(), &begun.work_id, &reason)
+        self.fail_work_item(&begun.scan, &begun.work_id, &reason)
             .await
             .map(|_| ())
     }
@@ -428,16 +491,27 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
     /// its work item is still unfinished, no delivery recorded an outcome (the handler was killed
     /// or timed out every time, or storage stayed unreachable): the item is recorded as failed
-    /// and its scan fails, instead of running forever. Idempotent: a finished item is left alone
-    /// (the usual case — the last delivery recorded its own failure). A message that cannot be
-    /// decoded has no work item to settle and is dropped with a warning.
+    /// and its scan fails, instead of running forever — or, if the scan has already ended, the
+    /// item is dropped. Idempotent: a finished item is left alone (the usual case — the last
+    /// delivery recorded its own failure). A message that cannot be decoded, or names no
+    /// recorded scan, has no work item to settle and is dropped with a warning.
     pub async fn settle_poisoned<M: ScanWork>(&self, body: &[u8]) -> InvocationResponse {
         let invocation = match queue_invocation(body) {
             Ok(invocation) => invocation,
             Err(reply) => return reply,
         };
-        let message: M = match messages::decode(&invocation.message) {
-            Ok(message) => message,
+        let message = match messages::decode::<M>(&invocation.message) {
+            Ok(message) if is_valid_scan_id(message.scan_id()) => message,
+            Ok(message) => {
+                return reply(
+                    StatusCode::OK,
+                    format!(
+                        "dropped an undecodable poisoned {} message: {:?} is not a scan id",
+                        M::NAME,
+                        message.scan_id()
+                    ),
+                )
+            }
             Err(e) => {
                 return reply(
                     StatusCode::OK,
@@ -446,18 +520,65 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             }
         };
         let work_id = messages::work_id(&message);
-        let scan = message.scan();
+        let scan_id = message.scan_id();
+        let tracker = self.tracker_on(self.bookkeeping());
+        let (state, scan) = match self.scan_of(&tracker, scan_id, true).await {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                return reply(
+                    StatusCode::OK,
+                    format!("{work_id}: poisoned message of scan {scan_id}, which does not exist"),
+                )
+            }
+            Err(ScanLookupError::Storage(e)) => {
+                return reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: could not read scan {scan_id}: {e}"),
+                )
+            }
+            // Its work cannot run: end the scan rather than leave it running forever.
+            Err(ScanLookupError::Unusable(e)) => {
+                return match tracker
+                    .finish_scan(scan_id, ScanState::Failed, Some(&e))
+                    .await
+                {
+                    Ok(_) => reply(StatusCode::OK, format!("{work_id}: {e}; scan failed")),
+                    Err(storage) => reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{work_id}: {e}; could not fail the scan: {storage}"),
+                    ),
+                }
+            }
+        };
+        if state != ScanState::Running {
+            return match self.drop_work_item(&tracker, &scan, &work_id, true).await {
+                Ok(true) => reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: poisoned message of a {} scan; dropped its work item",
+                        state.as_str()
+                    ),
+                ),
+                Ok(false) => reply(
+                    StatusCode::OK,
+                    format!("{work_id}: poisoned message of a finished work item; nothing to do"),
+                ),
+                Err(e) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: could not drop the poisoned item: {e}"),
+                ),
+            };
+        }
         let reason = format!(
             "work item {work_id} ({}) was poisoned: every delivery failed without recording an \
              outcome (handler killed or timed out, or storage unreachable)",
             M::NAME
         );
-        match self.fail_work_item(scan, &work_id, &reason).await {
+        match self.fail_work_item(&scan, &work_id, &reason).await {
             Ok(true) => reply(
                 StatusCode::OK,
                 format!(
-                    "{work_id}: recorded as failed; scan {} failed if it was still running",
-                    scan.scan_id
+                    "{work_id}: recorded as failed; scan {scan_id} failed if it was still running"
                 ),
             ),
             Ok(false) => reply(
@@ -477,7 +598,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         begun: &Begun<M>,
         result: Result<WorkOutcome, WorkError>,
     ) -> Result<String, WorkError> {
-        let scan = begun.message.scan();
+        let scan = &*begun.scan;
         let store = self.counted_table(STORAGE_SETTING, &begun.requests)?;
         let tracker = self.tracker_on(&store);
         let (etag, outcome) = match (&begun.progress, result) {

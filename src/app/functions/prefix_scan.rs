@@ -35,7 +35,7 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
     begun: &Begun<StepMessage>,
 ) -> Result<WorkOutcome, WorkError> {
     let message = &begun.message;
-    let scan = &message.scan;
+    let scan = &*begun.scan;
     if let (Some(prefix), Step::PartitionKeyQuery { partition_key, .. }) =
         (&state.config.test_fail_prefix, &message.step)
     {
@@ -135,7 +135,7 @@ fn split_rows(pk: &str, row_keys: Vec<String>, out: &mut Vec<CopyWork>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::messages::{self, CopyMessage, ScanContext};
+    use crate::app::messages::{self, CopyMessage};
 
     #[test]
     fn reference_split_is_one_item_per_partition_and_fits_the_queue() {
@@ -163,22 +163,9 @@ mod tests {
             })
             .sum();
         assert_eq!(total, 1000);
-        let scan = ScanContext {
-            scan_id: "x".into(),
-            shards: 1,
-            driver: Driver::Copy,
-            strategy: crate::scan::Strategy::Prefix,
-            source: messages::TableRef {
-                connection: "c".into(),
-                table: "t".into(),
-            },
-            destination: None,
-            params: crate::scan::ScanParameters::default(),
-            work_split: WorkSplit::PartitionKey,
-        };
         for work in items {
             messages::encode(&CopyMessage {
-                scan: scan.clone(),
+                scan_id: "x".into(),
                 work,
             })
             .expect("fits in a queue message");

@@ -2,7 +2,9 @@
 //! step and answers `202 Accepted` with `Location: /api/scans/{id}`.
 //!
 //! Nothing is written before the whole request is valid. Order of writes: counters + root work
-//! row, then the root message, then the scan record — so a visible scan always has its work.
+//! row, then the root message, then the scan record with the scan's context (what every work
+//! item reads and writes) — so a visible scan always has its work, and work never runs before
+//! its context is recorded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,14 +121,6 @@ impl ScanRequest {
             }
             (Driver::Copy, Some(dst)) => {
                 validate::table_name(dst).map_err(|m| ApiError::field("destinationTable", m))?;
-                if dst.eq_ignore_ascii_case(&self.source_table)
-                    && self.destination_connection == self.source_connection
-                {
-                    return Err(ApiError::field(
-                        "destinationTable",
-                        "must differ from the source table",
-                    ));
-                }
             }
             (Driver::Count, None) => {
                 if self.work_split != WorkSplit::Page {
@@ -148,6 +142,41 @@ impl ScanRequest {
                 ));
             }
         }
+        // Compared by the table service the connections resolve to, not by setting name, and
+        // by table name up to case (Azure table names are case-insensitive).
+        let config = &state.config;
+        for (field, connection, table) in [
+            (
+                "sourceTable",
+                &self.source_connection,
+                Some(&self.source_table),
+            ),
+            (
+                "destinationTable",
+                &self.destination_connection,
+                self.destination_table.as_ref(),
+            ),
+        ] {
+            if let Some(table) = table {
+                if config.is_bookkeeping_table(connection, table) {
+                    return Err(ApiError::field(
+                        field,
+                        format!("{table} is one of tablescan's bookkeeping tables on the app's own storage account"),
+                    ));
+                }
+            }
+        }
+        if let Some(dst) = &self.destination_table {
+            if config.same_table(
+                (&self.source_connection, &self.source_table),
+                (&self.destination_connection, dst),
+            ) {
+                return Err(ApiError::field(
+                    "destinationTable",
+                    "must differ from the source table (the two connections reach the same storage account, and table names are case-insensitive)",
+                ));
+            }
+        }
         validate::key(&self.partition_key_prefix)
             .map_err(|m| ApiError::field("partitionKeyPrefix", m))?;
         for (field, bound) in [
@@ -158,7 +187,16 @@ impl ScanRequest {
                 validate::key(b).map_err(|m| ApiError::field(field, m))?;
             }
         }
-        let params = ScanParameters {
+        let params = self.params();
+        params
+            .validate()
+            .map_err(|e| ApiError::field(e.field, e.message))?;
+        Ok(params)
+    }
+
+    /// The scan parameters this request asks for (unchecked: see [`ScanRequest::validate`]).
+    fn params(&self) -> ScanParameters {
+        ScanParameters {
             prefix: self.partition_key_prefix.clone(),
             lower: self.partition_key_lower_bound.clone(),
             upper: self.partition_key_upper_bound.clone(),
@@ -168,12 +206,42 @@ impl ScanRequest {
             expand_partition_keys: self.expand_partition_keys,
             segments_per_first_prefix: self.segments_per_first_prefix,
             segments_per_subsequent_prefix: self.segments_per_subsequent_prefix,
-        };
-        params
-            .validate()
-            .map_err(|e| ApiError::field(e.field, e.message))?;
-        Ok(params)
+        }
     }
+
+    /// The context every work item of scan `scan_id` runs with.
+    fn context(&self, scan_id: &str, shards: u32) -> ScanContext {
+        ScanContext {
+            scan_id: scan_id.to_string(),
+            shards,
+            driver: self.driver,
+            strategy: self.strategy,
+            source: TableRef {
+                connection: self.source_connection.clone(),
+                table: self.source_table.clone(),
+            },
+            destination: self.destination_table.clone().map(|table| TableRef {
+                connection: self.destination_connection.clone(),
+                table,
+            }),
+            params: self.params(),
+            work_split: self.work_split,
+        }
+    }
+}
+
+/// The context a scan's work items run with: the one recorded at start, or for a record written
+/// before contexts were recorded, the same context derived from its recorded request (as that
+/// version put into its messages).
+pub fn recorded_context(record: &ScanRecord) -> Result<ScanContext, String> {
+    if let Some(context) = &record.context {
+        if context.scan_id == record.id && context.shards == record.shards {
+            return Ok(context.clone());
+        }
+    }
+    let request: ScanRequest = serde_json::from_value(record.request.clone())
+        .map_err(|e| format!("scan {} has an unreadable recorded request: {e}", record.id))?;
+    Ok(request.context(&record.id, record.shards))
 }
 
 /// A new scan id: inverted milliseconds so ids sort newest first, plus randomness.
@@ -208,7 +276,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         .await
         .map_err(|_| ApiError::PayloadTooLarge(MAX_BODY))?;
     let request = parse_request(&body)?;
-    let params = request.validate(&state)?;
+    request.validate(&state)?;
 
     let source = &state.tables[&request.source_connection];
     let probe = Query {
@@ -246,24 +314,8 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         .await?;
 
     let scan_id = new_scan_id();
-    let context = ScanContext {
-        scan_id: scan_id.clone(),
-        shards: state.config.counter_shards,
-        driver: request.driver,
-        strategy: request.strategy,
-        source: TableRef {
-            connection: request.source_connection.clone(),
-            table: request.source_table.clone(),
-        },
-        destination: request.destination_table.clone().map(|table| TableRef {
-            connection: request.destination_connection.clone(),
-            table,
-        }),
-        params,
-        work_split: request.work_split,
-    };
     let root = StepMessage {
-        scan: context,
+        scan_id: scan_id.clone(),
         step: Scanner::<T>::root(request.strategy),
     };
     let text = messages::encode(&root).map_err(|e| ApiError::field("body", e.to_string()))?;
@@ -282,6 +334,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         id: scan_id.clone(),
         state: ScanState::Running,
         request: serde_json::to_value(&request).expect("requests serialize"),
+        context: Some(request.context(&scan_id, state.config.counter_shards)),
         shards: state.config.counter_shards,
         started_at: OffsetDateTime::now_utc(),
         completed_at: None,

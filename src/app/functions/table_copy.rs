@@ -193,7 +193,7 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     begun: &Begun<CopyMessage>,
 ) -> Result<WorkOutcome, WorkError> {
-    let scan = &begun.message.scan;
+    let scan = &*begun.scan;
     let destination = scan
         .destination
         .as_ref()
