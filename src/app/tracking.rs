@@ -40,6 +40,9 @@ use crate::storage::{
 use super::messages::{shard_of, ScanContext};
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 
+/// Most query pages one scan listing reads. The scans table holds only scan rows, so one page
+/// of `top` rows normally answers; empty pages are the only reason to read more.
+const MAX_LIST_PAGES: usize = 8;
 const SCAN_ROW: &str = "scan";
 const COUNTER_ROW: &str = "counter";
 /// Optimistic-concurrency retries on a contended counter before giving up (the message retries).
@@ -441,8 +444,9 @@ impl<'a, T: TableStore> Tracker<'a, T> {
         };
         let mut scans = Vec::new();
         let mut query = query;
-        // Follow continuations past empty pages until we have `top` rows or the table ends.
-        loop {
+        // Follow continuations past empty pages until we have `top` rows, the table ends, or
+        // the page budget is spent (then the listing is cut short, and says so in the log).
+        for _ in 0..MAX_LIST_PAGES {
             let page = self.store.query_page(self.scans_table, &query).await?;
             scans.extend(
                 page.entities
@@ -451,10 +455,17 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             );
             match page.continuation {
                 Some(c) if scans.len() < top as usize => query.continuation = Some(c),
-                _ => break,
+                _ => {
+                    scans.truncate(top as usize);
+                    return Ok(scans);
+                }
             }
         }
-        scans.truncate(top as usize);
+        tracing::warn!(
+            found = scans.len(),
+            top,
+            "listing stopped after {MAX_LIST_PAGES} pages of the scans table"
+        );
         Ok(scans)
     }
 
@@ -916,6 +927,59 @@ fn diagnostic(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use crate::storage::{Continuation, Page, StorageResult};
+
+    /// A scans table that only ever answers empty pages with a continuation.
+    #[derive(Clone, Default)]
+    struct Endless {
+        queries: Arc<AtomicUsize>,
+    }
+
+    impl TableStore for Endless {
+        async fn query_page(&self, _: &str, _: &Query) -> StorageResult<Page> {
+            self.queries.fetch_add(1, Ordering::SeqCst);
+            Ok(Page {
+                continuation: Some(Continuation {
+                    next_partition_key: "next".into(),
+                    next_row_key: None,
+                }),
+                ..Page::default()
+            })
+        }
+        async fn submit_batch(&self, _: &str, _: &str, _: &[BatchOperation]) -> StorageResult<()> {
+            unreachable!()
+        }
+        async fn get_entity(
+            &self,
+            _: &str,
+            _: &str,
+            _: &str,
+        ) -> StorageResult<Option<(Entity, String)>> {
+            unreachable!()
+        }
+        async fn create_table(&self, _: &str) -> StorageResult<bool> {
+            unreachable!()
+        }
+        async fn delete_table(&self, _: &str) -> StorageResult<bool> {
+            unreachable!()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listing_reads_a_bounded_number_of_pages() {
+        let endless = Endless::default();
+        let scans = Tracker::new(&endless, "Scans", "Work")
+            .list_scans(100)
+            .await
+            .unwrap();
+        assert!(scans.is_empty());
+        assert_eq!(endless.queries.load(Ordering::SeqCst), MAX_LIST_PAGES);
+    }
+
 
     #[test]
     fn chunks_and_diagnostics_are_measured_in_utf16_units() {

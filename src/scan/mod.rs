@@ -11,5 +11,5 @@ mod params;
 mod step;
 
 pub use engine::{list, ScanError, Scanner, StepBudget, StepOutput};
-pub use params::{ParameterError, ScanParameters, Strategy};
+pub use params::{ParameterError, ScanParameters, Strategy, MAX_SEGMENTS_PER_PREFIX};
 pub use step::{LowerBound, Step};

@@ -4,6 +4,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::storage::{compare_keys, MAX_TAKE};
 
+use super::engine::StepBudget;
+
+/// Most pages a request may ask a prefix query to read per prefix: each one costs a query, so a
+/// step on the default budget could never read more (and a larger value only meant more work).
+pub const MAX_SEGMENTS_PER_PREFIX: u32 = StepBudget::DEFAULT.max_queries as u32;
+
 /// How the key range is enumerated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -36,9 +42,10 @@ pub struct ScanParameters {
     /// Emit the rest of a discovered partition as its own step (fan-out) rather than reading it
     /// inline in the step that discovered it.
     pub expand_partition_keys: bool,
-    /// Non-empty pages read for the first prefix of a prefix query before fanning out (≥ 1).
+    /// Non-empty pages read for the first prefix of a prefix query before fanning out
+    /// (1..=[`MAX_SEGMENTS_PER_PREFIX`]; a step also stops when its query budget is spent).
     pub segments_per_first_prefix: u32,
-    /// Non-empty pages read for each later prefix of a prefix query (≥ 1).
+    /// Non-empty pages read for each later prefix of a prefix query (1..=16, as above).
     pub segments_per_subsequent_prefix: u32,
 }
 
@@ -82,17 +89,19 @@ impl ScanParameters {
                 format!("must be 1..=1000, got {}", self.take),
             ));
         }
-        if self.segments_per_first_prefix == 0 {
-            return Err(ParameterError::new(
-                "segmentsPerFirstPrefix",
-                "must be at least 1",
-            ));
-        }
-        if self.segments_per_subsequent_prefix == 0 {
-            return Err(ParameterError::new(
+        for (field, value) in [
+            ("segmentsPerFirstPrefix", self.segments_per_first_prefix),
+            (
                 "segmentsPerSubsequentPrefix",
-                "must be at least 1",
-            ));
+                self.segments_per_subsequent_prefix,
+            ),
+        ] {
+            if !(1..=MAX_SEGMENTS_PER_PREFIX).contains(&value) {
+                return Err(ParameterError::new(
+                    field,
+                    format!("must be 1..={MAX_SEGMENTS_PER_PREFIX}, got {value}"),
+                ));
+            }
         }
         if let (Some(lower), Some(upper)) = (&self.lower, &self.upper) {
             if compare_keys(lower, upper).is_ge() {
@@ -140,5 +149,51 @@ impl ScanParameters {
                 .upper
                 .as_deref()
                 .map_or(true, |u| compare_keys(pk, u).is_lt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_bounded_by_the_step_budget() {
+        for (field, set) in [
+            (
+                "segmentsPerFirstPrefix",
+                (|p, v| ScanParameters {
+                    segments_per_first_prefix: v,
+                    ..p
+                }) as fn(ScanParameters, u32) -> ScanParameters,
+            ),
+            ("segmentsPerSubsequentPrefix", |p, v| ScanParameters {
+                segments_per_subsequent_prefix: v,
+                ..p
+            }),
+        ] {
+            for ok in [1, 2, MAX_SEGMENTS_PER_PREFIX] {
+                assert_eq!(set(ScanParameters::default(), ok).validate(), Ok(()));
+            }
+            for bad in [0, MAX_SEGMENTS_PER_PREFIX + 1, 500, u32::MAX] {
+                let err = set(ScanParameters::default(), bad).validate().unwrap_err();
+                assert_eq!(err.field, field);
+                assert!(err.message.contains(&bad.to_string()), "{err}");
+                assert!(err.message.contains("1..=16"), "{err}");
+            }
+        }
+        assert_eq!(MAX_SEGMENTS_PER_PREFIX, 16);
+    }
+
+    #[test]
+    fn take_count_is_bounded() {
+        for bad in [0, MAX_TAKE + 1, u32::MAX] {
+            let err = ScanParameters {
+                take: bad,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap_err();
+            assert_eq!(err.field, "takeCount");
+        }
     }
 }

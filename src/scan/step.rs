@@ -59,6 +59,28 @@ pub enum Step {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<(String, String)>,
     },
+    /// Part of a partition-key query: the rows of one partition with `row_key_skip` < RowKey ≤
+    /// `row_key_through`. Made only when a step spent its query budget on empty pages and split
+    /// its range in two to make progress (steps never carry continuation tokens).
+    #[serde(rename_all = "camelCase")]
+    PartitionKeyRange {
+        partition_key: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        row_key_skip: Option<String>,
+        row_key_through: String,
+        depth: u32,
+    },
+    /// Part of a serial scan: the rows of the scan range with `after` < (PartitionKey, RowKey) ≤
+    /// `through` (`after: None` starts at the range's start). Made like
+    /// [`Step::PartitionKeyRange`]; `depth` only tells retries of a range that cannot be split
+    /// further apart.
+    #[serde(rename_all = "camelCase")]
+    SerialRange {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<(String, String)>,
+        through: (String, String),
+        depth: u32,
+    },
     /// Rows one query page produced (always at least one), in (PK, RK) order.
     Segment { entities: Vec<Entity>, depth: u32 },
 }
@@ -91,6 +113,27 @@ impl Step {
             } => match row_key_skip {
                 Some(rk) => format!("PK eq {partition_key:?} and RK gt {rk:?}"),
                 None => format!("PK eq {partition_key:?}"),
+            },
+            Step::PartitionKeyRange {
+                partition_key,
+                row_key_skip,
+                row_key_through,
+                ..
+            } => match row_key_skip {
+                Some(rk) => format!(
+                    "PK eq {partition_key:?} and RK gt {rk:?} and RK le {row_key_through:?}"
+                ),
+                None => format!("PK eq {partition_key:?} and RK le {row_key_through:?}"),
+            },
+            Step::SerialRange {
+                after,
+                through: (tpk, trk),
+                ..
+            } => match after {
+                Some((pk, rk)) => {
+                    format!("serial after ({pk:?}, {rk:?}) through ({tpk:?}, {trk:?})")
+                }
+                None => format!("serial from the start through ({tpk:?}, {trk:?})"),
             },
             Step::Serial {
                 after: Some((pk, rk)),
