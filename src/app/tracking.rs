@@ -980,7 +980,6 @@ mod tests {
         assert_eq!(endless.queries.load(Ordering::SeqCst), MAX_LIST_PAGES);
     }
 
-
     #[test]
     fn chunks_and_diagnostics_are_measured_in_utf16_units() {
         let text = format!("{}{}", "a".repeat(5), "\u{1F600}".repeat(3));

@@ -427,6 +427,7 @@ fn build_batch_body(
                 serde_json::to_writer(&mut json, &entity.wire()).map_err(|e| {
                     StorageError::invalid_input(format!("entity cannot be serialized: {e}"))
                 })?;
+                escape_line_separators(&mut json);
                 let _ = write!(
                     out,
                     "Content-Type: application/json\r\nPrefer: return-no-content\r\nContent-Length: {}\r\n\r\n",
@@ -444,6 +445,31 @@ fn build_batch_body(
         bytes: Bytes::from(out),
         operations: operations.len(),
     })
+}
+
+/// Writes U+2028 and U+2029 as `\u2028`/`\u2029`: the same JSON (they can only occur inside
+/// strings), but Azurite's transaction parser loses an operation whose body holds them raw.
+fn escape_line_separators(json: &mut Vec<u8>) {
+    const LS: [u8; 3] = [0xE2, 0x80, 0xA8];
+    const PS: [u8; 3] = [0xE2, 0x80, 0xA9];
+    if !json.windows(3).any(|w| w == LS || w == PS) {
+        return;
+    }
+    let mut out = Vec::with_capacity(json.len() + 16);
+    let mut i = 0;
+    while i < json.len() {
+        match json.get(i..i + 3) {
+            Some(w) if w == LS => out.extend_from_slice(b"\\u2028"),
+            Some(w) if w == PS => out.extend_from_slice(b"\\u2029"),
+            _ => {
+                out.push(json[i]);
+                i += 1;
+                continue;
+            }
+        }
+        i += 3;
+    }
+    *json = out;
 }
 
 /// One operation's response inside a batch response.
@@ -565,6 +591,21 @@ mod tests {
             entity_path("t1", "", "\u{FFFF}"),
             "t1(PartitionKey='',RowKey='%EF%BF%BF')"
         );
+    }
+
+    #[test]
+    fn line_separators_are_escaped_and_nothing_else_changes() {
+        let mut json = "{\"a\":\"x\u{2028}y\u{2029}\u{1F600}\\\\\"}"
+            .as_bytes()
+            .to_vec();
+        escape_line_separators(&mut json);
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            "{\"a\":\"x\\u2028y\\u2029\u{1F600}\\\\\"}"
+        );
+        let mut plain = b"{\"a\":1.5}".to_vec();
+        escape_line_separators(&mut plain);
+        assert_eq!(plain, b"{\"a\":1.5}");
     }
 
     #[test]
