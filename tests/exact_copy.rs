@@ -1077,3 +1077,65 @@ fn type_problems(copied: &[RawEntity]) -> Vec<String> {
     }
     problems
 }
+
+/// Keys the service stores but no URL or filter can name (a lone UTF-16 surrogate): the scan
+/// cannot address the row, so it fails on the first attempt with an error naming the row exactly
+/// (its keys as the service's JSON text) — never with an unreadable page after every retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_whose_keys_cannot_be_addressed_fail_the_scan_naming_them() {
+    let client = RawClient::azurite();
+    let pk_table = unique_name("LonePk");
+    let rk_table = unique_name("LoneRk");
+    assert!(client.create_table(&pk_table).await.unwrap());
+    assert!(client.create_table(&rk_table).await.unwrap());
+    for i in 0..10 {
+        let body = format!(r#"{{"PartitionKey":"a{i}","RowKey":"r","V":{i}}}"#);
+        client.insert(&pk_table, &body).await.unwrap();
+        client.insert(&rk_table, &body).await.unwrap();
+    }
+    client
+        .insert(
+            &pk_table,
+            r#"{"PartitionKey":"b\ud800","RowKey":"lone","V":1}"#,
+        )
+        .await
+        .unwrap();
+    client
+        .insert(
+            &rk_table,
+            r#"{"PartitionKey":"a5","RowKey":"x\udc00","V":1}"#,
+        )
+        .await
+        .unwrap();
+    let app = TestApp::start(1, &[]).await;
+    let scans = [
+        (
+            json!({"driver": "copy", "sourceTable": pk_table, "destinationTable": unique_name("LoneDst"), "strategy": "prefix"}),
+            r#"PartitionKey "b\ud800", RowKey "lone""#,
+        ),
+        (
+            json!({"driver": "count", "sourceTable": pk_table}),
+            r#"PartitionKey "b\ud800", RowKey "lone""#,
+        ),
+        (
+            json!({"driver": "copy", "sourceTable": rk_table, "destinationTable": unique_name("LoneDst"), "strategy": "serial"}),
+            r#"PartitionKey "a5", RowKey "x\udc00""#,
+        ),
+    ];
+    for (body, row) in scans {
+        let (code, reply, _) = app.post_scan(&body).await;
+        assert_eq!(code, 202, "{reply}");
+        let id = reply["id"].as_str().unwrap();
+        let status = app.wait_for_end(id, Duration::from_secs(120)).await;
+        let error = status["error"].as_str().unwrap_or_default();
+        assert_eq!(status["state"], "failed", "{body}: {status}");
+        assert!(
+            error.contains(&format!("row ({row})"))
+                && error.contains("lone UTF-16 surrogate")
+                && error.contains("failed after 1 attempts"),
+            "{body}: the error names the row and fails at once: {error}"
+        );
+        assert_eq!(status["failedWorkItems"], 1, "{status}");
+    }
+    app.shutdown().await;
+}
