@@ -36,8 +36,11 @@ async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
 ) -> Result<WorkOutcome, WorkError> {
     let message = &begun.message;
     let scan = &*begun.scan;
-    if let (Some(prefix), Step::PartitionKeyQuery { partition_key, .. }) =
-        (&state.config.test_fail_prefix, &message.step)
+    if let (
+        Some(prefix),
+        Step::PartitionKeyQuery { partition_key, .. }
+        | Step::PartitionKeyRange { partition_key, .. },
+    ) = (&state.config.test_fail_prefix, &message.step)
     {
         if partition_key.starts_with(prefix.as_str()) {
             return Err(WorkError::Failed(format!(
