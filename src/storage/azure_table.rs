@@ -95,18 +95,28 @@ impl AzureTableStore {
                 || format!("query on table {table}"),
             )
             .await?;
-        let header = |name: &str| {
+        // A token that is there but unreadable is an error: read as "no token", it would end
+        // the query early and silently drop the rest of the range.
+        let header = |name: &str| -> StorageResult<Option<String>> {
             response
                 .headers
                 .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
+                .map(|v| {
+                    v.to_str().map(str::to_string).map_err(|_| {
+                        StorageError::invalid_response(format!(
+                            "query on table {table} returned an unreadable {name} header"
+                        ))
+                    })
+                })
+                .transpose()
         };
-        let continuation =
-            header("x-ms-continuation-nextpartitionkey").map(|next_partition_key| Continuation {
+        let continuation = match header("x-ms-continuation-nextpartitionkey")? {
+            Some(next_partition_key) => Some(Continuation {
                 next_partition_key,
-                next_row_key: header("x-ms-continuation-nextrowkey"),
-            });
+                next_row_key: header("x-ms-continuation-nextrowkey")?,
+            }),
+            None => None,
+        };
         let body: QueryBody = serde_json::from_slice(&response.body).map_err(|e| {
             StorageError::invalid_response(format!(
                 "query on table {table} returned invalid JSON: {e}"
