@@ -1,0 +1,99 @@
+//! Scan bookkeeping: scan records, pending-work rows and sharded counters, kept exact under
+//! at-least-once delivery.
+//!
+//! Layout (both tables live in the `AzureWebJobsStorage` account):
+//! - scans table: one row per scan, PK = scan id (newest first), RK = `scan`.
+//! - work table: per scan, `shards` partitions `{scanId}-{shard:02}`. Each holds one `counter` row
+//!   and the rows of the work items whose id hashes to that shard.
+//!
+//! Invariants that make completion exact:
+//! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
+//!    adds 1 to `Created` on its shard's counter, so each work item is counted once however many
+//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`/`dropped`, so a
+//!    late duplicate parent cannot resurrect a finished child.
+//! 2. Executing a step is not deterministic (Azure may cut pages anywhere, so two executions of
+//!    the same step can split its range differently). So the first execution to finish records
+//!    its outcome (children + counters) on the item's row, guarded by the row's ETag
+//!    (`pending` → `expanded`); every later or concurrent execution adopts the recorded outcome.
+//! 3. Children are registered before their parent completes, and a parent completes (row marked
+//!    done + `Completed += 1` + its row/request counters) in one transaction guarded by the row's
+//!    ETag, so a duplicate completion fails instead of double counting.
+//! 4. Hence Σ Created − Σ Completed is the number of unfinished items, never 0 early. It is
+//!    read with a double collect (two passes over the monotonic counters that agree), which is a
+//!    consistent snapshot.
+//! 5. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
+//!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
+//!    the queued messages clean up an ended scan's work rows as they are delivered.
+//!
+//! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
+//! and the drained check), [`work_rows`] (work items' rows) and [`codec`] (how values are
+//! stored in properties).
+
+mod codec;
+mod counters;
+mod records;
+mod work_rows;
+
+use std::time::Duration;
+
+use crate::storage::{StorageError, TableStore};
+
+pub use codec::format_time;
+pub use counters::Counters;
+pub use records::{ScanRecord, ScanState};
+pub use work_rows::{Completion, RecordError, WorkState};
+
+/// Optimistic-concurrency retries on a contended row before giving up (the message retries).
+const MAX_COUNTER_ATTEMPTS: usize = 50;
+
+/// Bookkeeping over a table store.
+pub struct Tracker<'a, T: TableStore> {
+    store: &'a T,
+    scans_table: &'a str,
+    work_table: &'a str,
+}
+
+/// A child work item to register: its id and its queue message text.
+pub struct NewWork {
+    pub id: String,
+    pub kind: &'static str,
+}
+
+fn shard_partition(scan_id: &str, shard: u32) -> String {
+    format!("{scan_id}-{shard:02}")
+}
+
+thread_local! {
+    /// Jitter source for contention backoff and for where drained checks start: random per thread, but re-seedable so the
+    /// single-threaded simulator (`tablescan simulate`) is deterministic for a given seed.
+    static JITTER: std::cell::RefCell<rand::rngs::StdRng> =
+        std::cell::RefCell::new(rand::SeedableRng::from_entropy());
+}
+
+/// Re-seeds this thread's contention-backoff jitter (used by the simulator for determinism).
+pub fn seed_backoff_jitter(seed: u64) {
+    JITTER.with(|j| *j.borrow_mut() = rand::SeedableRng::seed_from_u64(seed));
+}
+
+fn backoff(attempt: usize) -> Duration {
+    use rand::Rng;
+    let base = 5u64 << attempt.min(6);
+    Duration::from_millis(base + JITTER.with(|j| j.borrow_mut().gen_range(0..base)))
+}
+
+impl<'a, T: TableStore> Tracker<'a, T> {
+    pub fn new(store: &'a T, scans_table: &'a str, work_table: &'a str) -> Self {
+        Tracker {
+            store,
+            scans_table,
+            work_table,
+        }
+    }
+
+    /// Creates the bookkeeping tables if missing.
+    pub async fn ensure_tables(&self) -> Result<(), StorageError> {
+        self.store.create_table(self.scans_table).await?;
+        self.store.create_table(self.work_table).await?;
+        Ok(())
+    }
+}

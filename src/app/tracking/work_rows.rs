@@ -1,0 +1,344 @@
+//! Work items' rows: in their shard's partition of the work table, `pending` → `expanded`
+//! (outcome recorded) → `done`/`failed`/`dropped`, every change guarded by the row's ETag.
+
+use futures::future::try_join_all;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use super::codec::{diagnostic, get_str, put_str, put_time, utf16_chunks};
+use super::counters::Counters;
+use super::{backoff, shard_partition, NewWork, Tracker, MAX_COUNTER_ATTEMPTS};
+use crate::app::messages::shard_of;
+use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
+use crate::storage::{BatchOperation, Entity, StorageError, StorageErrorKind, TableStore};
+
+/// Recorded outcomes are split over string properties of at most this many UTF-16 units (the
+/// service allows 64 KiB of UTF-16, 32,768 units, per string); the row as a whole must still
+/// fit the 1 MiB entity limit, which is checked before it is sent.
+const OUTCOME_CHUNK_UNITS: usize = 32_000;
+
+/// State of one work item's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkState {
+    /// Not yet executed (or executed without recording an outcome).
+    Pending {
+        etag: String,
+    },
+    /// Executed; its outcome (JSON) is recorded and must be used by whoever finishes it.
+    Expanded {
+        etag: String,
+        outcome: String,
+    },
+    Finished,
+}
+
+/// Why an outcome could not be recorded.
+#[derive(Debug)]
+pub enum RecordError {
+    /// Another execution recorded or finished first: here is the row now.
+    Lost(Option<WorkState>),
+    Storage(StorageError),
+}
+
+impl From<StorageError> for RecordError {
+    fn from(e: StorageError) -> Self {
+        RecordError::Storage(e)
+    }
+}
+
+/// Result of trying to complete a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Committed; `shard_idle` says the shard had no unfinished items left afterwards.
+    Committed { shard_idle: bool },
+    /// Already completed: by another delivery, or by our own earlier attempt whose answer was
+    /// lost. Nobody may have checked for the end of the scan yet, so the caller still must.
+    Duplicate,
+}
+
+impl<T: TableStore> Tracker<'_, T> {
+    /// Reads a work item's row.
+    pub async fn work_state(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+    ) -> Result<Option<WorkState>, StorageError> {
+        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        Ok(self
+            .store
+            .get_entity(self.work_table, &pk, work_id)
+            .await?
+            .map(
+                |(entity, etag)| match get_str(&entity.properties, "State").as_deref() {
+                    Some("pending") => WorkState::Pending { etag },
+                    Some("expanded") => {
+                        let outcome: String = (0..MAX_CUSTOM_PROPERTIES)
+                            .map_while(|i| get_str(&entity.properties, &format!("Outcome{i}")))
+                            .collect();
+                        WorkState::Expanded { etag, outcome }
+                    }
+                    _ => WorkState::Finished,
+                },
+            ))
+    }
+
+    /// Records an item's outcome (`pending` → `expanded`) if no other execution did first.
+    /// Returns the row's new ETag.
+    pub async fn record_outcome(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        pending_etag: &str,
+        outcome: &str,
+    ) -> Result<String, RecordError> {
+        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        let mut row = Entity::new(pk.clone(), work_id);
+        row.properties.insert("State", json!("expanded"));
+        for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
+            row.properties.insert(format!("Outcome{i}"), json!(chunk));
+        }
+        if let Err(e) = row.check_limits() {
+            return Err(RecordError::Storage(StorageError::invalid_input(format!(
+                "the outcome of {work_id} cannot be recorded: {}",
+                e.message
+            ))));
+        }
+        let op = BatchOperation::Merge {
+            entity: row,
+            etag: Some(pending_etag.to_string()),
+        };
+        match self
+            .store
+            .submit_batch_with_etags(self.work_table, &pk, &[op])
+            .await
+        {
+            // The row's new ETag, for the completion that follows.
+            Ok(etags) if etags.first().is_some_and(Option::is_some) => {
+                Ok(etags.into_iter().next().flatten().expect("checked"))
+            }
+            // The store did not report it: read it back.
+            Ok(_) => match self.work_state(scan_id, shards, work_id).await? {
+                Some(WorkState::Expanded { etag, .. }) => Ok(etag),
+                other => Err(RecordError::Lost(other)),
+            },
+            Err(e)
+                if matches!(
+                    e.kind,
+                    StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                ) =>
+            {
+                Err(RecordError::Lost(
+                    self.work_state(scan_id, shards, work_id).await?,
+                ))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Registers children: inserts each missing row together with its shard's `Created` count.
+    /// Rows that already exist (from an earlier attempt of the same parent) are left alone.
+    pub async fn register_children(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        children: &[NewWork],
+    ) -> Result<(), StorageError> {
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<&NewWork>> = Default::default();
+        for child in children {
+            by_shard
+                .entry(shard_of(&child.id, shards))
+                .or_default()
+                .push(child);
+        }
+        let groups: Vec<(u32, Vec<&NewWork>)> = by_shard
+            .into_iter()
+            .flat_map(|(shard, items)| {
+                items
+                    .chunks(99)
+                    .map(|c| (shard, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        try_join_all(
+            groups
+                .into_iter()
+                .map(|(shard, items)| self.register_group(scan_id, shard, items)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn register_group(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        mut items: Vec<&NewWork>,
+    ) -> Result<(), StorageError> {
+        let pk = shard_partition(scan_id, shard);
+        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+            if items.is_empty() {
+                return Ok(());
+            }
+            let (counters, etag) = self.read_counter(scan_id, shard).await?;
+            let mut ops: Vec<BatchOperation> = items
+                .iter()
+                .map(|w| BatchOperation::Insert(work_row(&pk, w)))
+                .collect();
+            let updated = Counters {
+                created: counters.created + items.len() as i64,
+                ..counters
+            };
+            ops.push(BatchOperation::Replace {
+                entity: updated.to_entity(&pk),
+                etag: Some(etag),
+            });
+            match self.store.submit_batch(self.work_table, &pk, &ops).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                    tokio::time::sleep(backoff(attempt)).await
+                }
+                Err(e) if e.kind == StorageErrorKind::Conflict => match e.failed_operation {
+                    Some(i) if i < items.len() => {
+                        items.remove(i);
+                    }
+                    _ => {
+                        // The service did not say which insert failed: look them up.
+                        let mut missing = Vec::new();
+                        for item in items {
+                            if self
+                                .store
+                                .get_entity(self.work_table, &pk, &item.id)
+                                .await?
+                                .is_none()
+                            {
+                                missing.push(item);
+                            }
+                        }
+                        items = missing;
+                    }
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Transient,
+            format!("counter of {pk} stayed contended"),
+        ))
+    }
+
+    /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
+    /// counter row. `delta.completed` is set here.
+    pub async fn complete(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        failure: Option<&str>,
+    ) -> Result<Completion, StorageError> {
+        delta.failed = i64::from(failure.is_some());
+        delta.messages = 1;
+        let state = if failure.is_some() { "failed" } else { "done" };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, state, failure)
+            .await
+    }
+
+    /// Finishes a work item of an ended scan without running it: its row is marked `dropped`
+    /// and `Completed` and `Dropped` grow by one, atomically with its shard's counter row and
+    /// guarded by the row's ETag, so a redelivery or a concurrent completion cannot count it
+    /// twice.
+    pub async fn drop_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+    ) -> Result<Completion, StorageError> {
+        let delta = Counters {
+            dropped: 1,
+            ..Counters::default()
+        };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, "dropped", None)
+            .await
+    }
+
+    /// Replaces an unfinished row (at `work_etag`) with a finished one in `state` and adds
+    /// `delta` plus one completion to the shard's counter, in one transaction.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_work(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        state: &str,
+        error: Option<&str>,
+    ) -> Result<Completion, StorageError> {
+        let shard = shard_of(work_id, shards);
+        let pk = shard_partition(scan_id, shard);
+        delta.completed = 1;
+        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+            let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
+            let updated = counters.plus(&delta);
+            let mut row = Entity::new(pk.clone(), work_id);
+            put_str(&mut row.properties, "State", state);
+            put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
+            if let Some(e) = error {
+                put_str(&mut row.properties, "Error", &diagnostic(e));
+            }
+            let ops = [
+                // Replace, not merge: the recorded outcome is no longer needed.
+                BatchOperation::Replace {
+                    entity: row,
+                    etag: Some(work_etag.to_string()),
+                },
+                BatchOperation::Replace {
+                    entity: updated.to_entity(&pk),
+                    etag: Some(counter_etag),
+                },
+            ];
+            match self.store.submit_batch(self.work_table, &pk, &ops).await {
+                Ok(()) => {
+                    return Ok(Completion::Committed {
+                        shard_idle: updated.pending() == 0,
+                    })
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                    ) =>
+                {
+                    match e.failed_operation {
+                        Some(0) => return Ok(Completion::Duplicate),
+                        Some(_) => {}
+                        None => match self.work_state(scan_id, shards, work_id).await? {
+                            Some(
+                                WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
+                            ) if etag == work_etag => {}
+                            _ => return Ok(Completion::Duplicate),
+                        },
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Transient,
+            format!("counter of {pk} stayed contended"),
+        ))
+    }
+}
+
+pub(super) fn work_row(partition_key: &str, work: &NewWork) -> Entity {
+    let mut row = Entity::new(partition_key, work.id.clone());
+    row.properties.insert("State", json!("pending"));
+    row.properties.insert("Kind", json!(work.kind));
+    put_time(&mut row.properties, "CreatedAt", OffsetDateTime::now_utc());
+    row
+}
