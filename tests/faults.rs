@@ -767,6 +767,23 @@ async fn hostile_http_requests_get_4xx_and_write_nothing() {
         );
         checked += 1;
     }
+    // An oversized body is answered before it is read, which ends that connection: the next
+    // request must still get its own answer, however the connections are reused.
+    for _ in 0..20 {
+        for (body, status) in [(vec![b'['; 100_000], 413), (b"{not json".to_vec(), 400)] {
+            let response = app
+                .client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), status);
+            let reply: Value = response.json().await.expect("a JSON error body");
+            assert!(reply["error"]["code"].is_string(), "{reply}");
+        }
+    }
     // Unknown and malformed scan ids reach the handler: JSON 404 naming the id.
     for path in [
         "/api/scans/0000000000000-deadbeef",

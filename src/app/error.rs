@@ -77,6 +77,15 @@ impl IntoResponse for ApiError {
         if let ApiError::InvalidField { field, .. } = &self {
             error["field"] = json!(field);
         }
-        (status, Json(json!({ "error": error }))).into_response()
+        let mut response = (status, Json(json!({ "error": error }))).into_response();
+        if matches!(self, ApiError::PayloadTooLarge(_)) {
+            // The rest of the body was never read, so this connection cannot carry another
+            // request: say so, or a client reusing it sees its next request fail.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 }
