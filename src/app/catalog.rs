@@ -1,5 +1,7 @@
-//! The function catalog: every function the app serves, as the handler routes it and as its
-//! `function-defs/<Name>/function.json` declares it. Tests check the two agree both ways.
+//! The function catalog: every function the app serves, declared once. The router is built
+//! from it (`server::app`: path and method from the trigger, handler from [`Handler`]), and
+//! `function-defs/<Name>/function.json` must declare the same (tests check both ways). Adding
+//! a function: an entry here, its module in `functions/`, its folder in `function-defs/`.
 
 /// How the Functions host reaches a function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,11 +21,53 @@ pub enum Trigger {
     },
 }
 
+/// What answers a function's invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    StartScan,
+    ListScans,
+    GetScan,
+    CancelScan,
+    /// Runs queue work of this kind (`work::run`).
+    Work(WorkKind),
+    /// Settles poisoned queue work of this kind (`AppState::settle_poisoned`).
+    Poison(WorkKind),
+}
+
+/// The kinds of queue work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkKind {
+    /// Scan steps (`StepMessage`).
+    Step,
+    /// Copy items (`CopyMessage`).
+    Copy,
+}
+
 /// One function of the app.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FunctionSpec {
     pub name: &'static str,
     pub trigger: Trigger,
+    pub handler: Handler,
+}
+
+impl FunctionSpec {
+    /// The path the Functions host calls: `/api/{route}` for HTTP functions (forwarded
+    /// requests), `/{name}` for queue functions.
+    pub fn path(&self) -> String {
+        match self.trigger {
+            Trigger::Http { route, .. } => format!("/api/{route}"),
+            Trigger::Queue { .. } => format!("/{}", self.name),
+        }
+    }
+
+    /// The HTTP method the host calls the path with.
+    pub fn method(&self) -> &'static str {
+        match self.trigger {
+            Trigger::Http { method, .. } => method,
+            Trigger::Queue { .. } => "POST",
+        }
+    }
 }
 
 /// App setting naming the prefix-scan step queue.
@@ -40,6 +84,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             method: "POST",
             route: "scans",
         },
+        handler: Handler::StartScan,
     },
     FunctionSpec {
         name: "ListScans",
@@ -47,6 +92,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             method: "GET",
             route: "scans",
         },
+        handler: Handler::ListScans,
     },
     FunctionSpec {
         name: "GetScan",
@@ -54,6 +100,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             method: "GET",
             route: "scans/{id}",
         },
+        handler: Handler::GetScan,
     },
     FunctionSpec {
         name: "CancelScan",
@@ -61,6 +108,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             method: "DELETE",
             route: "scans/{id}",
         },
+        handler: Handler::CancelScan,
     },
     FunctionSpec {
         name: "PrefixScan",
@@ -68,6 +116,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             queue_setting: PREFIX_SCAN_QUEUE_SETTING,
             suffix: "",
         },
+        handler: Handler::Work(WorkKind::Step),
     },
     FunctionSpec {
         name: "TableCopy",
@@ -75,6 +124,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             queue_setting: TABLE_COPY_QUEUE_SETTING,
             suffix: "",
         },
+        handler: Handler::Work(WorkKind::Copy),
     },
     // A message whose every delivery failed without the handler recording it (the process was
     // killed, or storage stayed unreachable) lands in the poison queue; these record the work
@@ -85,6 +135,7 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             queue_setting: PREFIX_SCAN_QUEUE_SETTING,
             suffix: POISON_SUFFIX,
         },
+        handler: Handler::Poison(WorkKind::Step),
     },
     FunctionSpec {
         name: "TableCopyPoison",
@@ -92,5 +143,6 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             queue_setting: TABLE_COPY_QUEUE_SETTING,
             suffix: POISON_SUFFIX,
         },
+        handler: Handler::Poison(WorkKind::Copy),
     },
 ];

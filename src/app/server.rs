@@ -1,55 +1,73 @@
-//! The custom handler's HTTP server: routes for every function in the catalog, the host's
+//! The custom handler's HTTP server: a route for every function in the catalog, the host's
 //! readiness probe (`GET /`), JSON errors for everything else, graceful shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::storage::{QueueStore, TableStore};
 
+use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
-use super::functions::{
-    cancel_scan, get_scan, list_scans, poisoned, prefix_scan, start_scan, table_copy,
-};
+use super::functions::{cancel_scan, get_scan, list_scans, poisoned, start_scan};
 use super::messages::{CopyMessage, StepMessage};
 use super::state::AppState;
+use super::work;
 
 /// Queue payloads: a ≤ 64 KiB message, JSON-escaped twice by the host, plus metadata.
 const MAX_INVOCATION_BODY: usize = 1024 * 1024;
 
-/// The handler's router. Tests call it in-process with `oneshot`.
+/// The handler's router, built from the function catalog. Tests call it in-process with
+/// `oneshot`.
 pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, Q>>) -> Router {
-    Router::new()
-        .route("/", get(ready))
-        .route(
-            "/api/scans",
-            post(start_scan::handle::<T, Q>).get(list_scans::handle::<T, Q>),
-        )
-        .route(
-            "/api/scans/{id}",
-            get(get_scan::handle::<T, Q>).delete(cancel_scan::handle::<T, Q>),
-        )
-        .route("/PrefixScan", post(prefix_scan::handle::<T, Q>))
-        .route("/TableCopy", post(table_copy::handle::<T, Q>))
-        .route(
-            "/PrefixScanPoison",
-            post(poisoned::handle::<StepMessage, T, Q>),
-        )
-        .route(
-            "/TableCopyPoison",
-            post(poisoned::handle::<CopyMessage, T, Q>),
+    let mut routes: BTreeMap<String, MethodRouter<Arc<AppState<T, Q>>>> = BTreeMap::new();
+    for spec in FUNCTIONS {
+        let method =
+            Method::from_bytes(spec.method().as_bytes()).expect("catalog methods are valid");
+        let filter = MethodFilter::try_from(method).expect("catalog methods are routable");
+        let route = route::<T, Q>(spec.handler, filter);
+        let merged = match routes.remove(&spec.path()) {
+            Some(existing) => existing.merge(route),
+            None => route,
+        };
+        routes.insert(spec.path(), merged);
+    }
+    routes
+        .into_iter()
+        .fold(
+            Router::new().route("/", get(ready)),
+            |router, (path, route)| router.route(&path, route),
         )
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_INVOCATION_BODY))
         .with_state(state)
+}
+
+/// The route of each kind of function for `filter` (the one place a new function is wired in).
+fn route<T: TableStore + Clone, Q: QueueStore + Clone>(
+    handler: Handler,
+    filter: MethodFilter,
+) -> MethodRouter<Arc<AppState<T, Q>>> {
+    match handler {
+        Handler::StartScan => on(filter, start_scan::handle::<T, Q>),
+        Handler::ListScans => on(filter, list_scans::handle::<T, Q>),
+        Handler::GetScan => on(filter, get_scan::handle::<T, Q>),
+        Handler::CancelScan => on(filter, cancel_scan::handle::<T, Q>),
+        Handler::Work(WorkKind::Step) => on(filter, work::run::<StepMessage, T, Q>),
+        Handler::Work(WorkKind::Copy) => on(filter, work::run::<CopyMessage, T, Q>),
+        Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, T, Q>),
+        Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<CopyMessage, T, Q>),
+    }
 }
 
 /// The host polls `GET /` until it gets any answer; answer at once.
@@ -79,4 +97,52 @@ pub async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
     axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::app::config::Config;
+    use crate::storage::memory::{MemoryTableStore, Pagination};
+    use crate::storage::memory_queue::MemoryQueueStore;
+
+    /// Every catalog function is routed at its path and method (whatever its handler answers to
+    /// an empty request, it is not the router's "no function" or "method not allowed").
+    #[tokio::test]
+    async fn every_catalog_function_is_routed() {
+        let config = Config::from_lookup(|k| {
+            (k == "AzureWebJobsStorage").then(|| "UseDevelopmentStorage=true".to_string())
+        })
+        .unwrap();
+        let mut tables = BTreeMap::new();
+        tables.insert(
+            "AzureWebJobsStorage".to_string(),
+            MemoryTableStore::new(Pagination::default()),
+        );
+        let state = AppState::new(config, tables, MemoryQueueStore::new());
+        for spec in FUNCTIONS {
+            let path = spec.path().replace("{id}", "0000000000000-00000000");
+            let request = axum::http::Request::builder()
+                .method(spec.method())
+                .uri(&path)
+                .body(Body::empty())
+                .unwrap();
+            let response = app(state.clone()).oneshot(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                status != StatusCode::METHOD_NOT_ALLOWED && !text.contains("no function at"),
+                "{} {} {path} → {status} {text}",
+                spec.name,
+                spec.method()
+            );
+        }
+    }
 }

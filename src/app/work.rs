@@ -12,6 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+
+use axum::body::Bytes;
+use axum::extract::State;
 use axum::http::StatusCode;
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
@@ -104,11 +108,53 @@ impl<M> Begun<M> {
 }
 
 /// Messages that belong to a scan.
-pub trait ScanWork: WorkMessage {}
+/// A unit of queue work that knows how to run itself: one module per kind (scan steps in
+/// `functions/prefix_scan.rs`, copy items in `functions/table_copy.rs`), all run by [`run`].
+pub trait Work: WorkMessage + Send + Sync {
+    /// Does the work of one begun item; its outcome is committed by [`AppState::finish`].
+    fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<Self>,
+    ) -> impl Future<Output = Result<WorkOutcome, WorkError>> + Send;
+}
 
-impl ScanWork for StepMessage {}
+/// The one execution path of every queue function: decode and check the item ([`AppState::begin`]),
+/// execute it unless an earlier delivery recorded its outcome, then commit ([`AppState::finish`]).
+pub async fn run<M: Work, T: TableStore + Clone, Q: QueueStore + Clone>(
+    State(state): State<Arc<AppState<T, Q>>>,
+    body: Bytes,
+) -> InvocationResponse {
+    let begun = match state.begin::<M>(&body).await {
+        Ok(begun) => begun,
+        Err(reply) => return reply,
+    };
+    let result = if begun.needs_execution() {
+        M::execute(&state, &begun).await
+    } else {
+        Ok(WorkOutcome::default())
+    };
+    state.finish(begun, result).await
+}
 
-impl ScanWork for CopyMessage {}
+/// A child work item ready to be registered and queued.
+struct ChildMessage {
+    work: NewWork,
+    queue: String,
+    text: String,
+}
+
+impl ChildMessage {
+    fn new<M: WorkMessage>(message: &M, queue: &str) -> Result<Self, MessageError> {
+        Ok(ChildMessage {
+            work: NewWork {
+                id: messages::work_id(message),
+                kind: M::NAME,
+            },
+            queue: queue.to_string(),
+            text: messages::encode(message)?,
+        })
+    }
+}
 
 /// Why a scan's context could not be had.
 enum ScanLookupError {
@@ -194,32 +240,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         &self,
         scan: &ScanContext,
         child: &ChildSpec,
-    ) -> Result<(String, &'static str, String, String), MessageError> {
+    ) -> Result<ChildMessage, MessageError> {
+        let scan_id = scan.scan_id.clone();
         match child {
-            ChildSpec::Step(step) => {
-                let m = StepMessage {
-                    scan_id: scan.scan_id.clone(),
+            ChildSpec::Step(step) => ChildMessage::new(
+                &StepMessage {
+                    scan_id,
                     step: step.clone(),
-                };
-                Ok((
-                    messages::work_id(&m),
-                    StepMessage::NAME,
-                    self.config.prefix_scan_queue.clone(),
-                    messages::encode(&m)?,
-                ))
-            }
-            ChildSpec::Copy(work) => {
-                let m = CopyMessage {
-                    scan_id: scan.scan_id.clone(),
+                },
+                &self.config.prefix_scan_queue,
+            ),
+            ChildSpec::Copy(work) => ChildMessage::new(
+                &CopyMessage {
+                    scan_id,
                     work: work.clone(),
-                };
-                Ok((
-                    messages::work_id(&m),
-                    CopyMessage::NAME,
-                    self.config.table_copy_queue.clone(),
-                    messages::encode(&m)?,
-                ))
-            }
+                },
+                &self.config.table_copy_queue,
+            ),
         }
     }
 
@@ -276,7 +313,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
 
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
-    pub async fn begin<M: ScanWork>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
+    pub async fn begin<M: WorkMessage>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
         let invocation = queue_invocation(body)?;
         // A message that cannot be decoded never will be: fail it so the host poisons it.
         let rejected = |e: String| {
@@ -402,7 +439,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
 
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
     /// `result` is ignored when an earlier execution's outcome was recorded.
-    pub async fn finish<M: ScanWork>(
+    pub async fn finish<M: WorkMessage>(
         &self,
         begun: Begun<M>,
         result: Result<WorkOutcome, WorkError>,
@@ -435,7 +472,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
 
     /// Records a work item that failed its last delivery as failed, and its scan as failed —
     /// unless it is already finished (e.g. the failure path of `commit` did it).
-    async fn record_failure<M: ScanWork>(
+    async fn record_failure<M: WorkMessage>(
         &self,
         begun: &Begun<M>,
         error: &WorkError,
@@ -495,7 +532,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// item is dropped. Idempotent: a finished item is left alone (the usual case — the last
     /// delivery recorded its own failure). A message that cannot be decoded, or names no
     /// recorded scan, has no work item to settle and is dropped with a warning.
-    pub async fn settle_poisoned<M: ScanWork>(&self, body: &[u8]) -> InvocationResponse {
+    pub async fn settle_poisoned<M: WorkMessage>(&self, body: &[u8]) -> InvocationResponse {
         let invocation = match queue_invocation(body) {
             Ok(invocation) => invocation,
             Err(reply) => return reply,
@@ -593,7 +630,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         }
     }
 
-    async fn commit<M: ScanWork>(
+    async fn commit<M: WorkMessage>(
         &self,
         begun: &Begun<M>,
         result: Result<WorkOutcome, WorkError>,
@@ -634,13 +671,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             .iter()
             .map(|c| self.child_message(scan, c))
             .collect::<Result<Vec<_>, _>>()?;
-        let new_work: Vec<NewWork> = children
-            .iter()
-            .map(|(id, kind, _, _)| NewWork {
-                id: id.clone(),
-                kind,
-            })
-            .collect();
+        let new_work: Vec<&NewWork> = children.iter().map(|c| &c.work).collect();
         tracker
             .register_children(&scan.scan_id, scan.shards, &new_work)
             .await?;
@@ -648,7 +679,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         try_join_all(
             children
                 .iter()
-                .map(|(_, _, queue, text)| queues.put_message(queue, text, Duration::ZERO)),
+                .map(|c| queues.put_message(&c.queue, &c.text, Duration::ZERO)),
         )
         .await?;
         let mut delta = outcome.delta;

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 
+use crate::app::messages::WorkMessage;
 use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
-use crate::app::work::ScanWork;
 use crate::storage::{QueueStore, TableStore};
 
-pub async fn handle<M: ScanWork, T: TableStore + Clone, Q: QueueStore + Clone>(
+pub async fn handle<M: WorkMessage, T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
     body: Bytes,
 ) -> InvocationResponse {

@@ -2,32 +2,19 @@
 //! queries — then queues its follow-up steps and hands the rows to the driver: the count driver
 //! counts them, the copy driver turns each scanned page into one copy work item.
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::extract::State;
-
 use crate::app::messages::{ChildSpec, CopyWork, Driver, StepMessage, WorkSplit};
-use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::app::work::{Begun, Work, WorkError, WorkOutcome};
 use crate::scan::{Scanner, Step};
 use crate::storage::{Entity, QueueStore, TableStore, MAX_MESSAGE_TEXT, MAX_TAKE};
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
-    body: Bytes,
-) -> InvocationResponse {
-    let begun = match state.begin::<StepMessage>(&body).await {
-        Ok(begun) => begun,
-        Err(reply) => return reply,
-    };
-    let result = if begun.needs_execution() {
-        execute(&state, &begun).await
-    } else {
-        Ok(WorkOutcome::default())
-    };
-    state.finish(begun, result).await
+impl Work for StepMessage {
+    async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<Self>,
+    ) -> Result<WorkOutcome, WorkError> {
+        execute(state, begun).await
+    }
 }
 
 async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(

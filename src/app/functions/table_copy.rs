@@ -4,37 +4,25 @@
 //! several in flight. Typed properties travel with their `@odata.type`; read-only metadata is
 //! dropped. Re-running the item rewrites the same rows, so duplicates are harmless.
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::extract::State;
 use futures::stream::{self, StreamExt, TryStreamExt};
 
 use std::collections::HashSet;
 
 use crate::app::messages::{ChildSpec, CopyMessage, CopyWork};
-use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::app::work::{Begun, Work, WorkError, WorkOutcome};
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError, StorageErrorKind,
     TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS, MAX_TAKE,
 };
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
-    body: Bytes,
-) -> InvocationResponse {
-    let begun = match state.begin::<CopyMessage>(&body).await {
-        Ok(begun) => begun,
-        Err(reply) => return reply,
-    };
-    let result = if begun.needs_execution() {
-        execute(&state, &begun).await
-    } else {
-        Ok(WorkOutcome::default())
-    };
-    state.finish(begun, result).await
+impl Work for CopyMessage {
+    async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<Self>,
+    ) -> Result<WorkOutcome, WorkError> {
+        execute(state, begun).await
+    }
 }
 
 /// The exact filter for rows from `from` to `to` inclusive in (PK, RK) order.

@@ -143,7 +143,7 @@ impl<T: TableStore> Tracker<'_, T> {
         &self,
         scan_id: &str,
         shards: u32,
-        children: &[NewWork],
+        children: &[&NewWork],
     ) -> Result<(), StorageError> {
         let mut by_shard: std::collections::BTreeMap<u32, Vec<&NewWork>> = Default::default();
         for child in children {
