@@ -13,54 +13,47 @@ impl Work for StepMessage {
         state: &AppState<T, Q>,
         begun: &Begun<Self>,
     ) -> Result<WorkOutcome, WorkError> {
-        execute(state, begun).await
-    }
-}
-
-async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
-    begun: &Begun<StepMessage>,
-) -> Result<WorkOutcome, WorkError> {
-    let message = &begun.message;
-    let scan = &*begun.scan;
-    if let (
-        Some(prefix),
-        Step::PartitionKeyQuery { partition_key, .. }
-        | Step::PartitionKeyRange { partition_key, .. },
-    ) = (&state.config.test_fail_prefix, &message.step)
-    {
-        if partition_key.starts_with(prefix.as_str()) {
-            return Err(WorkError::Failed(format!(
-                "forced failure for partition {partition_key:?} (TABLESCAN_TEST_FAIL_PREFIX)"
-            )));
-        }
-    }
-    let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-    let scanner = Scanner::new(
-        &source,
-        &scan.source.table,
-        &scan.params,
-        state.config.step_budget,
-    );
-    let output = scanner.execute(&message.step).await?;
-
-    let mut outcome = WorkOutcome::default();
-    for step in output.steps {
-        match step {
-            Step::Segment { entities, .. } => {
-                outcome.delta.rows_scanned += entities.len() as i64;
-                if scan.driver == Driver::Copy {
-                    outcome.children.extend(
-                        copy_work(scan.work_split, &entities)
-                            .into_iter()
-                            .map(ChildSpec::Copy),
-                    );
-                }
+        let message = &begun.message;
+        let scan = &*begun.scan;
+        if let (
+            Some(prefix),
+            Step::PartitionKeyQuery { partition_key, .. }
+            | Step::PartitionKeyRange { partition_key, .. },
+        ) = (&state.config.test_fail_prefix, &message.step)
+        {
+            if partition_key.starts_with(prefix.as_str()) {
+                return Err(WorkError::Failed(format!(
+                    "forced failure for partition {partition_key:?} (TABLESCAN_TEST_FAIL_PREFIX)"
+                )));
             }
-            next => outcome.children.push(ChildSpec::Step(next)),
         }
+        let source = state.counted_table(&scan.source.connection, &begun.requests)?;
+        let scanner = Scanner::new(
+            &source,
+            &scan.source.table,
+            &scan.params,
+            state.config.step_budget,
+        );
+        let output = scanner.execute(&message.step).await?;
+
+        let mut outcome = WorkOutcome::default();
+        for step in output.steps {
+            match step {
+                Step::Segment { entities, .. } => {
+                    outcome.delta.rows_scanned += entities.len() as i64;
+                    if scan.driver == Driver::Copy {
+                        outcome.children.extend(
+                            copy_work(scan.work_split, &entities)
+                                .into_iter()
+                                .map(ChildSpec::Copy),
+                        );
+                    }
+                }
+                next => outcome.children.push(ChildSpec::Step(next)),
+            }
+        }
+        Ok(outcome)
     }
-    Ok(outcome)
 }
 
 /// Splits one scanned page (keys only, in order) into copy work items.

@@ -16,15 +16,6 @@ use crate::storage::{
     TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS, MAX_TAKE,
 };
 
-impl Work for CopyMessage {
-    async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
-        begun: &Begun<Self>,
-    ) -> Result<WorkOutcome, WorkError> {
-        execute(state, begun).await
-    }
-}
-
 /// The exact filter for rows from `from` to `to` inclusive in (PK, RK) order.
 pub fn range_filter(from: &(String, String), to: &(String, String)) -> Filter {
     key_range_filter(from, CompareOp::Ge, to)
@@ -177,77 +168,81 @@ async fn read_range<S: TableStore>(
     Ok(read)
 }
 
-async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
-    begun: &Begun<CopyMessage>,
-) -> Result<WorkOutcome, WorkError> {
-    let scan = &*begun.scan;
-    let destination = scan
-        .destination
-        .as_ref()
-        .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
-    let Some(plan) = plan(&begun.message.work) else {
-        return Ok(WorkOutcome::default());
-    };
-    if let Some(prefix) = &state.config.test_fail_prefix {
-        if plan.first_pk.starts_with(prefix.as_str()) {
-            return Err(WorkError::Failed(format!(
-                "forced failure for partition {:?} (TABLESCAN_TEST_FAIL_PREFIX)",
-                plan.first_pk
-            )));
-        }
-    }
-    let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-    let target = state.counted_table(&destination.connection, &begun.requests)?;
-
-    let Read {
-        mut rows,
-        unaddressable,
-        more,
-    } = read_range(&source, &scan.source.table, plan.filter).await?;
-    let mut outcome = WorkOutcome::default();
-    if let Some(expected) = &plan.expected {
-        rows.retain(|e| expected.contains(&e.row_key));
-        if rows.len() != expected.len() {
-            return Err(WorkError::Failed(format!(
-                "expected {} rows of partition {:?}, found {}{}",
-                expected.len(),
-                plan.first_pk,
-                rows.len(),
-                if more { " within the read budget" } else { "" }
-            )));
-        }
-    } else if more {
-        let (Some(last), Some(end)) = (rows.last(), plan.end) else {
-            return Err(WorkError::Storage(StorageError::new(
-                StorageErrorKind::Transient,
-                format!("no rows in {MAX_COPY_QUERIES} pages of the range; trying again later"),
-            )));
+impl Work for CopyMessage {
+    async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<Self>,
+    ) -> Result<WorkOutcome, WorkError> {
+        let scan = &*begun.scan;
+        let destination = scan
+            .destination
+            .as_ref()
+            .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
+        let Some(plan) = plan(&begun.message.work) else {
+            return Ok(WorkOutcome::default());
         };
-        outcome.children.push(ChildSpec::Copy(CopyWork::After {
-            after: (last.partition_key.clone(), last.row_key.clone()),
-            to: end.clone(),
-        }));
-    }
-    let written = rows.len() as i64;
-    let target = &target;
-    stream::iter(batches(rows))
-        .map(|(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await })
-        .buffer_unordered(state.config.copy_concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
-    // Every other row is written; a row that cannot be addressed fails the item, named exactly.
-    if let Some(first) = unaddressable.first() {
-        return Err(WorkError::Permanent(format!(
-            "copied every other row, but {first}{}",
-            match unaddressable.len() {
-                1 => String::new(),
-                n => format!(" (and {} more such rows)", n - 1),
+        if let Some(prefix) = &state.config.test_fail_prefix {
+            if plan.first_pk.starts_with(prefix.as_str()) {
+                return Err(WorkError::Failed(format!(
+                    "forced failure for partition {:?} (TABLESCAN_TEST_FAIL_PREFIX)",
+                    plan.first_pk
+                )));
             }
-        )));
+        }
+        let source = state.counted_table(&scan.source.connection, &begun.requests)?;
+        let target = state.counted_table(&destination.connection, &begun.requests)?;
+
+        let Read {
+            mut rows,
+            unaddressable,
+            more,
+        } = read_range(&source, &scan.source.table, plan.filter).await?;
+        let mut outcome = WorkOutcome::default();
+        if let Some(expected) = &plan.expected {
+            rows.retain(|e| expected.contains(&e.row_key));
+            if rows.len() != expected.len() {
+                return Err(WorkError::Failed(format!(
+                    "expected {} rows of partition {:?}, found {}{}",
+                    expected.len(),
+                    plan.first_pk,
+                    rows.len(),
+                    if more { " within the read budget" } else { "" }
+                )));
+            }
+        } else if more {
+            let (Some(last), Some(end)) = (rows.last(), plan.end) else {
+                return Err(WorkError::Storage(StorageError::new(
+                    StorageErrorKind::Transient,
+                    format!("no rows in {MAX_COPY_QUERIES} pages of the range; trying again later"),
+                )));
+            };
+            outcome.children.push(ChildSpec::Copy(CopyWork::After {
+                after: (last.partition_key.clone(), last.row_key.clone()),
+                to: end.clone(),
+            }));
+        }
+        let written = rows.len() as i64;
+        let target = &target;
+        stream::iter(batches(rows))
+            .map(
+                |(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await },
+            )
+            .buffer_unordered(state.config.copy_concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        // Every other row is written; a row that cannot be addressed fails the item, named exactly.
+        if let Some(first) = unaddressable.first() {
+            return Err(WorkError::Permanent(format!(
+                "copied every other row, but {first}{}",
+                match unaddressable.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more such rows)", n - 1),
+                }
+            )));
+        }
+        outcome.delta.rows_written = written;
+        Ok(outcome)
     }
-    outcome.delta.rows_written = written;
-    Ok(outcome)
 }
 
 #[cfg(test)]
