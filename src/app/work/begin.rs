@@ -1,0 +1,183 @@
+//! Beginning a work item: decode its message, find its scan's state and recorded context,
+//! and decide whether it still has to run (or adopt an earlier delivery's recorded outcome).
+
+use super::*;
+
+impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+    /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
+    /// yet). Served from the cache when it can be trusted; a record read refreshes both.
+    /// `patient`: retry storage trouble as on a last attempt (see [`patiently`]).
+    pub(super) async fn scan_of<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan_id: &str,
+        patient: bool,
+    ) -> Result<Option<(ScanState, Arc<ScanContext>)>, ScanLookupError> {
+        if let (Some(state), Some(context)) = (
+            self.scan_states.get(scan_id),
+            self.scan_states.context(scan_id),
+        ) {
+            return Ok(Some((state, context)));
+        }
+        let Some(record) = patiently(patient, || tracker.get_scan(scan_id))
+            .await
+            .map_err(ScanLookupError::Storage)?
+        else {
+            return Ok(None);
+        };
+        let context = Arc::new(recorded_context(&record).map_err(ScanLookupError::Unusable)?);
+        self.scan_states.put(scan_id, record.state);
+        self.scan_states.put_context(context.clone());
+        Ok(Some((record.state, context)))
+    }
+
+    /// Finishes an unfinished work item of an ended scan as dropped. `Ok(false)`: it was already
+    /// finished (or never registered); nothing done. Idempotent under redelivery.
+    pub(super) async fn drop_work_item<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        work_id: &str,
+        last_attempt: bool,
+    ) -> Result<bool, StorageError> {
+        let state = patiently(last_attempt, || {
+            tracker.work_state(&scan.scan_id, scan.shards, work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(false),
+        };
+        let completion = patiently(last_attempt, || {
+            tracker.drop_work(&scan.scan_id, scan.shards, work_id, &etag)
+        })
+        .await?;
+        Ok(matches!(completion, Completion::Committed { .. }))
+    }
+
+    /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
+    /// send right away (malformed message, duplicate, dropped scan).
+    pub async fn begin<M: WorkMessage>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
+        let invocation = queue_invocation(body)?;
+        // A message that cannot be decoded never will be: fail it so the host poisons it.
+        let rejected = |e: String| {
+            reply(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("rejected {} message: {e}", M::NAME),
+            )
+        };
+        let (message, sent_context): (M, _) =
+            messages::decode_with_legacy_context(&invocation.message)
+                .map_err(|e| rejected(e.to_string()))?;
+        let scan_id = message.scan_id().to_string();
+        if !is_valid_scan_id(&scan_id) {
+            return Err(rejected(format!("{scan_id:?} is not a scan id")));
+        }
+        let work_id = messages::work_id(&message);
+        let requests = Arc::new(AtomicU64::new(0));
+        let store = self
+            .counted_table(STORAGE_SETTING, &requests)
+            .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let tracker = self.tracker_on(&store);
+        let last_attempt = invocation.dequeue_count >= self.config.max_dequeue_count;
+        let storage_failure = |e: StorageError| {
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{work_id}: storage: {e}"),
+            )
+        };
+        let (state, scan) = match self.scan_of(&tracker, &scan_id, last_attempt).await {
+            Ok(Some(found)) => found,
+            Ok(None) if last_attempt => {
+                return Err(reply(
+                    StatusCode::OK,
+                    format!("{work_id}: scan {scan_id} does not exist; dropping the message"),
+                ))
+            }
+            // The starter writes the record right after queuing the root: retry until it exists.
+            Ok(None) => {
+                return Err(reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: scan {scan_id} is not recorded yet"),
+                ))
+            }
+            Err(ScanLookupError::Storage(e)) => return Err(storage_failure(e)),
+            Err(ScanLookupError::Unusable(e)) => {
+                return Err(reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{work_id}: {e}"),
+                ))
+            }
+        };
+        if sent_context.is_some_and(|sent| sent != *scan) {
+            tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
+        }
+        if state != ScanState::Running {
+            let dropped = self
+                .drop_work_item(&tracker, &scan, &work_id, last_attempt)
+                .await
+                .map_err(storage_failure)?;
+            return Err(reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: scan {scan_id} is {}; {}",
+                    state.as_str(),
+                    if dropped {
+                        "dropped its work item"
+                    } else {
+                        "no unfinished work item to drop"
+                    }
+                ),
+            ));
+        }
+        let progress = match patiently(last_attempt, || {
+            tracker.work_state(&scan.scan_id, scan.shards, &work_id)
+        })
+        .await
+        .map_err(storage_failure)?
+        {
+            Some(WorkState::Pending { etag }) => Progress::Fresh { etag },
+            Some(WorkState::Expanded { etag, outcome }) => {
+                let outcome = parse_outcome(&work_id, &outcome)
+                    .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                Progress::Recorded { etag, outcome }
+            }
+            Some(WorkState::Finished) => {
+                // The delivery that finished it may have died before checking for the end of
+                // the scan (handler killed between the two): check on its behalf.
+                let completed = tracker
+                    .complete_if_drained(
+                        &scan.scan_id,
+                        scan.shards,
+                        Some(shard_of(&work_id, scan.shards)),
+                    )
+                    .await
+                    .map_err(storage_failure)?;
+                return Err(reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: already done (duplicate delivery){}",
+                        if completed { "; scan completed" } else { "" }
+                    ),
+                ));
+            }
+            None => {
+                return Err(reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "{work_id}: no work row for this message in scan {}",
+                        scan.scan_id
+                    ),
+                ))
+            }
+        };
+        Ok(Begun {
+            message,
+            scan,
+            invocation,
+            work_id,
+            progress,
+            requests,
+        })
+    }
+}

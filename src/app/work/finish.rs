@@ -1,0 +1,161 @@
+//! Finishing a work item: record its outcome, register and queue its children, commit its
+//! completion with its counters, and notice the end of the scan.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+    /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
+    /// `result` is ignored when an earlier execution's outcome was recorded.
+    pub async fn finish<M: WorkMessage>(
+        &self,
+        begun: Begun<M>,
+        result: Result<WorkOutcome, WorkError>,
+    ) -> InvocationResponse {
+        let scan_id = begun.scan.scan_id.clone();
+        match self.commit(&begun, result).await {
+            Ok(line) => reply(StatusCode::OK, line),
+            Err(e) => {
+                if begun.invocation.dequeue_count >= self.config.max_dequeue_count
+                    || e.is_permanent()
+                {
+                    if let Err(record) = self.record_failure(&begun, &e).await {
+                        tracing::error!(work = %begun.work_id, scan = %scan_id, error = %record, "could not record the failure of a poisoned work item; the scan will not end by itself");
+                    }
+                }
+                let status = match &e {
+                    WorkError::Storage(s) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                reply(
+                    status,
+                    format!(
+                        "{} (scan {scan_id}, attempt {}): {e}",
+                        begun.work_id, begun.invocation.dequeue_count
+                    ),
+                )
+            }
+        }
+    }
+
+    /// Records a work item that failed its last delivery as failed, and its scan as failed —
+    /// unless it is already finished (e.g. the failure path of `commit` did it).
+    async fn record_failure<M: WorkMessage>(
+        &self,
+        begun: &Begun<M>,
+        error: &WorkError,
+    ) -> Result<(), StorageError> {
+        let reason = format!(
+            "work item {} ({}) failed after {} attempts: {error}",
+            begun.work_id,
+            M::NAME,
+            begun.invocation.dequeue_count
+        );
+        self.fail_work_item(&begun.scan, &begun.work_id, &reason)
+            .await
+            .map(|_| ())
+    }
+
+    async fn commit<M: WorkMessage>(
+        &self,
+        begun: &Begun<M>,
+        result: Result<WorkOutcome, WorkError>,
+    ) -> Result<String, WorkError> {
+        let scan = &*begun.scan;
+        let store = self.counted_table(STORAGE_SETTING, &begun.requests)?;
+        let tracker = self.tracker_on(&store);
+        let (etag, outcome) = match (&begun.progress, result) {
+            (Progress::Recorded { etag, outcome }, _) => (etag.clone(), outcome.clone()),
+            // Without children there is nothing two executions could disagree on but counters,
+            // and only one completion can commit: no need to record the outcome first.
+            (Progress::Fresh { etag }, Ok(outcome)) if outcome.children.is_empty() => {
+                (etag.clone(), outcome)
+            }
+            (Progress::Fresh { etag }, Ok(outcome)) => {
+                let json = serde_json::to_string(&outcome).expect("outcomes serialize");
+                match tracker
+                    .record_outcome(&scan.scan_id, scan.shards, &begun.work_id, etag, &json)
+                    .await
+                {
+                    Ok(etag) => (etag, outcome),
+                    // Another execution got there first: its outcome is the one that counts.
+                    Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
+                        (etag, parse_outcome(&begun.work_id, &outcome)?)
+                    }
+                    Err(RecordError::Lost(_)) => {
+                        return Ok(format!("{}: finished by another delivery", begun.work_id))
+                    }
+                    Err(RecordError::Storage(e)) => return Err(e.into()),
+                }
+            }
+            // On the last delivery `finish` records the failure (see `record_failure`).
+            (Progress::Fresh { .. }, Err(e)) => return Err(e),
+        };
+
+        let children = outcome
+            .children
+            .iter()
+            .map(|c| self.child_message(scan, c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let new_work: Vec<&NewWork> = children.iter().map(|c| &c.work).collect();
+        tracker
+            .register_children(&scan.scan_id, scan.shards, &new_work)
+            .await?;
+        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
+        try_join_all(
+            children
+                .iter()
+                .map(|c| queues.put_message(&c.queue, &c.text, Duration::ZERO)),
+        )
+        .await?;
+        let mut delta = outcome.delta;
+        // Count the completion's own counter read and transaction too.
+        delta.storage_requests = begun.requests.load(Ordering::Relaxed) as i64 + 2;
+        let completion = tracker
+            .complete(
+                &scan.scan_id,
+                scan.shards,
+                &begun.work_id,
+                &etag,
+                delta,
+                None,
+            )
+            .await?;
+        // Check for the end of the scan also after a duplicate completion: it may have been our
+        // own commit whose answer was lost, and then nobody else would notice.
+        let scan_completed = match completion {
+            Completion::Committed { shard_idle: false } => false,
+            Completion::Committed { shard_idle: true } => {
+                tracker
+                    .complete_if_drained(&scan.scan_id, scan.shards, None)
+                    .await?
+            }
+            Completion::Duplicate => {
+                tracker
+                    .complete_if_drained(
+                        &scan.scan_id,
+                        scan.shards,
+                        Some(shard_of(&begun.work_id, scan.shards)),
+                    )
+                    .await?
+            }
+        };
+        if scan_completed {
+            tracing::info!(scan = %scan.scan_id, "scan completed");
+        }
+        match completion {
+            Completion::Duplicate => Ok(format!(
+                "{}: completed concurrently by another delivery",
+                begun.work_id
+            )),
+            Completion::Committed { .. } => Ok(format!(
+                "{}: done ({} children, {} rows scanned, {} rows written)",
+                begun.work_id,
+                children.len(),
+                delta.rows_scanned,
+                delta.rows_written
+            )),
+        }
+    }
+}

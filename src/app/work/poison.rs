@@ -1,0 +1,148 @@
+//! Failing a work item for good: on its last delivery, or when the host moved its message to
+//! the poison queue without any delivery recording an outcome.
+
+use super::*;
+
+impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+    /// Completes an unfinished work item as failed and fails its scan, retrying storage trouble
+    /// patiently. `Ok(false)`: the item was already finished (or never registered), nothing done.
+    pub(super) async fn fail_work_item(
+        &self,
+        scan: &ScanContext,
+        work_id: &str,
+        reason: &str,
+    ) -> Result<bool, StorageError> {
+        let store = self.bookkeeping();
+        let tracker = self.tracker_on(store);
+        let state = patiently(true, || {
+            tracker.work_state(&scan.scan_id, scan.shards, work_id)
+        })
+        .await?;
+        let etag = match state {
+            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+            Some(WorkState::Finished) | None => return Ok(false),
+        };
+        patiently(true, || {
+            tracker.complete(
+                &scan.scan_id,
+                scan.shards,
+                work_id,
+                &etag,
+                Counters::default(),
+                Some(reason),
+            )
+        })
+        .await?;
+        patiently(true, || {
+            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
+        })
+        .await?;
+        self.scan_states.put(&scan.scan_id, ScanState::Failed);
+        Ok(true)
+    }
+
+    /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
+    /// its work item is still unfinished, no delivery recorded an outcome (the handler was killed
+    /// or timed out every time, or storage stayed unreachable): the item is recorded as failed
+    /// and its scan fails, instead of running forever — or, if the scan has already ended, the
+    /// item is dropped. Idempotent: a finished item is left alone (the usual case — the last
+    /// delivery recorded its own failure). A message that cannot be decoded, or names no
+    /// recorded scan, has no work item to settle and is dropped with a warning.
+    pub async fn settle_poisoned<M: WorkMessage>(&self, body: &[u8]) -> InvocationResponse {
+        let invocation = match queue_invocation(body) {
+            Ok(invocation) => invocation,
+            Err(reply) => return reply,
+        };
+        let message = match messages::decode::<M>(&invocation.message) {
+            Ok(message) if is_valid_scan_id(message.scan_id()) => message,
+            Ok(message) => {
+                return reply(
+                    StatusCode::OK,
+                    format!(
+                        "dropped an undecodable poisoned {} message: {:?} is not a scan id",
+                        M::NAME,
+                        message.scan_id()
+                    ),
+                )
+            }
+            Err(e) => {
+                return reply(
+                    StatusCode::OK,
+                    format!("dropped an undecodable poisoned {} message: {e}", M::NAME),
+                )
+            }
+        };
+        let work_id = messages::work_id(&message);
+        let scan_id = message.scan_id();
+        let tracker = self.tracker_on(self.bookkeeping());
+        let (state, scan) = match self.scan_of(&tracker, scan_id, true).await {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                return reply(
+                    StatusCode::OK,
+                    format!("{work_id}: poisoned message of scan {scan_id}, which does not exist"),
+                )
+            }
+            Err(ScanLookupError::Storage(e)) => {
+                return reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: could not read scan {scan_id}: {e}"),
+                )
+            }
+            // Its work cannot run: end the scan rather than leave it running forever.
+            Err(ScanLookupError::Unusable(e)) => {
+                return match tracker
+                    .finish_scan(scan_id, ScanState::Failed, Some(&e))
+                    .await
+                {
+                    Ok(_) => reply(StatusCode::OK, format!("{work_id}: {e}; scan failed")),
+                    Err(storage) => reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{work_id}: {e}; could not fail the scan: {storage}"),
+                    ),
+                }
+            }
+        };
+        if state != ScanState::Running {
+            return match self.drop_work_item(&tracker, &scan, &work_id, true).await {
+                Ok(true) => reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: poisoned message of a {} scan; dropped its work item",
+                        state.as_str()
+                    ),
+                ),
+                Ok(false) => reply(
+                    StatusCode::OK,
+                    format!("{work_id}: poisoned message of a finished work item; nothing to do"),
+                ),
+                Err(e) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: could not drop the poisoned item: {e}"),
+                ),
+            };
+        }
+        let reason = format!(
+            "work item {work_id} ({}) was poisoned: every delivery failed without recording an \
+             outcome (handler killed or timed out, or storage unreachable)",
+            M::NAME
+        );
+        match self.fail_work_item(&scan, &work_id, &reason).await {
+            Ok(true) => reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: recorded as failed; scan {scan_id} failed if it was still running"
+                ),
+            ),
+            Ok(false) => reply(
+                StatusCode::OK,
+                format!("{work_id}: poisoned message of a finished work item; nothing to do"),
+            ),
+            // Transient or not, the host retries; it keeps the message while this fails.
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{work_id}: could not record the poisoned item: {e}"),
+            ),
+        }
+    }
+}
