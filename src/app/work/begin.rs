@@ -58,21 +58,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
     pub async fn begin<M: WorkMessage>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
-        let invocation = queue_invocation(body)?;
-        // A message that cannot be decoded never will be: fail it so the host poisons it.
-        let rejected = |e: String| {
-            reply(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("rejected {} message: {e}", M::NAME),
-            )
-        };
-        let (message, sent_context): (M, _) =
-            messages::decode_with_legacy_context(&invocation.message)
-                .map_err(|e| rejected(e.to_string()))?;
+        let (invocation, message, sent_context) = decode::<M>(body)?;
         let scan_id = message.scan_id().to_string();
-        if !is_valid_scan_id(&scan_id) {
-            return Err(rejected(format!("{scan_id:?} is not a scan id")));
-        }
         let work_id = messages::work_id(&message);
         let requests = Arc::new(AtomicU64::new(0));
         let store = self
@@ -80,13 +67,33 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let tracker = self.tracker_on(&store);
         let last_attempt = invocation.dequeue_count >= self.config.max_dequeue_count;
-        let storage_failure = |e: StorageError| {
-            reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("{work_id}: storage: {e}"),
-            )
-        };
-        let (state, scan) = match self.scan_of(&tracker, &scan_id, last_attempt).await {
+        let scan = self
+            .running_scan(&tracker, &scan_id, &work_id, last_attempt)
+            .await?;
+        if sent_context.is_some_and(|sent| sent != *scan) {
+            tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
+        }
+        let progress = progress_of(&tracker, &scan, &work_id, last_attempt).await?;
+        Ok(Begun {
+            message,
+            scan,
+            invocation,
+            work_id,
+            progress,
+            requests,
+        })
+    }
+
+    /// The recorded context of the item's scan if the scan is running. An ended scan's item is
+    /// dropped here; a scan not recorded yet is retried (dropped on the last attempt).
+    async fn running_scan<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan_id: &str,
+        work_id: &str,
+        last_attempt: bool,
+    ) -> Result<Arc<ScanContext>, InvocationResponse> {
+        let (state, scan) = match self.scan_of(tracker, scan_id, last_attempt).await {
             Ok(Some(found)) => found,
             Ok(None) if last_attempt => {
                 return Err(reply(
@@ -101,7 +108,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                     format!("{work_id}: scan {scan_id} is not recorded yet"),
                 ))
             }
-            Err(ScanLookupError::Storage(e)) => return Err(storage_failure(e)),
+            Err(ScanLookupError::Storage(e)) => return Err(storage_failure(work_id, e)),
             Err(ScanLookupError::Unusable(e)) => {
                 return Err(reply(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -109,75 +116,103 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 ))
             }
         };
-        if sent_context.is_some_and(|sent| sent != *scan) {
-            tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
+        if state == ScanState::Running {
+            return Ok(scan);
         }
-        if state != ScanState::Running {
-            let dropped = self
-                .drop_work_item(&tracker, &scan, &work_id, last_attempt)
+        let dropped = self
+            .drop_work_item(tracker, &scan, work_id, last_attempt)
+            .await
+            .map_err(|e| storage_failure(work_id, e))?;
+        Err(reply(
+            StatusCode::OK,
+            format!(
+                "{work_id}: scan {scan_id} is {}; {}",
+                state.as_str(),
+                if dropped {
+                    "dropped its work item"
+                } else {
+                    "no unfinished work item to drop"
+                }
+            ),
+        ))
+    }
+}
+
+/// The invocation, its decoded message and (v1 messages only) the context it carried. A message
+/// that cannot be decoded never will be: it is rejected so the host poisons it.
+fn decode<M: WorkMessage>(
+    body: &[u8],
+) -> Result<(QueueInvocation, M, Option<ScanContext>), InvocationResponse> {
+    let invocation = queue_invocation(body)?;
+    let rejected = |e: String| {
+        reply(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("rejected {} message: {e}", M::NAME),
+        )
+    };
+    let (message, sent_context): (M, _) = messages::decode_with_legacy_context(&invocation.message)
+        .map_err(|e| rejected(e.to_string()))?;
+    if !is_valid_scan_id(message.scan_id()) {
+        return Err(rejected(format!(
+            "{:?} is not a scan id",
+            message.scan_id()
+        )));
+    }
+    Ok((invocation, message, sent_context))
+}
+
+fn storage_failure(work_id: &str, e: StorageError) -> InvocationResponse {
+    reply(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{work_id}: storage: {e}"),
+    )
+}
+
+/// Where the item's row stands: to execute, or with an outcome recorded by an earlier delivery.
+/// A finished item (a duplicate delivery) and an item with no row are answered right away.
+async fn progress_of<S: TableStore>(
+    tracker: &Tracker<'_, S>,
+    scan: &ScanContext,
+    work_id: &str,
+    last_attempt: bool,
+) -> Result<Progress, InvocationResponse> {
+    let state = patiently(last_attempt, || {
+        tracker.work_state(&scan.scan_id, scan.shards, work_id)
+    })
+    .await
+    .map_err(|e| storage_failure(work_id, e))?;
+    match state {
+        Some(WorkState::Pending { etag }) => Ok(Progress::Fresh { etag }),
+        Some(WorkState::Expanded { etag, outcome }) => {
+            let outcome = parse_outcome(work_id, &outcome)
+                .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            Ok(Progress::Recorded { etag, outcome })
+        }
+        Some(WorkState::Finished) => {
+            // The delivery that finished it may have died before checking for the end of the
+            // scan (handler killed between the two): check on its behalf.
+            let completed = tracker
+                .complete_if_drained(
+                    &scan.scan_id,
+                    scan.shards,
+                    Some(shard_of(work_id, scan.shards)),
+                )
                 .await
-                .map_err(storage_failure)?;
-            return Err(reply(
+                .map_err(|e| storage_failure(work_id, e))?;
+            Err(reply(
                 StatusCode::OK,
                 format!(
-                    "{work_id}: scan {scan_id} is {}; {}",
-                    state.as_str(),
-                    if dropped {
-                        "dropped its work item"
-                    } else {
-                        "no unfinished work item to drop"
-                    }
+                    "{work_id}: already done (duplicate delivery){}",
+                    if completed { "; scan completed" } else { "" }
                 ),
-            ));
+            ))
         }
-        let progress = match patiently(last_attempt, || {
-            tracker.work_state(&scan.scan_id, scan.shards, &work_id)
-        })
-        .await
-        .map_err(storage_failure)?
-        {
-            Some(WorkState::Pending { etag }) => Progress::Fresh { etag },
-            Some(WorkState::Expanded { etag, outcome }) => {
-                let outcome = parse_outcome(&work_id, &outcome)
-                    .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-                Progress::Recorded { etag, outcome }
-            }
-            Some(WorkState::Finished) => {
-                // The delivery that finished it may have died before checking for the end of
-                // the scan (handler killed between the two): check on its behalf.
-                let completed = tracker
-                    .complete_if_drained(
-                        &scan.scan_id,
-                        scan.shards,
-                        Some(shard_of(&work_id, scan.shards)),
-                    )
-                    .await
-                    .map_err(storage_failure)?;
-                return Err(reply(
-                    StatusCode::OK,
-                    format!(
-                        "{work_id}: already done (duplicate delivery){}",
-                        if completed { "; scan completed" } else { "" }
-                    ),
-                ));
-            }
-            None => {
-                return Err(reply(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    format!(
-                        "{work_id}: no work row for this message in scan {}",
-                        scan.scan_id
-                    ),
-                ))
-            }
-        };
-        Ok(Begun {
-            message,
-            scan,
-            invocation,
-            work_id,
-            progress,
-            requests,
-        })
+        None => Err(reply(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "{work_id}: no work row for this message in scan {}",
+                scan.scan_id
+            ),
+        )),
     }
 }
