@@ -457,15 +457,6 @@ async fn shutdown_signal() {
     }
 }
 
-impl config::FunctionConfig {
-    fn trigger_route(&self) -> String {
-        match &self.trigger {
-            TriggerConfig::Http(h) => h.route.clone().unwrap_or_else(|| self.name.clone()),
-            TriggerConfig::Queue(_) => String::new(),
-        }
-    }
-}
-
 fn load_settings(config: &HostConfig, app: &AppConfig) -> Result<AppSettings, HostError> {
     let file = match &config.settings_file {
         Some(f) => Some(f.clone()),
