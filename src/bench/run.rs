@@ -19,6 +19,7 @@ use crate::app::functions::get_scan::scan_status;
 use crate::app::tracking::Tracker;
 use crate::dataset::{self, RowsPerKey};
 use crate::demo::{fingerprint, post_scan, seed, start_app_with, watch_scan, Storage};
+use crate::host::stats::FunctionStats;
 use crate::host::RunningHost;
 use crate::proxy::{Counts, FaultPolicy, StorageProxy};
 use crate::storage::azure_table::AzureTableStore;
@@ -40,7 +41,10 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         "bench counts every storage request through a local proxy in front of Azurite; \
          unset AzureWebJobsStorage to run it on a private Azurite",
     )?;
-    let (table_up, queue_up) = (socket(azurite.table_port()), socket(azurite.queue_port()));
+    let upstream = Upstream {
+        table: socket(azurite.table_port()),
+        queue: socket(azurite.queue_port()),
+    };
     let binary = match &args.handler_binary {
         Some(b) => b.clone(),
         None => std::env::current_exe().map_err(|e| e.to_string())?,
@@ -48,6 +52,53 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     let store = storage
         .account
         .table_store(std::sync::Arc::new(RequestCounters::new()));
+    let source = seed_source(&store, args).await?;
+    let mut results = Vec::new();
+    for (i, variant) in selected_variants(args).into_iter().enumerate() {
+        let run = RunSpec {
+            variant,
+            binary: &binary,
+            store: &store,
+            source: &source.name,
+            source_rows: source.rows,
+            source_sum: &source.checksum,
+            minimum: source.minimum,
+            names: Names::new(&source.suffix, i),
+            args,
+        };
+        results.push(run_with_timeout(&run, upstream).await?);
+    }
+    Ok(BenchReport {
+        rows: source.rows,
+        seed: args.seed,
+        rows_per_key: args.rows_per_key,
+        partition_keys: source.minimum.partition_keys,
+        instances: args.instances,
+        minimum: source.minimum,
+        source_checksum: source.checksum,
+        variants: results,
+    })
+}
+
+/// Azurite's table and queue endpoints, which each variant's proxy fronts.
+#[derive(Debug, Clone, Copy)]
+struct Upstream {
+    table: SocketAddr,
+    queue: SocketAddr,
+}
+
+/// The seeded source table, shared by every variant.
+struct Source {
+    name: String,
+    /// Random suffix of this run's table and queue names.
+    suffix: String,
+    rows: u64,
+    checksum: String,
+    minimum: Minimum,
+}
+
+/// Seeds a fresh source table with the generator and fingerprints it.
+async fn seed_source(store: &AzureTableStore, args: &BenchArgs) -> Result<Source, String> {
     let per_key = RowsPerKey {
         mean: args.rows_per_key,
     };
@@ -61,10 +112,10 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         "seeding {} rows ({} partition keys) into {source} ...",
         args.rows, minimum.partition_keys
     );
-    seed(&store, &source, args.rows, args.seed, per_key)
+    seed(store, &source, args.rows, args.seed, per_key)
         .await
         .map_err(|e| format!("seeding {source}: {e}"))?;
-    let (source_rows, source_sum) = fingerprint(&store, &source).await?;
+    let (source_rows, source_sum) = fingerprint(store, &source).await?;
     if source_rows != args.rows {
         return Err(format!(
             "{source} holds {source_rows} rows, expected {} (was it seeded before?)",
@@ -75,55 +126,50 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         "seeded and fingerprinted in {:.1} s: {source_rows} rows, checksum {source_sum}",
         t.elapsed().as_secs_f64()
     );
+    Ok(Source {
+        name: source,
+        suffix,
+        rows: source_rows,
+        checksum: source_sum,
+        minimum,
+    })
+}
 
-    let variants: Vec<Variant> = if args.variants.is_empty() {
+/// `--variants` sorted and without duplicates; all of them when none is named.
+fn selected_variants(args: &BenchArgs) -> Vec<Variant> {
+    if args.variants.is_empty() {
         Variant::ALL.to_vec()
     } else {
         let mut v = args.variants.clone();
         v.sort();
         v.dedup();
         v
-    };
-    let mut results = Vec::new();
-    for (i, variant) in variants.into_iter().enumerate() {
-        let run = RunSpec {
-            variant,
-            binary: &binary,
-            store: &store,
-            source: &source,
-            source_rows,
-            source_sum: &source_sum,
-            minimum,
-            names: Names::new(&suffix, i),
-            args,
-        };
-        let proxy = StorageProxy::start(table_up, queue_up, FaultPolicy::none(), args.seed)
-            .await
-            .map_err(|e| format!("cannot start the counting proxy: {e}"))?;
-        let result = tokio::time::timeout(
-            Duration::from_secs(args.timeout_seconds),
-            run_variant(&run, &proxy),
-        )
-        .await
-        .map_err(|_| {
-            format!(
-                "{} did not finish within {} s",
-                variant.name(),
-                args.timeout_seconds
-            )
-        })??;
-        results.push(result);
     }
-    Ok(BenchReport {
-        rows: source_rows,
-        seed: args.seed,
-        rows_per_key: args.rows_per_key,
-        partition_keys: minimum.partition_keys,
-        instances: args.instances,
-        minimum,
-        source_checksum: source_sum,
-        variants: results,
-    })
+}
+
+/// One variant behind its own counting proxy, given up after `--timeout-seconds`.
+async fn run_with_timeout(run: &RunSpec<'_>, upstream: Upstream) -> Result<VariantResult, String> {
+    let args = run.args;
+    let proxy = StorageProxy::start(
+        upstream.table,
+        upstream.queue,
+        FaultPolicy::none(),
+        args.seed,
+    )
+    .await
+    .map_err(|e| format!("cannot start the counting proxy: {e}"))?;
+    tokio::time::timeout(
+        Duration::from_secs(args.timeout_seconds),
+        run_variant(run, &proxy),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "{} did not finish within {} s",
+            run.variant.name(),
+            args.timeout_seconds
+        )
+    })?
 }
 
 /// Unique queue and table names per variant, so nothing carries over between runs.
@@ -159,6 +205,7 @@ struct RunSpec<'a> {
     args: &'a BenchArgs,
 }
 
+/// Runs one variant through a fresh local host, verifies it, and computes its figures.
 async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantResult, String> {
     let n = &run.names;
     let settings = [
@@ -167,8 +214,7 @@ async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantR
         ("TABLESCAN_SCANS_TABLE", n.scans_table.clone()),
         ("TABLESCAN_WORK_TABLE", n.work_table.clone()),
     ];
-    let name = run.variant.name();
-    eprintln!("\n== {name}");
+    eprintln!("\n== {}", run.variant.name());
     let (_dir, host) = start_app_with(
         run.binary,
         &proxy.connection_string(),
@@ -179,43 +225,82 @@ async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantR
     .await?;
     let outcome = drive(run, proxy, &host).await;
     host.shutdown().await;
-    let (status, progress, sampler, stats, before, started) = outcome?;
+    let driven = outcome?;
     // After shutdown: the last messages are deleted and polling has stopped.
-    let counts = delta(&proxy.counts(), &before);
+    let counts = delta(&proxy.counts(), &driven.before);
+    verify(run, &driven.status).await?;
+    Ok(figures(run, driven, &counts))
+}
 
-    let rows = run.source_rows;
+/// Copies: the destination holds the source's rows and checksum and the scan wrote them all;
+/// counts: the scan counted the source's rows.
+async fn verify(run: &RunSpec<'_>, status: &Value) -> Result<(), String> {
     let (verified, why) = if run.variant.is_copy() {
-        let (dest_rows, dest_sum) = fingerprint(run.store, &n.destination).await?;
-        let written = status["rowsWritten"].as_i64().unwrap_or(-1);
-        let ok = dest_rows == rows && dest_sum == run.source_sum && written == rows as i64;
-        (
-            ok,
-            format!(
-                "{} has {dest_rows} rows, checksum {dest_sum}, rowsWritten {written}; source {rows} rows, checksum {}",
-                n.destination, run.source_sum
-            ),
+        let destination = &run.names.destination;
+        let fingerprint = fingerprint(run.store, destination).await?;
+        copy_verdict(
+            destination,
+            fingerprint,
+            status,
+            run.source_rows,
+            run.source_sum,
         )
     } else {
-        let counted = status["rowsScanned"].as_i64().unwrap_or(-1);
-        (
-            counted == rows as i64,
-            format!("counted {counted} rows; source {rows}"),
-        )
+        count_verdict(status, run.source_rows)
     };
     if !verified {
-        return Err(format!("{name} verification failed: {why}"));
+        return Err(format!("{} verification failed: {why}", run.variant.name()));
     }
     eprintln!("verified: {why}");
+    Ok(())
+}
 
+fn copy_verdict(
+    destination: &str,
+    (dest_rows, dest_sum): (u64, String),
+    status: &Value,
+    rows: u64,
+    source_sum: &str,
+) -> (bool, String) {
+    let written = status["rowsWritten"].as_i64().unwrap_or(-1);
+    let ok = dest_rows == rows && dest_sum == source_sum && written == rows as i64;
+    (
+        ok,
+        format!(
+            "{destination} has {dest_rows} rows, checksum {dest_sum}, rowsWritten {written}; source {rows} rows, checksum {source_sum}"
+        ),
+    )
+}
+
+fn count_verdict(status: &Value, rows: u64) -> (bool, String) {
+    let counted = status["rowsScanned"].as_i64().unwrap_or(-1);
+    (
+        counted == rows as i64,
+        format!("counted {counted} rows; source {rows}"),
+    )
+}
+
+/// A verified variant's figures from its final status, samples and request counts.
+fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult {
+    let Driven {
+        status,
+        progress,
+        sampler,
+        stats,
+        started,
+        ..
+    } = driven;
+    let rows = run.source_rows;
+    let n = &run.names;
     let wall = status_wall(&status).unwrap_or_else(|| started.elapsed().as_secs_f64());
-    let requests = Requests::classify(&counts, &[&n.scans_table, &n.work_table]);
+    let requests = Requests::classify(counts, &[&n.scans_table, &n.work_table]);
     let minimum = run.minimum.requests(run.variant.is_copy());
     let invocations_by_function: BTreeMap<String, u64> = stats
         .iter()
         .map(|(f, s)| (f.clone(), s.invocations))
         .collect();
-    Ok(VariantResult {
-        name,
+    VariantResult {
+        name: run.variant.name(),
         wall_seconds: wall,
         rows_per_second: rows as f64 / wall.max(1e-9),
         requests_per_1000_rows: per_1000(requests.total, rows),
@@ -238,19 +323,23 @@ async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantR
         handler_peak_rss_bytes: (sampler.peak_rss > 0).then_some(sampler.peak_rss),
         rows,
         requests,
-        verified,
+        verified: true,
         progress,
-    })
+    }
 }
 
-type Driven = (
-    Value,
-    Vec<(f64, u64)>,
-    HandlerSampler,
-    BTreeMap<String, crate::host::stats::FunctionStats>,
-    Counts,
-    Instant,
-);
+/// What following one scan to its end collected.
+struct Driven {
+    /// The final scan status.
+    status: Value,
+    /// (seconds since the POST, rows copied or counted).
+    progress: Vec<(f64, u64)>,
+    sampler: HandlerSampler,
+    stats: BTreeMap<String, FunctionStats>,
+    /// The proxy's counts just before the POST.
+    before: Counts,
+    started: Instant,
+}
 
 /// Starts the scan over HTTP and follows it to the end while sampling the handlers.
 async fn drive(
@@ -289,7 +378,14 @@ async fn drive(
     .await?;
     sampler.sample(host);
     let stats = host.invocation_stats();
-    Ok((status, progress, sampler, stats, before, started))
+    Ok(Driven {
+        status,
+        progress,
+        sampler,
+        stats,
+        before,
+        started,
+    })
 }
 
 /// The scan's own wall time: `completedAt − startedAt` as recorded in storage.
@@ -319,5 +415,40 @@ mod tests {
             status_wall(&json!({"startedAt": "2024-01-01T00:00:00Z"})),
             None
         );
+    }
+
+    #[test]
+    fn variants_selected_sorted_and_once() {
+        let mut args = BenchArgs::default();
+        assert_eq!(selected_variants(&args), Variant::ALL);
+        args.variants = vec![
+            Variant::PrefixCount,
+            Variant::SerialCopy,
+            Variant::PrefixCount,
+        ];
+        assert_eq!(
+            selected_variants(&args),
+            [Variant::SerialCopy, Variant::PrefixCount]
+        );
+    }
+
+    #[test]
+    fn verdicts_compare_with_the_source() {
+        let status = json!({"rowsWritten": 10, "rowsScanned": 10});
+        let (ok, why) = copy_verdict("Dst", (10, "abc".into()), &status, 10, "abc");
+        assert!(ok, "{why}");
+        assert!(
+            why.starts_with("Dst has 10 rows, checksum abc, rowsWritten 10"),
+            "{why}"
+        );
+        assert!(!copy_verdict("Dst", (10, "abd".into()), &status, 10, "abc").0);
+        assert!(!copy_verdict("Dst", (10, "abc".into()), &json!({}), 10, "abc").0);
+        assert!(!copy_verdict("Dst", (9, "abc".into()), &status, 10, "abc").0);
+        assert_eq!(
+            count_verdict(&status, 10),
+            (true, "counted 10 rows; source 10".to_string())
+        );
+        assert!(!count_verdict(&status, 11).0);
+        assert!(!count_verdict(&json!({}), 0).0);
     }
 }
