@@ -126,16 +126,7 @@ impl<S: QueueStore> QueueListener<S> {
                 Ok(messages) if !messages.is_empty() => {
                     failing = false;
                     backoff.reset();
-                    for message in messages {
-                        in_flight.count.fetch_add(1, Ordering::SeqCst);
-                        let this = self.clone();
-                        let in_flight = in_flight.clone();
-                        tasks.spawn(async move {
-                            this.process(message).await;
-                            in_flight.count.fetch_sub(1, Ordering::SeqCst);
-                            in_flight.changed.notify_waiters();
-                        });
-                    }
+                    self.spawn_invocations(messages, &in_flight, &mut tasks);
                     continue;
                 }
                 Ok(_) => {
@@ -164,6 +155,31 @@ impl<S: QueueStore> QueueListener<S> {
                 r = stop.changed() => if r.is_err() { break 'poll },
             }
         }
+        self.drain(tasks, &in_flight, drain).await;
+    }
+
+    /// One task per received message, counted in flight until it settles.
+    fn spawn_invocations(
+        self: &Arc<Self>,
+        messages: Vec<ReceivedMessage>,
+        in_flight: &Arc<InFlight>,
+        tasks: &mut JoinSet<()>,
+    ) {
+        for message in messages {
+            in_flight.count.fetch_add(1, Ordering::SeqCst);
+            let this = self.clone();
+            let in_flight = in_flight.clone();
+            tasks.spawn(async move {
+                this.process(message).await;
+                in_flight.count.fetch_sub(1, Ordering::SeqCst);
+                in_flight.changed.notify_waiters();
+            });
+        }
+    }
+
+    /// After polling stopped: waits up to `drain` for the invocations in flight, then abandons
+    /// the rest (their messages reappear after the visibility timeout).
+    async fn drain(&self, mut tasks: JoinSet<()>, in_flight: &InFlight, drain: Duration) {
         let pending = in_flight.count.load(Ordering::SeqCst);
         if pending > 0 {
             self.log.info(format!(
