@@ -20,38 +20,35 @@
 
 pub mod config;
 pub mod http;
+mod instance;
 pub mod invoke;
 pub mod log;
 pub mod outputs;
 pub mod payload;
 pub mod queue;
+mod resolve;
 pub mod route;
 pub mod stats;
 pub mod timespan;
 pub mod worker;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use self::config::{
-    load_app, read_local_settings, resolve_queue_name, AppConfig, AppSettings, ConfigError,
-    OutputKind, TriggerConfig,
-};
-use self::http::{sort_routes, Front, FrontInstance, HttpRoute};
-use self::invoke::Invoker;
-use self::log::{redact_connection_string, HostLog};
-use self::outputs::{OutputTarget, QueueTarget, ResolvedOutput};
-use self::queue::{poison_queue_name, QueueListener};
-use self::route::RouteTemplate;
+use self::config::{load_app, read_local_settings, AppConfig, AppSettings, ConfigError};
+use self::http::Front;
+use self::instance::{start_instance, stop_instance, InstanceHandle, Shared};
+use self::log::HostLog;
+use self::resolve::{resolve_triggers, QueueFunction};
 use self::stats::{FunctionStats, InvocationStats};
-use self::worker::{Worker, WorkerSpec, WorkerStatus};
 use crate::storage::connection::StorageAccount;
 use crate::storage::counters::RequestCounters;
 use crate::storage::QueueStore;
@@ -139,14 +136,6 @@ impl HostConfig {
     }
 }
 
-struct InstanceHandle {
-    worker: Arc<Worker>,
-    front: Arc<FrontInstance>,
-    stop: watch::Sender<bool>,
-    listeners: tokio::sync::Mutex<Vec<JoinHandle<()>>>,
-    stopped: AtomicBool,
-}
-
 /// A started host. Dropping it without [`RunningHost::shutdown`] kills the handlers (kill on drop)
 /// but skips the drain.
 pub struct RunningHost {
@@ -174,213 +163,33 @@ impl Host {
         let log = HostLog::new(config.capture_logs);
         let app = Arc::new(load_app(&config.app_dir)?);
         let settings = Arc::new(load_settings(&config, &app)?);
-        let encoding = app.queues.message_encoding;
-
-        // One store per connection setting, shared by all instances.
-        let mut stores: HashMap<String, Arc<S>> = HashMap::new();
-        let mut store_for = |connection: &str,
-                             file: &std::path::Path|
-         -> Result<Arc<S>, HostError> {
-            if let Some(s) = stores.get(connection) {
-                return Ok(s.clone());
-            }
-            let conn = settings.connection_string(connection).ok_or_else(|| {
-                HostError::Settings(format!(
-                    "{}: the app setting {connection:?} named by a queue binding's `connection` is not set \
-                     (set it in the environment or in local.settings.json Values)",
-                    file.display()
-                ))
-            })?;
-            let store = connect(conn).map_err(|e| {
-                let e = e.replace(conn, &redact_connection_string(conn));
-                HostError::Settings(format!(
-                    "the connection string in app setting {connection:?} is not usable: {e}"
-                ))
-            })?;
-            let store = Arc::new(store);
-            stores.insert(connection.to_string(), store.clone());
-            Ok(store)
-        };
-
-        // Resolve queue names and outputs once; targets are shared by instances.
-        struct QueueFn<S> {
-            function: String,
-            binding: String,
-            binary: bool,
-            source: Arc<QueueTarget<S>>,
-            poison: Option<Arc<QueueTarget<S>>>,
-            outputs: Arc<Vec<ResolvedOutput<S>>>,
-        }
-        let mut queue_fns = Vec::new();
-        let mut routes = Vec::new();
-        for function in &app.functions {
-            let mut outputs = Vec::new();
-            for o in &function.outputs {
-                let target = match &o.kind {
-                    OutputKind::Http => OutputTarget::Http,
-                    OutputKind::Queue {
-                        queue_name,
-                        connection,
-                    } => {
-                        let queue = resolve_queue_name(queue_name, &settings).map_err(|e| {
-                            HostError::Config(ConfigError::new(
-                                &function.file,
-                                format!("bindings({}).queueName", o.name),
-                                e,
-                            ))
-                        })?;
-                        OutputTarget::Queue(Arc::new(QueueTarget::new(
-                            store_for(connection, &function.file)?,
-                            queue,
-                        )))
-                    }
-                };
-                outputs.push(ResolvedOutput {
-                    name: o.name.clone(),
-                    binary: o.binary,
-                    target,
-                });
-            }
-            let outputs = Arc::new(outputs);
-            match &function.trigger {
-                TriggerConfig::Queue(q) => {
-                    let queue = resolve_queue_name(&q.queue_name, &settings).map_err(|e| {
-                        HostError::Config(ConfigError::new(
-                            &function.file,
-                            format!("bindings({}).queueName", q.name),
-                            e,
-                        ))
-                    })?;
-                    let store = store_for(&q.connection, &function.file)?;
-                    let poison = poison_queue_name(&queue)
-                        .map(|p| Arc::new(QueueTarget::new(store.clone(), p)));
-                    queue_fns.push(QueueFn {
-                        function: function.name.clone(),
-                        binding: q.name.clone(),
-                        binary: q.binary,
-                        source: Arc::new(QueueTarget::new(store, queue)),
-                        poison,
-                        outputs,
-                    });
-                }
-                TriggerConfig::Http(h) => {
-                    let template =
-                        RouteTemplate::parse(h.route.as_deref().unwrap_or(&function.name))
-                            .map_err(|e| ConfigError::new(&function.file, "route", e))?;
-                    routes.push(HttpRoute {
-                        function: Arc::new(function.clone()),
-                        binding: h.name.clone(),
-                        template,
-                        methods: h.methods.clone(),
-                        forward: app.forwarding && function.http_in_out_only,
-                        outputs,
-                    });
-                }
-            }
-        }
-        sort_routes(&mut routes);
-
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| HostError::Io(format!("cannot listen on {}: {e}", config.listen)))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| HostError::Io(e.to_string()))?;
-
-        let threshold = app
-            .queues
-            .effective_new_batch_threshold(settings.get("WEBSITE_SKU"));
+        let triggers = resolve_triggers(&app, &settings, connect)?;
+        let (listener, addr) = bind_http(config.listen).await?;
         let stats = Arc::new(InvocationStats::default());
-        let mut instances = Vec::new();
-        for i in 0..config.instances.max(1) {
-            let label = format!("[i{i}]");
-            let worker = Worker::start(WorkerSpec {
-                app: app.clone(),
-                settings: settings.clone(),
-                label: label.clone(),
-                log: log.clone(),
-            });
-            let invoker = Arc::new(Invoker::new(
-                worker.clone(),
-                app.function_timeout,
-                log.clone(),
-                label.clone(),
-            ));
-            let (stop_tx, stop_rx) = watch::channel(false);
-            let mut listeners = Vec::new();
-            for q in &queue_fns {
-                let listener = Arc::new(QueueListener {
-                    function: q.function.clone(),
-                    binding: q.binding.clone(),
-                    binary: q.binary,
-                    source: q.source.clone(),
-                    poison: q.poison.clone(),
-                    outputs: q.outputs.clone(),
-                    options: app.queues.clone(),
-                    new_batch_threshold: threshold,
-                    invoker: invoker.clone(),
-                    log: log.clone(),
-                    label: label.clone(),
-                    stats: stats.clone(),
-                });
-                listeners.push(tokio::spawn(
-                    listener.run(stop_rx.clone(), config.drain_timeout),
-                ));
-            }
-            instances.push(Arc::new(InstanceHandle {
-                worker,
-                front: Arc::new(FrontInstance {
-                    invoker,
-                    stopped: AtomicBool::new(false),
-                }),
-                stop: stop_tx,
-                listeners: tokio::sync::Mutex::new(listeners),
-                stopped: AtomicBool::new(false),
-            }));
-        }
-
+        let shared = Shared {
+            app: &app,
+            settings: &settings,
+            queues: &triggers.queues,
+            new_batch_threshold: app
+                .queues
+                .effective_new_batch_threshold(settings.get("WEBSITE_SKU")),
+            stats: &stats,
+            log: &log,
+            drain_timeout: config.drain_timeout,
+        };
+        let instances: Vec<_> = (0..config.instances.max(1))
+            .map(|i| Arc::new(start_instance(i, &shared)))
+            .collect();
         let front = Arc::new(Front {
             route_prefix: app.route_prefix.clone(),
-            routes,
+            routes: triggers.routes,
             instances: instances.iter().map(|i| i.front.clone()).collect(),
             next: AtomicUsize::new(0),
-            encoding,
+            encoding: app.queues.message_encoding,
             log: log.clone(),
         });
-        for r in &front.routes {
-            let prefix = if app.route_prefix.is_empty() {
-                String::new()
-            } else {
-                format!("/{}", app.route_prefix)
-            };
-            let methods = r
-                .methods
-                .as_ref()
-                .map(|m| m.join(","))
-                .unwrap_or_else(|| "all methods".into());
-            let route = r.function.trigger_route();
-            log.info(format!(
-                "{}: [{methods}] http://{addr}{prefix}/{route} ({})",
-                r.function.name,
-                if r.forward { "forwarded" } else { "payload" }
-            ));
-        }
-        for q in &queue_fns {
-            log.info(format!(
-                "{}: queueTrigger on {}",
-                q.function, q.source.queue
-            ));
-        }
-        let (server_stop, mut server_stop_rx) = watch::channel(false);
-        let router = front.router();
-        let server = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = server_stop_rx.wait_for(|s| *s).await;
-            };
-            let _ = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await;
-        });
+        log_triggers(&log, addr, &front, &triggers.queues);
+        let (server, server_stop) = serve_http(listener, front.router());
         Ok(RunningHost {
             addr,
             instances,
@@ -391,6 +200,62 @@ impl Host {
             app,
             stats,
         })
+    }
+}
+
+/// Binds the HTTP front's address (port 0 picks a free port).
+async fn bind_http(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), HostError> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| HostError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| HostError::Io(e.to_string()))?;
+    Ok((listener, addr))
+}
+
+/// Serves the HTTP front until the returned sender sends `true`.
+fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+) -> (JoinHandle<()>, watch::Sender<bool>) {
+    let (server_stop, mut server_stop_rx) = watch::channel(false);
+    let server = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = server_stop_rx.wait_for(|s| *s).await;
+        };
+        let _ = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await;
+    });
+    (server, server_stop)
+}
+
+/// One line per trigger: HTTP routes with their URL and mode, then queue triggers.
+fn log_triggers<S>(log: &HostLog, addr: SocketAddr, front: &Front<S>, queues: &[QueueFunction<S>]) {
+    let prefix = if front.route_prefix.is_empty() {
+        String::new()
+    } else {
+        format!("/{}", front.route_prefix)
+    };
+    for r in &front.routes {
+        let methods = r
+            .methods
+            .as_ref()
+            .map(|m| m.join(","))
+            .unwrap_or_else(|| "all methods".into());
+        let route = r.function.trigger_route();
+        log.info(format!(
+            "{}: [{methods}] http://{addr}{prefix}/{route} ({})",
+            r.function.name,
+            if r.forward { "forwarded" } else { "payload" }
+        ));
+    }
+    for q in queues {
+        log.info(format!(
+            "{}: queueTrigger on {}",
+            q.function, q.source.queue
+        ));
     }
 }
 
@@ -454,15 +319,6 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-impl config::FunctionConfig {
-    fn trigger_route(&self) -> String {
-        match &self.trigger {
-            TriggerConfig::Http(h) => h.route.clone().unwrap_or_else(|| self.name.clone()),
-            TriggerConfig::Queue(_) => String::new(),
-        }
     }
 }
 
@@ -573,22 +429,6 @@ impl RunningHost {
             }
         }
         self.log.info("host stopped");
-    }
-}
-
-async fn stop_instance(instance: &InstanceHandle, log: &HostLog, index: usize) {
-    if instance.stopped.swap(true, Ordering::SeqCst) {
-        return;
-    }
-    instance.front.stopped.store(true, Ordering::SeqCst);
-    let _ = instance.stop.send(true);
-    let listeners: Vec<_> = std::mem::take(&mut *instance.listeners.lock().await);
-    for l in listeners {
-        let _ = l.await;
-    }
-    instance.worker.stop().await;
-    if !matches!(instance.worker.state().status, WorkerStatus::Failed(_)) {
-        log.info(format!("[i{index}] instance stopped"));
     }
 }
 

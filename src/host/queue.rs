@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::{watch, Notify};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::config::QueuesOptions;
 use super::invoke::Invoker;
@@ -126,16 +126,7 @@ impl<S: QueueStore> QueueListener<S> {
                 Ok(messages) if !messages.is_empty() => {
                     failing = false;
                     backoff.reset();
-                    for message in messages {
-                        in_flight.count.fetch_add(1, Ordering::SeqCst);
-                        let this = self.clone();
-                        let in_flight = in_flight.clone();
-                        tasks.spawn(async move {
-                            this.process(message).await;
-                            in_flight.count.fetch_sub(1, Ordering::SeqCst);
-                            in_flight.changed.notify_waiters();
-                        });
-                    }
+                    self.spawn_invocations(messages, &in_flight, &mut tasks);
                     continue;
                 }
                 Ok(_) => {
@@ -164,6 +155,31 @@ impl<S: QueueStore> QueueListener<S> {
                 r = stop.changed() => if r.is_err() { break 'poll },
             }
         }
+        self.drain(tasks, &in_flight, drain).await;
+    }
+
+    /// One task per received message, counted in flight until it settles.
+    fn spawn_invocations(
+        self: &Arc<Self>,
+        messages: Vec<ReceivedMessage>,
+        in_flight: &Arc<InFlight>,
+        tasks: &mut JoinSet<()>,
+    ) {
+        for message in messages {
+            in_flight.count.fetch_add(1, Ordering::SeqCst);
+            let this = self.clone();
+            let in_flight = in_flight.clone();
+            tasks.spawn(async move {
+                this.process(message).await;
+                in_flight.count.fetch_sub(1, Ordering::SeqCst);
+                in_flight.changed.notify_waiters();
+            });
+        }
+    }
+
+    /// After polling stopped: waits up to `drain` for the invocations in flight, then abandons
+    /// the rest (their messages reappear after the visibility timeout).
+    async fn drain(&self, mut tasks: JoinSet<()>, in_flight: &InFlight, drain: Duration) {
         let pending = in_flight.count.load(Ordering::SeqCst);
         if pending > 0 {
             self.log.info(format!(
@@ -184,32 +200,11 @@ impl<S: QueueStore> QueueListener<S> {
         }
     }
 
+    /// One delivery: admit it, invoke the function with the visibility renewed meanwhile, then
+    /// delete the message or settle the failure.
     async fn process(&self, message: ReceivedMessage) {
-        let queue = &self.source.queue;
-        let max = self.options.max_dequeue_count;
-        let tag = format!(
-            "{} [{}] [message {}]",
-            self.label, self.function, message.id
-        );
-        if message.dequeue_count > max {
-            self.log.warn(format!(
-                "{tag} DequeueCount {} exceeds MaxDequeueCount {max}; moving it to the poison queue without invoking",
-                message.dequeue_count
-            ));
-            self.move_to_poison(&message, &message.pop_receipt, &tag)
-                .await;
+        let Some(bytes) = self.admit(&message).await else {
             return;
-        }
-        let bytes = match self.options.message_encoding.decode(&message.text) {
-            Ok(b) => b,
-            Err(e) => {
-                self.log.error(format!(
-                    "{tag} Message decoding has failed! Check MessageEncoding settings. ({e})"
-                ));
-                self.move_to_poison(&message, &message.pop_receipt, &tag)
-                    .await;
-                return;
-            }
         };
         let item = QueueItem::from_bytes(bytes, self.binary);
         let invocation_id = uuid::Uuid::new_v4().to_string();
@@ -217,47 +212,14 @@ impl<S: QueueStore> QueueListener<S> {
         let sys = SysData::now(&self.function);
         let body = queue_payload(&self.binding, &item, &message, &sys);
 
-        // Renew the 10-minute visibility at half-life while the invocation runs.
         let pop_receipt = Arc::new(Mutex::new(message.pop_receipt.clone()));
-        let renewal = {
-            let store = self.source.store.clone();
-            let queue = queue.clone();
-            let id = message.id.clone();
-            let pop_receipt = pop_receipt.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(RECEIVE_VISIBILITY / 2).await;
-                    let current = pop_receipt.lock().unwrap().clone();
-                    if let Ok(new) = store
-                        .update_message(&queue, &id, &current, RECEIVE_VISIBILITY, None)
-                        .await
-                    {
-                        *pop_receipt.lock().unwrap() = new;
-                    }
-                }
-            })
-        };
+        let renewal = self.renew_visibility(&message.id, pop_receipt.clone());
         self.log.info(format!(
-            "{tag} Executing '{}' (queue {queue}, message {}, DequeueCount {})",
-            self.function, message.id, message.dequeue_count
+            "{tag} Executing '{}' (queue {}, message {}, DequeueCount {})",
+            self.function, self.source.queue, message.id, message.dequeue_count
         ));
         let started = std::time::Instant::now();
-        let outcome = match self
-            .invoker
-            .invoke_payload(&self.function, &invocation_id, body)
-            .await
-        {
-            Ok(result) => {
-                for line in &result.logs {
-                    self.log.info(format!("{tag} {line}"));
-                }
-                let values = effective_outputs(&self.outputs, &result);
-                write_queue_outputs(&self.outputs, &values, self.options.message_encoding)
-                    .await
-                    .map(|_| ())
-            }
-            Err(e) => Err(e.to_string()),
-        };
+        let outcome = self.invoke(&invocation_id, body, &tag).await;
         renewal.abort();
         let receipt = pop_receipt.lock().unwrap().clone();
         self.stats
@@ -269,18 +231,7 @@ impl<S: QueueStore> QueueListener<S> {
                     "{tag} Executed '{}' (Succeeded, {elapsed} ms)",
                     self.function
                 ));
-                if let Err(e) = self
-                    .source
-                    .store
-                    .delete_message(queue, &message.id, &receipt)
-                    .await
-                {
-                    // Another instance may own the message by now; delivery is at-least-once.
-                    self.log.warn(format!(
-                        "{tag} could not delete message {}: {e}",
-                        message.id
-                    ));
-                }
+                self.delete(&message, &receipt, &tag).await;
             }
             Err(why) => {
                 self.log.error(format!(
@@ -289,6 +240,86 @@ impl<S: QueueStore> QueueListener<S> {
                 ));
                 self.settle_failure(&message, &receipt, &tag).await;
             }
+        }
+    }
+
+    /// The message's bytes, or `None` after moving it to the poison queue without invoking:
+    /// its dequeue count is already over the limit, or it cannot be decoded.
+    async fn admit(&self, message: &ReceivedMessage) -> Option<Vec<u8>> {
+        let max = self.options.max_dequeue_count;
+        let tag = format!(
+            "{} [{}] [message {}]",
+            self.label, self.function, message.id
+        );
+        if message.dequeue_count > max {
+            self.log.warn(format!(
+                "{tag} DequeueCount {} exceeds MaxDequeueCount {max}; moving it to the poison queue without invoking",
+                message.dequeue_count
+            ));
+            self.move_to_poison(message, &message.pop_receipt, &tag)
+                .await;
+            return None;
+        }
+        match self.options.message_encoding.decode(&message.text) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                self.log.error(format!(
+                    "{tag} Message decoding has failed! Check MessageEncoding settings. ({e})"
+                ));
+                self.move_to_poison(message, &message.pop_receipt, &tag)
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// Renews the 10-minute visibility at half-life until aborted, keeping `pop_receipt` current.
+    fn renew_visibility(&self, id: &str, pop_receipt: Arc<Mutex<String>>) -> JoinHandle<()> {
+        let store = self.source.store.clone();
+        let queue = self.source.queue.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RECEIVE_VISIBILITY / 2).await;
+                let current = pop_receipt.lock().unwrap().clone();
+                if let Ok(new) = store
+                    .update_message(&queue, &id, &current, RECEIVE_VISIBILITY, None)
+                    .await
+                {
+                    *pop_receipt.lock().unwrap() = new;
+                }
+            }
+        })
+    }
+
+    /// Invokes the function and writes its queue outputs.
+    async fn invoke(&self, invocation_id: &str, body: String, tag: &str) -> Result<(), String> {
+        let result = self
+            .invoker
+            .invoke_payload(&self.function, invocation_id, body)
+            .await
+            .map_err(|e| e.to_string())?;
+        for line in &result.logs {
+            self.log.info(format!("{tag} {line}"));
+        }
+        let values = effective_outputs(&self.outputs, &result);
+        write_queue_outputs(&self.outputs, &values, self.options.message_encoding)
+            .await
+            .map(|_| ())
+    }
+
+    async fn delete(&self, message: &ReceivedMessage, receipt: &str, tag: &str) {
+        if let Err(e) = self
+            .source
+            .store
+            .delete_message(&self.source.queue, &message.id, receipt)
+            .await
+        {
+            // Another instance may own the message by now; delivery is at-least-once.
+            self.log.warn(format!(
+                "{tag} could not delete message {}: {e}",
+                message.id
+            ));
         }
     }
 

@@ -1,0 +1,227 @@
+//! host.json `customHandler`: how to launch the handler and whether HTTP requests are forwarded.
+//!
+//! Invariant: only the parts of `customHandler` this host implements are accepted; the legacy
+//! `httpWorker` section, proxying mode and a fixed `port` are refused with an error naming them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::json::{get_bool, get_obj, get_str, get_str_array, is_set};
+use super::ConfigError;
+
+/// `customHandler.description`.
+#[derive(Debug, Clone)]
+pub struct HandlerConfig {
+    /// Absolute path if the file exists under the app root, else a command looked up on PATH.
+    pub executable: PathBuf,
+    /// Raw arguments; `%VAR%` is expanded at launch, when the worker variables are known.
+    pub arguments: Vec<String>,
+    pub working_directory: PathBuf,
+}
+
+/// The `customHandler` section of host.json `f`, for the app at `root`: the handler to launch
+/// and `enableForwardingHttpRequest`.
+pub(super) fn parse_custom_handler(
+    host: &Map<String, Value>,
+    root: &Path,
+    f: &Path,
+) -> Result<(HandlerConfig, bool), ConfigError> {
+    let (section, section_name) = handler_section(host, f)?;
+    let handler = parse_description(section, section_name, root, f)?;
+    let forwarding = get_bool(
+        section,
+        "enableForwardingHttpRequest",
+        f,
+        &format!("{section_name}.enableForwardingHttpRequest"),
+    )?
+    .unwrap_or(false);
+    if get_bool(
+        section,
+        "enableProxyingHttpRequest",
+        f,
+        &format!("{section_name}.enableProxyingHttpRequest"),
+    )? == Some(true)
+    {
+        return Err(ConfigError::new(
+            f,
+            format!("{section_name}.enableProxyingHttpRequest"),
+            "proxying mode (2025 hosts) is not implemented by this host; use enableForwardingHttpRequest",
+        ));
+    }
+    if is_set(section, "port") {
+        return Err(ConfigError::new(
+            f,
+            format!("{section_name}.port"),
+            "a fixed handler port is not supported: instances need one port each",
+        ));
+    }
+    Ok((handler, forwarding))
+}
+
+/// `customHandler` wins over the legacy `httpWorker` section, which is refused.
+fn handler_section<'a>(
+    host: &'a Map<String, Value>,
+    f: &Path,
+) -> Result<(&'a Map<String, Value>, &'static str), ConfigError> {
+    if let Some(s) = get_obj(host, "customHandler", f, "customHandler")? {
+        return Ok((s, "customHandler"));
+    }
+    match get_obj(host, "httpWorker", f, "httpWorker")? {
+        Some(_) => Err(ConfigError::new(
+            f,
+            "httpWorker",
+            "the legacy httpWorker section is not supported by this host; use customHandler",
+        )),
+        None => Err(ConfigError::new(
+            f,
+            "customHandler",
+            "missing: this host only runs custom handlers",
+        )),
+    }
+}
+
+/// `<section>.description`: executable, arguments and working directory.
+fn parse_description(
+    section: &Map<String, Value>,
+    section_name: &str,
+    root: &Path,
+    f: &Path,
+) -> Result<HandlerConfig, ConfigError> {
+    let path = format!("{section_name}.description");
+    let description = get_obj(section, "description", f, &path)?
+        .ok_or_else(|| ConfigError::new(f, path.as_str(), "missing"))?;
+    let exe_field = format!("{path}.defaultExecutablePath");
+    let exe = get_str(description, "defaultExecutablePath", f, &exe_field)?.unwrap_or("");
+    if exe.trim().is_empty() {
+        return Err(ConfigError::new(
+            f,
+            exe_field,
+            "must name the handler executable",
+        ));
+    }
+    let candidate = root.join(exe);
+    // Relative paths that exist under the app root are made absolute; otherwise PATH lookup.
+    let executable = if candidate.is_file() {
+        candidate
+    } else {
+        PathBuf::from(exe)
+    };
+    let arguments = get_str_array(
+        description,
+        "arguments",
+        f,
+        &format!("{path}.arguments"),
+        "must be an array of strings",
+    )?
+    .unwrap_or_default();
+    let wd_field = format!("{path}.workingDirectory");
+    let working_directory = match get_str(description, "workingDirectory", f, &wd_field)? {
+        None | Some("") => root.to_path_buf(),
+        Some(wd) => root.join(wd),
+    };
+    if !working_directory.is_dir() {
+        return Err(ConfigError::new(
+            f,
+            wd_field,
+            format!("{} is not a directory", working_directory.display()),
+        ));
+    }
+    Ok(HandlerConfig {
+        executable,
+        arguments,
+        working_directory,
+    })
+}
+
+/// Expands `%VAR%` tokens in a handler argument from `vars`; unresolved tokens are removed,
+/// as the host's `DefaultWorkerProcessFactory` does.
+pub fn expand_argument(arg: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(start) = rest.find('%') {
+        let after = &rest[start + 1..];
+        match after.find('%') {
+            Some(end) => {
+                let token = &after[..end];
+                out.push_str(&rest[..start]);
+                let valid_name = !token.is_empty() && !token.contains(char::is_whitespace);
+                if valid_name {
+                    if let Some(v) = vars.get(token).or_else(|| {
+                        vars.iter()
+                            .find(|(k, _)| k.eq_ignore_ascii_case(token))
+                            .map(|(_, v)| v)
+                    }) {
+                        out.push_str(v);
+                    }
+                    rest = &after[end + 1..];
+                } else {
+                    // `%%` or `% x %` is not a token: keep the first '%' literally.
+                    out.push('%');
+                    rest = after;
+                }
+            }
+            None => break,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_expansion() {
+        let vars = HashMap::from([("PORT".to_string(), "1234".to_string())]);
+        assert_eq!(expand_argument("--port=%PORT%", &vars), "--port=1234");
+        assert_eq!(expand_argument("%UNSET%x%PORT%", &vars), "x1234");
+        assert_eq!(expand_argument("100%", &vars), "100%");
+        assert_eq!(expand_argument("%port%", &vars), "1234");
+    }
+
+    fn parse(host: Value) -> Result<(HandlerConfig, bool), ConfigError> {
+        let root = std::env::temp_dir();
+        parse_custom_handler(host.as_object().unwrap(), &root, Path::new("host.json"))
+    }
+
+    #[test]
+    fn refuses_what_this_host_does_not_implement() {
+        let field = |v| parse(v).unwrap_err().field;
+        assert_eq!(field(serde_json::json!({})), "customHandler");
+        assert_eq!(
+            field(serde_json::json!({"httpWorker": {"description": {}}})),
+            "httpWorker"
+        );
+        let desc = serde_json::json!({"defaultExecutablePath": "h"});
+        assert_eq!(
+            field(
+                serde_json::json!({"customHandler": {"description": desc, "enableProxyingHttpRequest": true}})
+            ),
+            "customHandler.enableProxyingHttpRequest"
+        );
+        assert_eq!(
+            field(serde_json::json!({"customHandler": {"description": desc, "port": 8080}})),
+            "customHandler.port"
+        );
+        assert_eq!(
+            field(
+                serde_json::json!({"customHandler": {"description": {"defaultExecutablePath": "h", "arguments": ["a", 2]}}})
+            ),
+            "customHandler.description.arguments[1]"
+        );
+        assert_eq!(
+            field(
+                serde_json::json!({"customHandler": {"description": {"defaultExecutablePath": "h", "workingDirectory": "no-such-dir-xyz"}}})
+            ),
+            "customHandler.description.workingDirectory"
+        );
+        let (handler, forwarding) = parse(serde_json::json!({"CustomHandler": {"description":
+            {"defaultExecutablePath": "h", "arguments": ["--x", "%PORT%"]}, "port": null}}))
+        .unwrap();
+        assert_eq!(handler.arguments, ["--x", "%PORT%"]);
+        assert!(!forwarding);
+    }
+}
