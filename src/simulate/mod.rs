@@ -495,7 +495,72 @@ async fn simulate(
         account: account.clone(),
         messages_put: Arc::new(AtomicU64::new(0)),
     };
-    let d = &scenario.design;
+    let state = app_state(&scenario.design, &model, tables.clone(), queues.clone())?;
+    let router = app(state.clone());
+    let blog = (scenario.variant != Variant::Prefix).then(|| {
+        Arc::new(blog::Blog::new(
+            tables.clone(),
+            queues.clone(),
+            scenario.design.take,
+        ))
+    });
+    let scan_id = match &blog {
+        Some(blog) => start_blog(blog, &queues, scenario.variant).await?,
+        // tablescan: start the scan through the real API, as a client would.
+        None => start_scan(&router, &scenario.design).await?,
+    };
+    let host = Arc::new(Host {
+        model: model.clone(),
+        state: state.clone(),
+        router,
+        mode: match &blog {
+            Some(b) => ScanMode::Blog(b.clone()),
+            None => ScanMode::Router,
+        },
+        epoch,
+        instances: Mutex::new(Vec::new()),
+        executions: Mutex::new(Vec::new()),
+        instance_timeline: Mutex::new(Vec::new()),
+        stopped: AtomicBool::new(false),
+        running: AtomicUsize::new(0),
+        timeouts: AtomicUsize::new(0),
+    });
+    host.add_instance();
+    tokio::spawn(host.clone().scale(queues.clone()));
+    let watch = Watch {
+        scenario,
+        host: &host,
+        queues: &queues,
+        sink: &sink,
+        tracker: state.tracker_on(&memory),
+        scan_id: blog.is_none().then_some(scan_id.as_str()),
+        horizon: Duration::from_secs_f64(horizon_minutes * 60.0),
+    };
+    let (completed, rows_over_time) = watch.run().await?;
+    host.stopped.store(true, Ordering::Relaxed);
+    Ok(summarize(
+        scenario,
+        &model,
+        seed,
+        &Run {
+            host: &host,
+            account: &account,
+            queues: &queues,
+            sink: &sink,
+            source: &source,
+        },
+        completed,
+        rows_over_time,
+    ))
+}
+
+/// The real app's state over the modelled storage, configured as the scenario's design says.
+fn app_state(
+    d: &Design,
+    model: &Model,
+    tables: CloudTables,
+    queues: CloudQueues,
+) -> Result<Arc<AppState<CloudTables, CloudQueues>>, String> {
     let settings: BTreeMap<&str, String> = [
         (
             "AzureWebJobsStorage",
@@ -516,109 +581,131 @@ async fn simulate(
         max_pages: d.budget_pages,
         max_queries: d.budget_queries,
     };
-    let state = AppState::new(
+    Ok(AppState::new(
         config,
-        [("AzureWebJobsStorage".to_string(), tables.clone())]
+        [("AzureWebJobsStorage".to_string(), tables)]
             .into_iter()
             .collect(),
-        queues.clone(),
-    );
-    let router = app(state.clone());
+        queues,
+    ))
+}
 
-    let blog = (scenario.variant != Variant::Prefix)
-        .then(|| Arc::new(blog::Blog::new(tables.clone(), queues.clone(), d.take)));
-    let scan_id = match &blog {
-        // The blog's app: one worker queue and one start message; nothing is tracked.
-        Some(blog) => {
-            queues
-                .create_queue(&blog.queue)
-                .await
-                .map_err(|e| e.to_string())?;
-            let root = match scenario.variant {
-                Variant::Serial => Scanner::<CloudTables>::root(Strategy::Serial),
-                _ => Scanner::<CloudTables>::root(Strategy::Prefix),
-            };
-            queues
-                .put_message(
-                    &blog.queue,
-                    &blog::BlogMessage::Scan(root).encode(),
-                    Duration::ZERO,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            String::new()
-        }
-        // tablescan: start the scan through the real API, as a client would.
-        None => start_scan(&router, d).await?,
+/// The blog's app: one worker queue and one start message; nothing is tracked.
+async fn start_blog(
+    blog: &blog::Blog,
+    queues: &CloudQueues,
+    variant: Variant,
+) -> Result<String, String> {
+    queues
+        .create_queue(&blog.queue)
+        .await
+        .map_err(|e| e.to_string())?;
+    let root = match variant {
+        Variant::Serial => Scanner::<CloudTables>::root(Strategy::Serial),
+        _ => Scanner::<CloudTables>::root(Strategy::Prefix),
     };
+    queues
+        .put_message(
+            &blog.queue,
+            &blog::BlogMessage::Scan(root).encode(),
+            Duration::ZERO,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(String::new())
+}
 
-    let host = Arc::new(Host {
-        model: model.clone(),
-        state: state.clone(),
-        router,
-        mode: match &blog {
-            Some(b) => ScanMode::Blog(b.clone()),
-            None => ScanMode::Router,
-        },
-        epoch,
-        instances: Mutex::new(Vec::new()),
-        executions: Mutex::new(Vec::new()),
-        instance_timeline: Mutex::new(Vec::new()),
-        stopped: AtomicBool::new(false),
-        running: AtomicUsize::new(0),
-        timeouts: AtomicUsize::new(0),
-    });
-    host.add_instance();
-    tokio::spawn(host.clone().scale(queues.clone()));
+/// Watches a running scenario (reading bookkeeping directly, outside the model) once a
+/// simulated second, until it completes, fails, or runs past the horizon.
+struct Watch<'a> {
+    scenario: &'a Scenario,
+    host: &'a Host,
+    queues: &'a CloudQueues,
+    sink: &'a Sink,
+    tracker: crate::app::tracking::Tracker<'a, MemoryTableStore>,
+    /// tablescan's scan; `None` for the blog's app, which tracks nothing.
+    scan_id: Option<&'a str>,
+    horizon: Duration,
+}
 
-    // Watch the scan (reading bookkeeping directly, outside the model) once a simulated second.
-    let horizon = Duration::from_secs_f64(horizon_minutes * 60.0);
-    let tracker = state.tracker_on(&memory);
-    let mut rows_over_time = vec![(0.0, 0)];
-    let mut completed = false;
-    let mut tick = 0u64;
-    loop {
-        sleep(Duration::from_secs(1)).await;
-        tick += 1;
-        if tick % 5 == 0 {
-            rows_over_time.push((epoch.elapsed().as_secs_f64(), sink.unique_rows()));
-        }
-        if blog.is_some() {
+impl Watch<'_> {
+    /// Whether the copy completed, and rows copied over (simulated) time.
+    async fn run(&self) -> Result<(bool, Vec<(f64, u64)>), String> {
+        let epoch = self.host.epoch;
+        let mut rows_over_time = vec![(0.0, 0)];
+        let mut tick = 0u64;
+        let completed = loop {
+            sleep(Duration::from_secs(1)).await;
+            tick += 1;
+            if tick % 5 == 0 {
+                rows_over_time.push((epoch.elapsed().as_secs_f64(), self.sink.unique_rows()));
+            }
+            if let Some(done) = self.ended().await? {
+                break done;
+            }
+            if epoch.elapsed() >= self.horizon {
+                break false;
+            }
+        };
+        rows_over_time.push((epoch.elapsed().as_secs_f64(), self.sink.unique_rows()));
+        Ok((completed, rows_over_time))
+    }
+
+    /// `Some(completed)` once the run is over.
+    async fn ended(&self) -> Result<Option<bool>, String> {
+        let Some(scan_id) = self.scan_id else {
             // The blog tracked nothing: the copy is over when the queue is empty and idle.
-            if queues.inner.is_empty() && host.running.load(Ordering::Relaxed) == 0 {
-                completed = true;
-                break;
+            if self.queues.inner.is_empty() && self.host.running.load(Ordering::Relaxed) == 0 {
+                return Ok(Some(true));
             }
             // The serial paging restarts from its first page after a timeout, so it cannot
             // finish: stop at the first one (the blog halted it after a restart).
-            if scenario.variant == Variant::Serial && host.timeouts.load(Ordering::Relaxed) > 0 {
-                break;
+            let serial_timed_out = self.scenario.variant == Variant::Serial
+                && self.host.timeouts.load(Ordering::Relaxed) > 0;
+            return Ok(serial_timed_out.then_some(false));
+        };
+        let record = self
+            .tracker
+            .get_scan(scan_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(match record.map(|r| r.state) {
+            Some(ScanState::Completed) => Some(true),
+            Some(ScanState::Running) | None => None,
+            Some(other) => {
+                eprintln!("  scan ended {}", other.as_str());
+                Some(false)
             }
-        } else {
-            let record = tracker
-                .get_scan(&scan_id)
-                .await
-                .map_err(|e| e.to_string())?;
-            match record.map(|r| r.state) {
-                Some(ScanState::Completed) => {
-                    completed = true;
-                    break;
-                }
-                Some(ScanState::Running) | None => {}
-                Some(other) => {
-                    eprintln!("  scan ended {}", other.as_str());
-                    break;
-                }
-            }
-        }
-        if epoch.elapsed() >= horizon {
-            break;
-        }
+        })
     }
-    let duration = epoch.elapsed();
-    host.stopped.store(true, Ordering::Relaxed);
-    rows_over_time.push((duration.as_secs_f64(), sink.unique_rows()));
+}
 
+/// What a finished scenario left to measure.
+struct Run<'a> {
+    host: &'a Host,
+    account: &'a Account,
+    queues: &'a CloudQueues,
+    sink: &'a Sink,
+    source: &'a data::SyntheticTable,
+}
+
+/// The scenario's figures (all simulated).
+fn summarize(
+    scenario: &Scenario,
+    model: &Model,
+    seed: u64,
+    run: &Run<'_>,
+    completed: bool,
+    rows_over_time: Vec<(f64, u64)>,
+) -> ScenarioResult {
+    let Run {
+        host,
+        account,
+        queues,
+        sink,
+        source,
+    } = run;
+    let duration = host.epoch.elapsed();
     let executions = host.executions.lock().unwrap().clone();
     let mut bins: BTreeMap<u64, u64> = BTreeMap::new();
     for e in &executions {
@@ -642,9 +729,7 @@ async fn simulate(
         + executions.len() as f64 * prices::FUNCTIONS_EXECUTION
         + table_requests as f64 * prices::TABLE_TRANSACTION
         + queue_requests as f64 * prices::QUEUE_OPERATION;
-    let instances_over_time = host.instance_timeline.lock().unwrap().clone();
-    let throttled_by = account.throttled_by.lock().unwrap().clone();
-    Ok(ScenarioResult {
+    ScenarioResult {
         rows: scenario.rows,
         variant: scenario.variant.name(),
         completed,
@@ -664,11 +749,11 @@ async fn simulate(
         executions: executions.len() as u64,
         timed_out_executions: timed_out,
         throttled_requests: account.throttled.load(Ordering::Relaxed),
-        throttled_by,
+        throttled_by: account.throttled_by.lock().unwrap().clone(),
         instance_busy_seconds: busy,
         design: scenario.design.clone(),
-        instances_over_time,
+        instances_over_time: host.instance_timeline.lock().unwrap().clone(),
         rows_over_time,
         wall_seconds: 0.0,
-    })
+    }
 }
