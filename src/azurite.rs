@@ -230,11 +230,6 @@ impl Azurite {
         StorageAccount::parse(&self.connection_string()).expect("our own connection string parses")
     }
 
-    /// The process id of Azurite's watchdog (`sh`), mainly for diagnostics.
-    pub fn watchdog_pid(&self) -> Option<u32> {
-        self.watchdog.lock().unwrap().as_ref().map(Child::id)
-    }
-
     /// Whether the watchdog (and so Azurite) is still running.
     pub fn is_running(&self) -> bool {
         match self.watchdog.lock().unwrap().as_mut() {

@@ -6,7 +6,7 @@
 //!
 //! Every fault kind prints one line (`eprintln!`, visible with `--nocapture` or on failure):
 //! `faults: <kind>: scans N, faults N, rows N, lost 0, mismatches 0`.
-//! Longer soak variants run with `TABLESCAN_SOAK=1 cargo test --test faults -- --ignored`.
+//! Longer soak variants run with `cargo test --test faults -- --ignored`.
 
 mod support;
 
@@ -16,8 +16,7 @@ use rand::Rng;
 use serde_json::{json, Value};
 use support::e2e::TestApp;
 use support::faults::{
-    proxy, seeded_source, soak, source_entities, start_copy, verify_copy, wait_recorded_end,
-    Summary,
+    proxy, seeded_source, source_entities, start_copy, verify_copy, wait_recorded_end, Summary,
 };
 use support::unique_name;
 use tablescan::proxy::FaultPolicy;
@@ -28,14 +27,6 @@ use tablescan::storage::{MessageEncoding, Query, QueueStore, TableStore};
 const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
 /// Soak scans are ten times larger and share the machine with each other.
 const SOAK_SCAN_TIMEOUT: Duration = Duration::from_secs(1200);
-
-fn scan_timeout() -> Duration {
-    if soak() {
-        SOAK_SCAN_TIMEOUT
-    } else {
-        SCAN_TIMEOUT
-    }
-}
 
 fn sigkill(pid: u32) {
     let status = std::process::Command::new("kill")
@@ -48,7 +39,7 @@ fn sigkill(pid: u32) {
 /// SIGKILLs handlers at random moments while the scan runs. The host gives up on an instance
 /// after 3 handler errors in 30 minutes (as the real host does), so each instance is killed at
 /// most `per_instance` (< 3) times and more kills need more instances.
-async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32) {
+async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, timeout: Duration) {
     let mut summary = Summary::new("handler-crash");
     let app = TestApp::start(instances, &[]).await;
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 21)).await;
@@ -91,7 +82,7 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32) 
         kills[i] += 1;
     }
     summary.faults = kills.iter().sum::<usize>() as u64;
-    let verdict = verify_copy(&app, &id, &source_rows, &destination, scan_timeout()).await;
+    let verdict = verify_copy(&app, &id, &source_rows, &destination, timeout).await;
     summary.add(&verdict);
     let host = app.host();
     host.wait_ready(Duration::from_secs(60))
@@ -133,20 +124,18 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_crashes() {
-    crash_run(3, 2, 500, 4).await;
+    crash_run(3, 2, 500, 4, SCAN_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "soak: TABLESCAN_SOAK=1"]
+#[ignore = "soak: run with --ignored"]
 async fn soak_handler_crashes() {
-    if soak() {
-        crash_run(6, 2, 3000, 3).await;
-    }
+    crash_run(6, 2, 3000, 3, SOAK_SCAN_TIMEOUT).await;
 }
 
 /// Every queue put (the API's root message and every child the handler queues) is stored two or
 /// three times, and two instances take the copies concurrently.
-async fn duplicate_run(rows: u64, take: u32, scans: usize) {
+async fn duplicate_run(rows: u64, take: u32, scans: usize, timeout: Duration) {
     let mut summary = Summary::new("duplicate-delivery");
     let proxy = proxy(
         FaultPolicy {
@@ -165,7 +154,7 @@ async fn duplicate_run(rows: u64, take: u32, scans: usize) {
     for _ in 0..scans {
         let destination = unique_name("Dest");
         let id = start_copy(&app, &source, &destination, take).await;
-        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, scan_timeout()).await);
+        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, timeout).await);
     }
     summary.faults = proxy.duplicates_put();
     for v in &verdicts {
@@ -178,15 +167,13 @@ async fn duplicate_run(rows: u64, take: u32, scans: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_delivery() {
-    duplicate_run(300, 5, 1).await;
+    duplicate_run(300, 5, 1, SCAN_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "soak: TABLESCAN_SOAK=1"]
+#[ignore = "soak: run with --ignored"]
 async fn soak_duplicate_delivery() {
-    if soak() {
-        duplicate_run(2000, 4, 3).await;
-    }
+    duplicate_run(2000, 4, 3, SOAK_SCAN_TIMEOUT).await;
 }
 
 /// Azure's transient faults on a fraction of every kind of request from the handler and the host.
@@ -212,7 +199,7 @@ fn storage_faults(rate: f64) -> FaultPolicy {
     }
 }
 
-async fn storage_fault_run(rate: f64, rows: u64, take: u32, scans: usize) {
+async fn storage_fault_run(rate: f64, rows: u64, take: u32, scans: usize, timeout: Duration) {
     let mut summary = Summary::new("storage-faults");
     let proxy = proxy(storage_faults(rate), 11).await;
     let connection = proxy.connection_string();
@@ -222,7 +209,7 @@ async fn storage_fault_run(rate: f64, rows: u64, take: u32, scans: usize) {
     for _ in 0..scans {
         let destination = unique_name("Dest");
         let id = start_copy(&app, &source, &destination, take).await;
-        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, scan_timeout()).await);
+        verdicts.push(verify_copy(&app, &id, &source_rows, &destination, timeout).await);
     }
     summary.faults = proxy.faults_injected();
     let counts = proxy.counts();
@@ -242,15 +229,13 @@ async fn storage_fault_run(rate: f64, rows: u64, take: u32, scans: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_faults_through_the_proxy() {
-    storage_fault_run(0.04, 300, 5, 1).await;
+    storage_fault_run(0.04, 300, 5, 1, SCAN_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "soak: TABLESCAN_SOAK=1"]
+#[ignore = "soak: run with --ignored"]
 async fn soak_storage_faults() {
-    if soak() {
-        storage_fault_run(0.06, 2000, 4, 3).await;
-    }
+    storage_fault_run(0.06, 2000, 4, 3, SOAK_SCAN_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

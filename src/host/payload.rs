@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use serde::Serialize;
 use serde_json::{Map, Value};
-use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::storage::ReceivedMessage;
@@ -519,11 +518,6 @@ pub fn http_output(value: Option<&Value>) -> Result<HttpOutput, String> {
         headers,
         body,
     })
-}
-
-/// Parses an RFC 3339 time (used by tests and the test handler).
-pub fn parse_rfc3339(s: &str) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(s, &Rfc3339).ok()
 }
 
 #[cfg(test)]

@@ -198,17 +198,6 @@ impl SyntheticTable {
         }
     }
 
-    /// The global index of row (pk, rk) if it exists.
-    pub fn index_of(&self, pk: &str, rk: &str) -> Option<u64> {
-        let p = self.pk_bound(pk, false);
-        if p >= self.keys.len() || &*self.keys[p] != pk {
-            return None;
-        }
-        let count = self.starts[p + 1] - self.starts[p];
-        let i = parse_row_key(rk)?;
-        (i < count).then(|| self.starts[p] + i)
-    }
-
     /// The partition index of key `pk`, if it exists.
     pub fn partition_index(&self, pk: &str) -> Option<usize> {
         let p = self.pk_bound(pk, false);

@@ -286,8 +286,3 @@ impl Summary {
         );
     }
 }
-
-/// Whether soak variants were asked for (`TABLESCAN_SOAK=1`).
-pub fn soak() -> bool {
-    std::env::var("TABLESCAN_SOAK").is_ok_and(|v| v == "1")
-}

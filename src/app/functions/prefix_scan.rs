@@ -82,6 +82,9 @@ pub fn copy_work(split: WorkSplit, rows: &[Entity]) -> Vec<CopyWork> {
     }
 }
 
+/// Bytes a copy message adds around its work: the envelope and the scan id (generous).
+const ENVELOPE_ALLOWANCE: usize = 2048;
+
 /// Halves a partition's row-key list until each message fits the queue (as the reference does).
 fn split_rows(pk: &str, row_keys: Vec<String>, out: &mut Vec<CopyWork>) {
     let work = CopyWork::Rows {
@@ -93,7 +96,7 @@ fn split_rows(pk: &str, row_keys: Vec<String>, out: &mut Vec<CopyWork>) {
         let bytes = serde_json::to_vec(&work)
             .map(|v| v.len())
             .unwrap_or(usize::MAX);
-        (bytes + 2048) * 4 / 3 < MAX_MESSAGE_TEXT
+        (bytes + ENVELOPE_ALLOWANCE) * 4 / 3 < MAX_MESSAGE_TEXT
     };
     if fits() {
         out.push(work);

@@ -10,7 +10,9 @@ use super::counters::Counters;
 use super::{backoff, shard_partition, NewWork, Tracker, MAX_COUNTER_ATTEMPTS};
 use crate::app::messages::shard_of;
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
-use crate::storage::{BatchOperation, Entity, StorageError, StorageErrorKind, TableStore};
+use crate::storage::{
+    BatchOperation, Entity, StorageError, StorageErrorKind, TableStore, MAX_BATCH_OPERATIONS,
+};
 
 /// Recorded outcomes are split over string properties of at most this many UTF-16 units (the
 /// service allows 64 KiB of UTF-16, 32,768 units, per string); the row as a whole must still
@@ -156,7 +158,8 @@ impl<T: TableStore> Tracker<'_, T> {
             .into_iter()
             .flat_map(|(shard, items)| {
                 items
-                    .chunks(99)
+                    // Each transaction also updates the shard's counter row.
+                    .chunks(MAX_BATCH_OPERATIONS - 1)
                     .map(|c| (shard, c.to_vec()))
                     .collect::<Vec<_>>()
             })

@@ -50,15 +50,6 @@ pub enum TriggerConfig {
     Queue(QueueTriggerConfig),
 }
 
-impl TriggerConfig {
-    pub fn binding_name(&self) -> &str {
-        match self {
-            TriggerConfig::Http(h) => &h.name,
-            TriggerConfig::Queue(q) => &q.name,
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct HttpTriggerConfig {
     pub name: String,

@@ -32,6 +32,7 @@ impl AppSettings {
         AppSettings { values }
     }
 
+    #[cfg(test)]
     pub fn from_map(values: BTreeMap<String, String>) -> Self {
         AppSettings { values }
     }
