@@ -15,7 +15,8 @@ use azure_storage_queues::{
     PopReceipt, QueueClient, QueueServiceClient, QueueServiceClientBuilder,
 };
 
-use super::azure::{map_sdk_error, percent_encode, Service};
+use super::auth::sdk_credentials;
+use super::azure::{client_options, map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::{
@@ -24,6 +25,13 @@ use super::{
 
 /// Most messages one receive may return.
 pub const MAX_MESSAGES_PER_GET: u8 = 32;
+
+impl StorageAccount {
+    /// A queue store over this account, counting requests in `counters`.
+    pub fn queue_store(&self, counters: Arc<RequestCounters>) -> AzureQueueStore {
+        AzureQueueStore::new(self, counters)
+    }
+}
 
 /// Azure Queue Storage behind the [`QueueStore`] interface. Cheap to clone; clones share the
 /// HTTP connection pool and the request counters.
@@ -39,9 +47,10 @@ impl AzureQueueStore {
             account: account.account_name().to_string(),
             uri: account.queue_endpoint().to_string(),
         };
-        let client = QueueServiceClientBuilder::with_location(location, account.credentials())
-            .client_options(account.client_options())
-            .build();
+        let client =
+            QueueServiceClientBuilder::with_location(location, sdk_credentials(account.settings()))
+                .client_options(client_options(account))
+                .build();
         AzureQueueStore {
             service: Service::new(
                 account,

@@ -18,7 +18,8 @@ use azure_storage::CloudLocation;
 use bytes::Bytes;
 use reqwest::Method;
 
-use super::azure::{map_sdk_error, percent_encode, Service};
+use super::auth::sdk_credentials;
+use super::azure::{client_options, map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::signed::{odata_error_json, SignedTableClient, TableRequest};
@@ -31,6 +32,13 @@ use super::{
 /// (this is also what the crate's query builder sends, so point reads and queries agree).
 const ACCEPT_FULL_METADATA: &str = "application/json;odata=fullmetadata";
 const ACCEPT_MINIMAL_METADATA: &str = "application/json;odata=minimalmetadata";
+
+impl StorageAccount {
+    /// A table store over this account, counting requests in `counters`.
+    pub fn table_store(&self, counters: Arc<RequestCounters>) -> AzureTableStore {
+        AzureTableStore::new(self, counters)
+    }
+}
 
 /// Azure Table Storage behind the [`TableStore`] interface. Cheap to clone; clones share the
 /// HTTP connection pool and the request counters.
@@ -49,9 +57,10 @@ impl AzureTableStore {
             account: account.account_name().to_string(),
             uri: account.table_endpoint().to_string(),
         };
-        let client = TableServiceClientBuilder::with_location(location, account.credentials())
-            .client_options(account.client_options())
-            .build();
+        let client =
+            TableServiceClientBuilder::with_location(location, sdk_credentials(account.settings()))
+                .client_options(client_options(account))
+                .build();
         AzureTableStore {
             service: Service::new(
                 account,
@@ -59,7 +68,7 @@ impl AzureTableStore {
                 account.table_endpoint(),
                 counters,
             ),
-            signed: account.signed_table_client(),
+            signed: SignedTableClient::new(account),
             client,
         }
     }

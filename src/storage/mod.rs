@@ -4,6 +4,7 @@
 //! Nothing here knows about Azure Functions or about scans. The scan engine talks to [`TableStore`];
 //! the function app and the local host talk to [`QueueStore`].
 
+mod auth;
 pub mod azure;
 pub mod azure_queue;
 pub mod azure_table;
@@ -14,6 +15,7 @@ pub mod keys;
 pub mod memory;
 pub mod memory_queue;
 pub mod retry;
+mod settings;
 mod signed;
 
 use std::fmt;
