@@ -46,8 +46,8 @@ pub(crate) struct Service {
     service_type: ServiceType,
     /// Service base URL without a trailing slash.
     pub(crate) base: String,
-    pub(crate) counters: Arc<RequestCounters>,
-    pub(crate) retry: RetryPolicy,
+    counters: Arc<RequestCounters>,
+    retry: RetryPolicy,
 }
 
 impl Service {

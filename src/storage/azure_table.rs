@@ -3,12 +3,22 @@
 //! through as the service's JSON text.
 //!
 //! Table create/delete go through the crate. Queries, point reads and entity group transactions
-//! are built here and sent on the lean signed path ([`super::signed`]): they are the requests a
+//! are built here and sent on the lean signed path (`signed`): they are the requests a
 //! scan makes hundreds of times per 1,000 rows, and the SDK pipeline cost more CPU than the rest
 //! of the handler. Building them here also fixes two crate defects: it puts keys into entity URLs
 //! without doubling `'` (so keys with quotes address the wrong entity or fail), and its
 //! transaction response drops each operation's error body, so a failed transaction looks like
 //! success unless every status is checked, and the failing operation's index and error code are lost.
+//!
+//! Invariants:
+//! - A store is built from a [`StorageAccount`] (`account.table_store(counters)`); its SDK client
+//!   and its signed client share the account's pooled HTTP client and credential.
+//! - Every attempt is counted as one request of its kind and transient failures are retried under
+//!   the account's policy, so callers see final outcomes only.
+//! - Keys in URLs have `'` doubled and are percent-encoded; property values are never re-encoded.
+//! - A transaction is checked (shape, then the exact body size) before it is sent, is sent as the
+//!   same body on every retry, and fails unless every operation succeeded, naming the failing one.
+//! - A continuation header that is present is followed or is an error, never read as the end.
 
 use std::sync::Arc;
 
@@ -71,11 +81,6 @@ impl AzureTableStore {
             signed: SignedTableClient::new(account),
             client,
         }
-    }
-
-    /// The counters every request of this store is recorded in.
-    pub fn counters(&self) -> &Arc<RequestCounters> {
-        &self.service.counters
     }
 
     /// The table service base URL.

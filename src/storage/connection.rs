@@ -1,4 +1,4 @@
-//! A storage account ready to talk to: parsed [`ConnectionSettings`], one pooled HTTP client and
+//! A storage account ready to talk to: parsed `ConnectionSettings`, one pooled HTTP client and
 //! the retry policy, from which each adapter builds its own client (`table_store`, `queue_store`
 //! and the signed data path are defined by the adapters, which import this module, never the
 //! other way round).
@@ -31,7 +31,8 @@ pub struct StorageAccount {
 }
 
 impl StorageAccount {
-    /// Parses a connection string (see [`super::settings`] for the accepted forms).
+    /// Parses a connection string: `UseDevelopmentStorage=true`, explicit `TableEndpoint`/
+    /// `QueueEndpoint` with a key or SAS, or `AccountName`/`AccountKey` with derived endpoints.
     pub fn parse(connection_string: &str) -> Result<Self, ConnectionStringError> {
         ConnectionSettings::parse(connection_string).map(Self::new)
     }

@@ -26,7 +26,7 @@ use super::connection::StorageAccount;
 use super::{StorageError, StorageErrorKind, StorageResult};
 
 /// The service version the SDK sends; requests of both paths agree.
-pub(crate) const SERVICE_VERSION: &str = "2022-11-02";
+const SERVICE_VERSION: &str = "2022-11-02";
 
 /// One table service request, built by the adapter.
 pub(crate) struct TableRequest<'a> {
@@ -149,7 +149,7 @@ fn transport_error(operation: &impl Fn() -> String, error: &reqwest::Error) -> S
 
 /// The service's `{"odata.error":{"code","message":{"value"}}}` (or `x-ms-error-code`) as a
 /// [`StorageError`] classified by status.
-pub(crate) fn error_response(
+fn error_response(
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
