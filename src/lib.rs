@@ -7,6 +7,8 @@
 //! - [`host`]: a local stand-in for the Azure Functions host, for development and tests;
 //! - [`azurite`]: starting the Azurite storage emulator for tests, demo and benchmark;
 //! - [`simulate`]: a virtual-time simulation of a copy on a Consumption plan around the real app.
+//!
+//! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses.
 
 pub mod app;
 pub mod azurite;
@@ -16,6 +18,7 @@ pub mod dataset;
 pub mod demo;
 pub mod host;
 pub mod proxy;
+pub mod retry;
 pub mod scan;
 pub mod simulate;
 pub mod storage;

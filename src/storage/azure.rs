@@ -1,6 +1,14 @@
-//! What the Azure table and queue adapters share: sending requests through the SDK pipeline
-//! (signing, our pooled client), counting and retrying each attempt, and turning SDK errors into
+//! What the Azure table and queue adapters share: the SDK's client options and pipeline over the
+//! account's pooled client, counting and retrying each attempt, and turning SDK errors into
 //! [`StorageError`]s without leaking secrets.
+//!
+//! Invariants:
+//! - SDK clients send through the account's one pooled HTTP client, with the SDK's own retry off:
+//!   every attempt goes through [`Service::attempts`], which counts it and retries only transient
+//!   failures under the account's policy.
+//! - Error responses reach the SDK's error type with the service's error code and message, whether
+//!   the service put them in a header or only in the body ([`ErrorDetailsTransport`]).
+//! - No text made here carries a SAS signature ([`redact`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,16 +17,27 @@ use std::sync::Arc;
 use azure_core::error::ErrorKind;
 use azure_core::headers::{Headers, ERROR_CODE};
 use azure_core::{
-    BytesStream, CollectedResponse, Context, HttpClient, Method, Pipeline, Policy, PolicyResult,
-    Request, Response, Url,
+    BytesStream, ClientOptions, CollectedResponse, Context, HttpClient, Method, Pipeline, Policy,
+    PolicyResult, Request, Response, RetryOptions, TransportOptions, Url,
 };
 use azure_storage::clients::ServiceType;
 use bytes::Bytes;
 
+use super::auth::sdk_credentials;
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::retry::{retry, RetryPolicy};
 use super::{StorageError, StorageErrorKind, StorageResult};
+
+/// SDK client options for an account: its shared pooled client, and no SDK retries (we retry and
+/// count).
+pub(crate) fn client_options(account: &StorageAccount) -> ClientOptions {
+    let client: Arc<dyn HttpClient> = account.http().clone();
+    let transport = Arc::new(ErrorDetailsTransport { client });
+    ClientOptions::default()
+        .retry(RetryOptions::none())
+        .transport(TransportOptions::new_custom_policy(transport))
+}
 
 /// The per-service plumbing both adapters use.
 #[derive(Clone)]
@@ -27,8 +46,8 @@ pub(crate) struct Service {
     service_type: ServiceType,
     /// Service base URL without a trailing slash.
     pub(crate) base: String,
-    pub(crate) counters: Arc<RequestCounters>,
-    pub(crate) retry: RetryPolicy,
+    counters: Arc<RequestCounters>,
+    retry: RetryPolicy,
 }
 
 impl Service {
@@ -40,8 +59,8 @@ impl Service {
     ) -> Self {
         Service {
             pipeline: azure_storage::clients::new_pipeline_from_options(
-                account.client_options(),
-                account.credentials(),
+                client_options(account),
+                sdk_credentials(account.settings()),
             ),
             service_type,
             base: base.to_string(),
@@ -93,8 +112,8 @@ impl Service {
 /// operations lose the error code whenever the service puts it only in the body (Azurite does for
 /// 400s) and every table error message.
 #[derive(Debug)]
-pub(crate) struct ErrorDetailsTransport {
-    pub(crate) client: Arc<dyn HttpClient>,
+struct ErrorDetailsTransport {
+    client: Arc<dyn HttpClient>,
 }
 
 impl Policy for ErrorDetailsTransport {

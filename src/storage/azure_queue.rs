@@ -3,6 +3,14 @@
 //! Message text is stored verbatim: the crate does not base64-encode, and Functions queue
 //! triggers expect base64, so callers encode with [`super::MessageEncoding`] first. Updating only a
 //! message's visibility is done here directly, since the crate's update always replaces the text.
+//!
+//! Invariants:
+//! - A store is built from a [`StorageAccount`] (`account.queue_store(counters)`) and sends through
+//!   the account's pooled HTTP client.
+//! - Every attempt is counted as one request of its kind and transient failures are retried under
+//!   the account's policy, so callers see final outcomes only.
+//! - Message text is at most 64 KiB, checked before sending; durations go to the service as whole
+//!   seconds rounded up, so a message never shows earlier than asked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +23,8 @@ use azure_storage_queues::{
     PopReceipt, QueueClient, QueueServiceClient, QueueServiceClientBuilder,
 };
 
-use super::azure::{map_sdk_error, percent_encode, Service};
+use super::auth::sdk_credentials;
+use super::azure::{client_options, map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::{
@@ -23,7 +32,14 @@ use super::{
 };
 
 /// Most messages one receive may return.
-pub const MAX_MESSAGES_PER_GET: u8 = 32;
+const MAX_MESSAGES_PER_GET: u8 = 32;
+
+impl StorageAccount {
+    /// A queue store over this account, counting requests in `counters`.
+    pub fn queue_store(&self, counters: Arc<RequestCounters>) -> AzureQueueStore {
+        AzureQueueStore::new(self, counters)
+    }
+}
 
 /// Azure Queue Storage behind the [`QueueStore`] interface. Cheap to clone; clones share the
 /// HTTP connection pool and the request counters.
@@ -39,9 +55,10 @@ impl AzureQueueStore {
             account: account.account_name().to_string(),
             uri: account.queue_endpoint().to_string(),
         };
-        let client = QueueServiceClientBuilder::with_location(location, account.credentials())
-            .client_options(account.client_options())
-            .build();
+        let client =
+            QueueServiceClientBuilder::with_location(location, sdk_credentials(account.settings()))
+                .client_options(client_options(account))
+                .build();
         AzureQueueStore {
             service: Service::new(
                 account,
@@ -51,16 +68,6 @@ impl AzureQueueStore {
             ),
             client,
         }
-    }
-
-    /// The counters every request of this store is recorded in.
-    pub fn counters(&self) -> &Arc<RequestCounters> {
-        &self.service.counters
-    }
-
-    /// The queue service base URL.
-    pub fn endpoint(&self) -> &str {
-        &self.service.base
     }
 
     fn queue(&self, queue: &str) -> QueueClient {

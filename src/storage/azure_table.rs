@@ -3,12 +3,22 @@
 //! through as the service's JSON text.
 //!
 //! Table create/delete go through the crate. Queries, point reads and entity group transactions
-//! are built here and sent on the lean signed path ([`super::signed`]): they are the requests a
+//! are built here and sent on the lean signed path (`signed`): they are the requests a
 //! scan makes hundreds of times per 1,000 rows, and the SDK pipeline cost more CPU than the rest
 //! of the handler. Building them here also fixes two crate defects: it puts keys into entity URLs
 //! without doubling `'` (so keys with quotes address the wrong entity or fail), and its
 //! transaction response drops each operation's error body, so a failed transaction looks like
 //! success unless every status is checked, and the failing operation's index and error code are lost.
+//!
+//! Invariants:
+//! - A store is built from a [`StorageAccount`] (`account.table_store(counters)`); its SDK client
+//!   and its signed client share the account's pooled HTTP client and credential.
+//! - Every attempt is counted as one request of its kind and transient failures are retried under
+//!   the account's policy, so callers see final outcomes only.
+//! - Keys in URLs have `'` doubled and are percent-encoded; property values are never re-encoded.
+//! - A transaction is checked (shape, then the exact body size) before it is sent, is sent as the
+//!   same body on every retry, and fails unless every operation succeeded, naming the failing one.
+//! - A continuation header that is present is followed or is an error, never read as the end.
 
 use std::sync::Arc;
 
@@ -18,7 +28,8 @@ use azure_storage::CloudLocation;
 use bytes::Bytes;
 use reqwest::Method;
 
-use super::azure::{map_sdk_error, percent_encode, Service};
+use super::auth::sdk_credentials;
+use super::azure::{client_options, map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::signed::{odata_error_json, SignedTableClient, TableRequest};
@@ -31,6 +42,13 @@ use super::{
 /// (this is also what the crate's query builder sends, so point reads and queries agree).
 const ACCEPT_FULL_METADATA: &str = "application/json;odata=fullmetadata";
 const ACCEPT_MINIMAL_METADATA: &str = "application/json;odata=minimalmetadata";
+
+impl StorageAccount {
+    /// A table store over this account, counting requests in `counters`.
+    pub fn table_store(&self, counters: Arc<RequestCounters>) -> AzureTableStore {
+        AzureTableStore::new(self, counters)
+    }
+}
 
 /// Azure Table Storage behind the [`TableStore`] interface. Cheap to clone; clones share the
 /// HTTP connection pool and the request counters.
@@ -49,9 +67,10 @@ impl AzureTableStore {
             account: account.account_name().to_string(),
             uri: account.table_endpoint().to_string(),
         };
-        let client = TableServiceClientBuilder::with_location(location, account.credentials())
-            .client_options(account.client_options())
-            .build();
+        let client =
+            TableServiceClientBuilder::with_location(location, sdk_credentials(account.settings()))
+                .client_options(client_options(account))
+                .build();
         AzureTableStore {
             service: Service::new(
                 account,
@@ -59,14 +78,9 @@ impl AzureTableStore {
                 account.table_endpoint(),
                 counters,
             ),
-            signed: account.signed_table_client(),
+            signed: SignedTableClient::new(account),
             client,
         }
-    }
-
-    /// The counters every request of this store is recorded in.
-    pub fn counters(&self) -> &Arc<RequestCounters> {
-        &self.service.counters
     }
 
     /// The table service base URL.

@@ -3,8 +3,22 @@
 //!
 //! Nothing here knows about Azure Functions or about scans. The scan engine talks to [`TableStore`];
 //! the function app and the local host talk to [`QueueStore`].
+//!
+//! The Azure side, each module depending only on those before it:
+//! - `settings`: connection strings parsed into plain data (no HTTP, no SDK);
+//! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client and
+//!   the [`retry`] policy;
+//! - `auth`: the one place a credential becomes SDK credentials or signed-path authorization;
+//! - `azure`: what both adapters share (SDK options and pipeline, counted retried attempts, errors);
+//! - `signed`: the lean signed path for table data requests;
+//! - [`azure_table`] and [`azure_queue`]: the adapters, each building its own clients from an
+//!   account (they add `StorageAccount::table_store` and `queue_store`).
+//!
+//! Invariants: the adapters never import each other or anything above them; only what is used
+//! outside `storage` is `pub`; no text made here carries a secret.
 
-pub mod azure;
+mod auth;
+mod azure;
 pub mod azure_queue;
 pub mod azure_table;
 pub mod connection;
@@ -14,6 +28,7 @@ pub mod keys;
 pub mod memory;
 pub mod memory_queue;
 pub mod retry;
+mod settings;
 mod signed;
 
 use std::fmt;
@@ -256,7 +271,7 @@ pub fn validate_batch(
 /// The rules of [`validate_batch`] but the body size, for adapters that check the exact body
 /// size. Every entity is also held to the service's per-entity limits
 /// ([`Entity::check_limits`]), so a record that cannot be stored fails here, before it is sent.
-pub fn validate_batch_shape(
+pub(crate) fn validate_batch_shape(
     partition_key: &str,
     operations: &[BatchOperation],
 ) -> Result<(), StorageError> {
@@ -291,7 +306,7 @@ pub fn validate_batch_shape(
 }
 
 /// A transaction body must stay under 4 MiB.
-pub fn check_batch_bytes(bytes: usize) -> Result<(), StorageError> {
+pub(crate) fn check_batch_bytes(bytes: usize) -> Result<(), StorageError> {
     if bytes >= MAX_BATCH_BYTES {
         return Err(StorageError::invalid_input(format!(
             "entity group transaction is about {bytes} bytes, over the 4 MiB limit"

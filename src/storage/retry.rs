@@ -1,17 +1,22 @@
-//! Retrying transient storage failures with capped exponential backoff and full jitter.
+//! Retrying transient storage failures: the adapters' settings ([`RetryPolicy`]) run through the
+//! crate's one retry loop ([`crate::retry`]).
 //!
-//! The Azure SDK's own retry is switched off (`RetryOptions::none()`) so that every attempt goes
-//! through here and is counted as a billable request; only [`StorageError::is_transient`] errors
-//! (408, 429, 500, 502, 503, 504, timeouts, connection failures) are retried, never other 4xx.
+//! Invariants:
+//! - The Azure SDK's own retry is switched off (`RetryOptions::none()`), so every attempt goes
+//!   through here and is counted as a billable request by the caller's `op`.
+//! - Only [`StorageError::is_transient`] errors (408, 429, 500, 502, 503, 504, timeouts, connection
+//!   failures) are retried, never other 4xx nor our own validation errors.
+//! - Waits are "full jitter": uniformly below the ceiling `min(max_delay, base_delay * 2^(r-1))`.
+//! - The error returned after more than one attempt says so: `… (after N attempts)`.
 
 use std::future::Future;
 use std::time::Duration;
 
-use rand::Rng;
+use crate::retry::{Backoff, FullJitter, Jitter};
 
 use super::{StorageError, StorageResult};
 
-/// How often and how patiently to retry a transient failure.
+/// How often and how patiently the storage adapters retry a transient failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Total attempts including the first (1 means no retry).
@@ -40,56 +45,47 @@ impl RetryPolicy {
             ..Self::default()
         }
     }
+}
 
-    /// The longest backoff before retry number `retry` (1-based): `min(max_delay, base * 2^(retry-1))`.
-    pub fn backoff_ceiling(&self, retry: u32) -> Duration {
-        let factor = 1u32
-            .checked_shl(retry.saturating_sub(1).min(31))
-            .unwrap_or(u32::MAX);
-        self.base_delay.saturating_mul(factor).min(self.max_delay)
-    }
-
-    /// The backoff before retry number `retry` for a jitter draw in `0.0..=1.0` ("full jitter":
-    /// uniformly anywhere below the ceiling, so many clients retrying at once spread out).
-    pub fn backoff(&self, retry: u32, jitter: f64) -> Duration {
-        self.backoff_ceiling(retry).mul_f64(jitter.clamp(0.0, 1.0))
+/// The storage policy as the crate's backoff: bounded by attempts, no deadline.
+impl From<RetryPolicy> for Backoff {
+    fn from(policy: RetryPolicy) -> Self {
+        Backoff::new(policy.max_attempts, policy.base_delay, policy.max_delay)
     }
 }
 
 /// Runs `op` until it succeeds, fails with a non-transient error, or `policy.max_attempts` attempts
-/// have been made; sleeps a jittered backoff between attempts. Returns the last error.
-pub async fn retry<T, F, Fut>(policy: &RetryPolicy, op: F) -> StorageResult<T>
+/// have been made; sleeps a fully jittered backoff between attempts. Returns the last error.
+pub(crate) async fn retry<T, F, Fut>(policy: &RetryPolicy, op: F) -> StorageResult<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = StorageResult<T>>,
 {
-    retry_with_jitter(policy, || rand::thread_rng().gen_range(0.0..=1.0), op).await
+    retry_with_jitter(policy, FullJitter, op).await
 }
 
-/// [`retry`] with the jitter source supplied, so tests can fix it.
-pub async fn retry_with_jitter<T, F, Fut>(
+/// [`retry`] with the jitter supplied, so tests can fix it.
+pub(crate) async fn retry_with_jitter<T, F, Fut>(
     policy: &RetryPolicy,
-    mut jitter: impl FnMut() -> f64,
-    mut op: F,
+    jitter: impl Jitter,
+    op: F,
 ) -> StorageResult<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = StorageResult<T>>,
 {
-    let max_attempts = policy.max_attempts.max(1);
-    let mut attempt = 1;
-    loop {
-        match op().await {
-            Ok(value) => return Ok(value),
-            Err(error) if error.is_transient() && attempt < max_attempts => {
-                let delay = policy.backoff(attempt, jitter());
-                tracing::debug!(attempt, ?delay, error = %error, "transient storage error, retrying");
-                tokio::time::sleep(delay).await;
-                attempt += 1;
-            }
-            Err(error) => return Err(with_attempts(error, attempt)),
+    let mut attempt = 0u32;
+    let transient = |error: &StorageError| {
+        attempt += 1;
+        let transient = error.is_transient();
+        if transient {
+            tracing::debug!(attempt, error = %error, "transient storage error");
         }
-    }
+        transient
+    };
+    crate::retry::retry(&Backoff::from(*policy), jitter, op, transient)
+        .await
+        .map_err(|failure| with_attempts(failure.error, failure.attempts))
 }
 
 fn with_attempts(mut error: StorageError, attempts: u32) -> StorageError {
@@ -121,16 +117,12 @@ mod tests {
         let start = Instant::now();
         let times = Mutex::new(Vec::new());
         let calls = AtomicU32::new(0);
-        let result = retry_with_jitter(
-            &policy,
-            || 1.0,
-            || {
-                times.lock().unwrap().push(start.elapsed());
-                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-                let r = outcome(n);
-                async move { r }
-            },
-        )
+        let result = retry_with_jitter(&policy, crate::retry::NoJitter, || {
+            times.lock().unwrap().push(start.elapsed());
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let r = outcome(n);
+            async move { r }
+        })
         .await;
         (result, times.into_inner().unwrap())
     }
@@ -243,13 +235,13 @@ mod tests {
     }
 
     #[test]
-    fn backoff_ceiling_saturates() {
-        let policy = RetryPolicy::default();
-        assert_eq!(policy.backoff_ceiling(1), Duration::from_millis(100));
-        assert_eq!(policy.backoff_ceiling(4), Duration::from_millis(800));
-        assert_eq!(policy.backoff_ceiling(40), Duration::from_secs(10));
-        assert_eq!(policy.backoff(3, 0.5), Duration::from_millis(200));
-        assert_eq!(policy.backoff(3, 7.0), Duration::from_millis(400));
+    fn the_policy_is_the_crate_backoff_without_a_deadline() {
+        let backoff = Backoff::from(RetryPolicy::default());
+        assert_eq!(
+            backoff,
+            Backoff::new(6, Duration::from_millis(100), Duration::from_secs(10))
+        );
+        assert_eq!(backoff.ceiling(4), Duration::from_millis(800));
         assert_eq!(RetryPolicy::none().max_attempts, 1);
     }
 }

@@ -6,73 +6,27 @@
 //! header maps rebuilt at every step, the response re-collected); this path builds one request,
 //! signs it exactly as `azure_storage`'s Table SharedKey policy does, and reads the body once.
 //! Admin operations and the queue adapter stay on the SDK.
+//!
+//! Invariants:
+//! - The client is built from a [`StorageAccount`] and shares its pooled HTTP client; it is
+//!   authorized through [`super::auth`], like the SDK path, and sends the SDK's service version.
+//! - One call is one attempt: retrying and counting are the adapter's.
+//! - Every failure is a [`StorageError`] classified by status, with SAS signatures redacted from
+//!   its text; a 2xx is returned with its body read whole.
 
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
-use sha2::Sha256;
 
+use super::auth::{Authorization, TableRequestToSign};
 use super::azure::{error_chain, redact};
+use super::connection::StorageAccount;
 use super::{StorageError, StorageErrorKind, StorageResult};
 
 /// The service version the SDK sends; requests of both paths agree.
-pub(crate) const SERVICE_VERSION: &str = "2022-11-02";
-
-/// How a request is authorized. Never printed.
-#[derive(Clone)]
-pub(crate) enum Authorization {
-    /// Table SharedKey with the account name and the keyed MAC, ready to clone per request.
-    SharedKey { account: String, mac: Hmac<Sha256> },
-    /// A SAS token appended to every query string (without the leading `?`).
-    Sas(String),
-}
-
-impl std::fmt::Debug for Authorization {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Authorization::SharedKey { .. } => "SharedKey (redacted)",
-            Authorization::Sas(_) => "SAS (redacted)",
-        })
-    }
-}
-
-impl Authorization {
-    /// SharedKey from the base64 account key (validated when the connection string was parsed).
-    pub(crate) fn shared_key(account: &str, base64_key: &str) -> StorageResult<Self> {
-        use base64::Engine;
-        let key = base64::engine::general_purpose::STANDARD
-            .decode(base64_key)
-            .map_err(|_| StorageError::invalid_input("AccountKey is not valid base64"))?;
-        let mac = Hmac::<Sha256>::new_from_slice(&key)
-            .map_err(|_| StorageError::invalid_input("AccountKey cannot key HMAC-SHA256"))?;
-        Ok(Authorization::SharedKey {
-            account: account.to_string(),
-            mac,
-        })
-    }
-
-    /// The Table service's SharedKey `Authorization` value:
-    /// `VERB\nContent-MD5\nContent-Type\nx-ms-date\n/account/path` (path as sent, no query).
-    fn table_shared_key(
-        account: &str,
-        mac: &Hmac<Sha256>,
-        method: &Method,
-        content_type: &str,
-        date: &str,
-        path: &str,
-    ) -> String {
-        use base64::Engine;
-        let string_to_sign = format!("{}\n\n{content_type}\n{date}\n/{account}{path}", method);
-        let mut mac = mac.clone();
-        mac.update(string_to_sign.as_bytes());
-        let signature =
-            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
-        format!("SharedKey {account}:{signature}")
-    }
-}
+const SERVICE_VERSION: &str = "2022-11-02";
 
 /// One table service request, built by the adapter.
 pub(crate) struct TableRequest<'a> {
@@ -105,16 +59,17 @@ pub(crate) struct SignedTableClient {
 }
 
 impl SignedTableClient {
-    pub(crate) fn new(http: reqwest::Client, base: &str, authorization: Authorization) -> Self {
-        let base = base.trim_end_matches('/').to_string();
+    /// The account's table endpoint, over the account's pooled client.
+    pub(crate) fn new(account: &StorageAccount) -> Self {
+        let base = account.table_endpoint().trim_end_matches('/').to_string();
         let base_path = reqwest::Url::parse(&base)
             .map(|u| u.path().trim_end_matches('/').to_string())
             .unwrap_or_default();
         SignedTableClient {
-            http,
+            http: reqwest::Client::clone(account.http()),
             base,
             base_path,
-            authorization,
+            authorization: Authorization::new(account.settings()),
         }
     }
 
@@ -135,24 +90,17 @@ impl SignedTableClient {
             url.push('?');
             url.push_str(request.query);
         }
-        let authorization = match &self.authorization {
-            Authorization::SharedKey { account, mac } => {
-                let path = format!("{}/{}", self.base_path, request.path);
-                Some(Authorization::table_shared_key(
-                    account,
-                    mac,
-                    &request.method,
-                    request.content_type,
-                    &date,
-                    &path,
-                ))
-            }
-            Authorization::Sas(sas) => {
-                url.push(if request.query.is_empty() { '?' } else { '&' });
-                url.push_str(sas);
-                None
-            }
-        };
+        let authorization = self.authorization.authorize(
+            &TableRequestToSign {
+                method: &request.method,
+                content_type: request.content_type,
+                date: &date,
+                base_path: &self.base_path,
+                path: request.path,
+            },
+            &mut url,
+            !request.query.is_empty(),
+        );
         let mut builder = self.http.request(request.method.clone(), &url);
         if let Some(value) = authorization {
             builder = builder.header("authorization", value);
@@ -201,7 +149,7 @@ fn transport_error(operation: &impl Fn() -> String, error: &reqwest::Error) -> S
 
 /// The service's `{"odata.error":{"code","message":{"value"}}}` (or `x-ms-error-code`) as a
 /// [`StorageError`] classified by status.
-pub(crate) fn error_response(
+fn error_response(
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
@@ -251,34 +199,6 @@ pub(crate) fn odata_error_json(body: &[u8]) -> Option<(Option<String>, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The signature the SDK's policy computes for the same request (Azurite's well-known key),
-    /// pinned so both paths keep signing identically.
-    #[test]
-    fn shared_key_matches_the_sdk_string_to_sign() {
-        let key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
-        let Authorization::SharedKey { account, mac } =
-            Authorization::shared_key("devstoreaccount1", key).unwrap()
-        else {
-            unreachable!()
-        };
-        let value = Authorization::table_shared_key(
-            &account,
-            &mac,
-            &Method::GET,
-            "",
-            "Sun, 22 Nov 2026 05:00:00 GMT",
-            "/devstoreaccount1/Table()",
-        );
-        // Expected value computed independently: HMAC-SHA256 over
-        // "GET\n\n\nSun, 22 Nov 2026 05:00:00 GMT\n/devstoreaccount1/devstoreaccount1/Table()".
-        let sdk = azure_core::hmac::hmac_sha256(
-            "GET\n\n\nSun, 22 Nov 2026 05:00:00 GMT\n/devstoreaccount1/devstoreaccount1/Table()",
-            &azure_core::auth::Secret::new(key.to_string()),
-        )
-        .unwrap();
-        assert_eq!(value, format!("SharedKey devstoreaccount1:{sdk}"));
-    }
 
     #[test]
     fn error_bodies_give_code_and_first_message_line() {
