@@ -78,7 +78,7 @@ async fn post_json(state: &State, uri: &str, body: Value) -> (StatusCode, Value)
     .await
 }
 
-/// Builds the host's payload for a queue message exactly as §3.3 of the protocol reference.
+/// Builds the host's payload for a queue message exactly as docs/custom-handler-protocol.md §3.3.
 fn host_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str) -> Vec<u8> {
     let double = serde_json::to_string(decoded).unwrap();
     json!({

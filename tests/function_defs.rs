@@ -76,8 +76,10 @@ impl jsonschema::Retrieve for OfflineRetriever {
     }
 }
 
-/// Every copy of a schema to validate against: the vendored one (required, so the test never
-/// silently skips) and `../shared/schemas` when CI or a checkout has it beside the repo.
+/// Every copy of a schema to validate against: the vendored one in `tests/schemas` (required, so
+/// the test never silently skips; see its README for where it comes from), plus, only if a folder
+/// `../shared/schemas` happens to exist beside the checkout (a local snapshot some development
+/// setups keep; nothing here needs it), that copy too.
 fn schemas(file: &str) -> Vec<(PathBuf, Value)> {
     let vendored = repo().join("tests/schemas").join(file);
     assert!(
@@ -179,7 +181,8 @@ fn vendored_schemas_are_the_shared_snapshot() {
     ] {
         let copies = schemas(file);
         if let [(_, vendored), (_, shared)] = copies.as_slice() {
-            // Not fatal for validation (both are checked), but worth knowing when shared/ moves on.
+            // Not fatal for validation (both are checked), but worth knowing when the optional
+            // snapshot beside the checkout differs from the vendored copy.
             if vendored != shared {
                 eprintln!("note: ../shared/schemas/{file} differs from tests/schemas/{file}");
             }

@@ -109,7 +109,7 @@ async fn queue_payload_on_the_wire_matches_the_host_format() {
     let (app, queue) = queue_app(json!({}), json!({}));
     let store = store();
     let message = json!({ "orderId": 42, "sku": "A-1" });
-    // Compact JSON text exactly as in the reference example.
+    // Compact JSON text exactly as in the example of docs/custom-handler-protocol.md §3.3.
     store.create_queue(&queue).await.unwrap();
     let raw = r#"{"orderId":42,"sku":"A-1"}"#;
     store
@@ -187,7 +187,7 @@ async fn queue_payload_on_the_wire_matches_the_host_format() {
         "{lead}"
     );
 
-    // Byte for byte: the reference's layout with this message's values.
+    // Byte for byte: the layout of docs/custom-handler-protocol.md §3.3 with this message's values.
     let expected = format!(
         r#"{{"Data":{{"item":"\"{{\\\"orderId\\\":42,\\\"sku\\\":\\\"A-1\\\"}}\""}},"Metadata":{{"DequeueCount":"1","ExpirationTime":"{}","Id":{},"InsertionTime":"{}","NextVisibleTime":"{}","PopReceipt":{},"sys":{{"MethodName":"Work","UtcNow":"{}","RandGuid":"{}"}}}}}}"#,
         meta["ExpirationTime"].as_str().unwrap(),

@@ -293,8 +293,9 @@ fn single_huge_partition_is_walked_in_bounded_steps() {
 
 #[test]
 fn termination_with_u_ffff_after_the_prefix() {
-    // The reference's `gt 'D\uffff'` would return these keys again and loop; the exact
-    // successor bound must finish with a bounded number of queries.
+    // The reference's `gt 'D\uffff'` would return these keys again and loop (docs/prefix-scan.md,
+    // "Exact on every table"); the exact successor bound must finish with a bounded number of
+    // queries.
     let rows = [
         ("D\u{FFFF}", "1"),
         ("D\u{FFFF}\u{FFFF}", "1"),

@@ -5,6 +5,8 @@
 //! strings (`"DequeueCount": "1"`) and `Id`/`PopReceipt` carry embedded quotes. Every response must
 //! be a JSON object with `Content-Type: application/json` — an empty body hangs the invocation — and
 //! any failure must be a non-2xx status so the host retries the message and finally poisons it.
+//! The facts and their sources: `docs/custom-handler-protocol.md` (§3 requests, §4 responses,
+//! §7 queues).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -131,7 +133,7 @@ mod tests {
 
     #[test]
     fn decodes_the_reference_queue_payload() {
-        // §3.3 of the protocol reference, verbatim.
+        // The example of docs/custom-handler-protocol.md §3.3, verbatim.
         let body = r#"{"Data":{"message":"\"{\\\"orderId\\\":42,\\\"sku\\\":\\\"A-1\\\"}\""},"Metadata":{"DequeueCount":"1","ExpirationTime":"2024-11-01T12:00:00+00:00","Id":"\"800ae4b3-bdd2-4c08-badd-f08e5a34b865\"","InsertionTime":"2024-10-25T12:00:00+00:00","NextVisibleTime":"2024-10-25T12:10:00+00:00","PopReceipt":"\"AgAAAAMAAAAAAAAAAgtnj8x+1QE=\"","sys":{"MethodName":"MyQueueFunction","UtcNow":"2024-10-25T12:00:00.1234567Z","RandGuid":"24ad4c06-24ad-4e5b-8294-3da9714877e9"}}}"#;
         let request: InvocationRequest = serde_json::from_str(body).unwrap();
         let invocation = request.queue_invocation().unwrap();

@@ -22,6 +22,10 @@ use clap::Args;
 
 use super::catalog::FUNCTIONS;
 
+/// Whether this executable was built with the development tools (the `lab` feature), which
+/// have no business in Azure.
+pub const LAB_BUILD: bool = cfg!(feature = "lab");
+
 /// host.json as shipped (`customHandler` names the handler executable).
 pub const HOST_JSON: &str = include_str!("../../host.json");
 /// local.settings.sample.json: every app setting the app reads, with local defaults.
@@ -65,7 +69,8 @@ pub struct StageArgs {
     /// Folder to assemble the function app in (created if missing).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Handler binary to ship (default: this executable). Use a Linux musl build for Linux
+    /// Handler binary to ship (default: this executable). Ship a build without the development
+    /// tools (`cargo build --release --no-default-features`): a Linux musl build for Linux
     /// plans; a binary ending in `.exe` is staged as `tablescan.exe` for Windows plans.
     #[arg(long, value_name = "PATH")]
     pub binary: Option<PathBuf>,
@@ -296,7 +301,16 @@ fn set_executable(_path: &Path) -> Result<(), StageError> {
 pub fn run_stage(args: StageArgs) -> Result<StagedApp, StageError> {
     let binary = match args.binary {
         Some(path) => path,
-        None => std::env::current_exe().map_err(StageError::CurrentExe)?,
+        None => {
+            if LAB_BUILD {
+                eprintln!(
+                    "note: staging this tablescan, a development build (feature `lab`). Fine to \
+                     run locally; for Azure stage a `cargo build --release --no-default-features` \
+                     build (run its `stage`, or pass it as --binary)."
+                );
+            }
+            std::env::current_exe().map_err(StageError::CurrentExe)?
+        }
     };
     let staged = stage(&args.out, &binary)?;
     println!(

@@ -1,10 +1,11 @@
-//! The blog's design (reference §2.1, commit ece06a15), as the calibration runs need it: ONE
-//! worker queue whose function dispatches by envelope name, scan steps executed by tablescan's
-//! real `Scanner` (one query step per message, unlimited step budget, so a prefix query runs its
-//! whole loop and a partition-key query its whole partition), copy work split by tablescan's real
-//! `copy_work(WorkSplit::PartitionKey, …)` (one message per partition key carrying row keys), the
-//! blog's bulk enqueue (`hbe`) and its row copy. The blog tracked nothing for completion, so
-//! neither does this driver: a run is over when the queue is empty and nothing is executing.
+//! The blog's design (docs/prefix-scan.md, "The reference's copy app"; commit ece06a15), as the
+//! calibration runs need it: ONE worker queue whose function dispatches by envelope name, scan
+//! steps executed by tablescan's real `Scanner` (one query step per message, unlimited step budget,
+//! so a prefix query runs its whole loop and a partition-key query its whole partition), copy work
+//! split by tablescan's real `copy_work(WorkSplit::PartitionKey, …)` (one message per partition key
+//! carrying row keys), the blog's bulk enqueue (`hbe`) and its row copy. The blog tracked nothing
+//! for completion, so neither does this driver: a run is over when the queue is empty and nothing
+//! is executing.
 //! This is simulator code modelling the reference; tablescan itself never runs this way.
 
 use std::collections::HashSet;

@@ -2,7 +2,7 @@
 //! queue listeners with `batchSize`/`newBatchThreshold` and polling back-off, the 10-minute
 //! execution limit with redelivery, and a target-based scale controller that adds at most one
 //! instance per 30 s. Every queue message is delivered to the real handler (`server::app`) as
-//! the host would (payload per the custom-handler protocol §3.3).
+//! the host would (payload per docs/custom-handler-protocol.md §3.3).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -311,7 +311,7 @@ impl Host {
     }
 }
 
-/// The host's invocation payload for a queue message (custom-handler protocol §3.3).
+/// The host's invocation payload for a queue message (docs/custom-handler-protocol.md §3.3).
 pub fn host_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str) -> Vec<u8> {
     json!({
         "Data": { "message": serde_json::to_string(decoded).expect("strings serialize") },

@@ -25,7 +25,9 @@ pub mod connection;
 pub mod counters;
 pub mod entity;
 pub mod keys;
+#[cfg(feature = "lab")]
 pub mod memory;
+#[cfg(feature = "lab")]
 pub mod memory_queue;
 pub mod retry;
 mod settings;
