@@ -3,7 +3,7 @@
 //!
 //! It knows nothing about scans: it reads `host.json` and `*/function.json`, launches
 //! `customHandler.description.defaultExecutablePath`, and talks the custom-handler protocol
-//! (see `shared/reference/custom-handler-protocol.md` §1-§7, §10):
+//! (see `docs/custom-handler-protocol.md` §1-§7, §10; the § numbers in this module tree are that page's):
 //! - HTTP triggers on `127.0.0.1:{port}/{routePrefix}/{route}`, forwarded or wrapped in a payload;
 //! - queue triggers through [`QueueStore`], with the Storage Queues extension's polling, batching,
 //!   retry and poison rules;

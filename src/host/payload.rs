@@ -527,7 +527,7 @@ mod tests {
 
     #[test]
     fn queue_payload_matches_reference_example_byte_for_byte() {
-        // Protocol reference §3.3 (a).
+        // docs/custom-handler-protocol.md §3.3 (a).
         let message = ReceivedMessage {
             id: "800ae4b3-bdd2-4c08-badd-f08e5a34b865".into(),
             pop_receipt: "AgAAAAMAAAAAAAAAAgtnj8x+1QE=".into(),

@@ -36,7 +36,8 @@ mod work_rows;
 
 use std::time::Duration;
 
-use crate::storage::{StorageError, TableStore};
+use crate::retry::{Backoff, Jitter, Schedule, Step, Verdict};
+use crate::storage::{StorageError, StorageErrorKind, TableStore};
 
 pub use codec::format_time;
 pub use counters::Counters;
@@ -44,7 +45,7 @@ pub use records::{ScanRecord, ScanState};
 pub use work_rows::{Completion, RecordError, WorkState};
 
 /// Optimistic-concurrency retries on a contended row before giving up (the message retries).
-const MAX_COUNTER_ATTEMPTS: usize = 50;
+const MAX_COUNTER_ATTEMPTS: u32 = 50;
 
 /// Bookkeeping over a table store.
 pub struct Tracker<'a, T: TableStore> {
@@ -75,10 +76,45 @@ pub fn seed_backoff_jitter(seed: u64) {
     JITTER.with(|j| *j.borrow_mut() = rand::SeedableRng::seed_from_u64(seed));
 }
 
-fn backoff(attempt: usize) -> Duration {
+/// Backoff on a row contended under optimistic concurrency (HTTP 412): 10 ms doubling to
+/// 640 ms, at most [`MAX_COUNTER_ATTEMPTS`] attempts.
+const CONTENTION: Backoff = Backoff::new(
+    MAX_COUNTER_ATTEMPTS,
+    Duration::from_millis(10),
+    Duration::from_millis(640),
+);
+
+/// Contention jitter: half the ceiling plus a uniform draw below the other half, from this
+/// thread's [`JITTER`] (seedable for the simulator).
+fn contention_jitter(ceiling: Duration) -> Duration {
     use rand::Rng;
-    let base = 5u64 << attempt.min(6);
+    let base = (ceiling.as_millis() as u64 / 2).max(1);
     Duration::from_millis(base + JITTER.with(|j| j.borrow_mut().gen_range(0..base)))
+}
+
+/// A fresh contention schedule for one optimistic-concurrency loop.
+fn contention() -> Schedule<fn(Duration) -> Duration> {
+    CONTENTION.schedule(contention_jitter as fn(Duration) -> Duration)
+}
+
+/// After a failed attempt on a contended row: waits (or not, for [`Verdict::RetryNow`]) before
+/// the next one, or gives up with a transient error once the attempts are used up.
+async fn again<J: Jitter>(
+    schedule: &mut Schedule<J>,
+    verdict: Verdict,
+    what: &str,
+) -> Result<(), StorageError> {
+    match schedule.after_failure(verdict) {
+        Step::Sleep(delay) => {
+            tokio::time::sleep(delay).await;
+            Ok(())
+        }
+        Step::Now => Ok(()),
+        Step::Stop | Step::Exhausted => Err(StorageError::new(
+            StorageErrorKind::Transient,
+            format!("{what} stayed contended"),
+        )),
+    }
 }
 
 impl<'a, T: TableStore> Tracker<'a, T> {

@@ -4,8 +4,9 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use super::codec::{diagnostic, format_time, get_str, get_time, put_str, put_time};
-use super::{backoff, Tracker, MAX_COUNTER_ATTEMPTS};
+use super::{again, contention, Tracker};
 use crate::app::messages::ScanContext;
+use crate::retry::Verdict;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
 };
@@ -172,7 +173,8 @@ impl<T: TableStore> Tracker<'_, T> {
         state: ScanState,
         error: Option<&str>,
     ) -> Result<bool, StorageError> {
-        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+        let mut schedule = contention();
+        loop {
             let Some(record) = self.get_scan(scan_id).await? else {
                 return Ok(false);
             };
@@ -200,15 +202,11 @@ impl<T: TableStore> Tracker<'_, T> {
             {
                 Ok(()) => return Ok(true),
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
-                    tokio::time::sleep(backoff(attempt)).await
+                    again(&mut schedule, Verdict::Retry, "scan record").await?
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(StorageError::new(
-            StorageErrorKind::Transient,
-            "scan record stayed contended",
-        ))
     }
 }
 

@@ -7,8 +7,9 @@ use time::OffsetDateTime;
 
 use super::codec::{diagnostic, get_str, put_str, put_time, utf16_chunks};
 use super::counters::Counters;
-use super::{backoff, shard_partition, NewWork, Tracker, MAX_COUNTER_ATTEMPTS};
+use super::{again, contention, shard_partition, NewWork, Tracker};
 use crate::app::messages::shard_of;
+use crate::retry::Verdict;
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 use crate::storage::{
     BatchOperation, Entity, StorageError, StorageErrorKind, TableStore, MAX_BATCH_OPERATIONS,
@@ -180,7 +181,9 @@ impl<T: TableStore> Tracker<'_, T> {
         mut items: Vec<&NewWork>,
     ) -> Result<(), StorageError> {
         let pk = shard_partition(scan_id, shard);
-        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+        let what = format!("counter of {pk}");
+        let mut schedule = contention();
+        loop {
             if items.is_empty() {
                 return Ok(());
             }
@@ -200,35 +203,34 @@ impl<T: TableStore> Tracker<'_, T> {
             match self.store.submit_batch(self.work_table, &pk, &ops).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
-                    tokio::time::sleep(backoff(attempt)).await
+                    again(&mut schedule, Verdict::Retry, &what).await?
                 }
-                Err(e) if e.kind == StorageErrorKind::Conflict => match e.failed_operation {
-                    Some(i) if i < items.len() => {
-                        items.remove(i);
-                    }
-                    _ => {
-                        // The service did not say which insert failed: look them up.
-                        let mut missing = Vec::new();
-                        for item in items {
-                            if self
-                                .store
-                                .get_entity(self.work_table, &pk, &item.id)
-                                .await?
-                                .is_none()
-                            {
-                                missing.push(item);
-                            }
+                Err(e) if e.kind == StorageErrorKind::Conflict => {
+                    again(&mut schedule, Verdict::RetryNow, &what).await?;
+                    match e.failed_operation {
+                        Some(i) if i < items.len() => {
+                            items.remove(i);
                         }
-                        items = missing;
+                        _ => {
+                            // The service did not say which insert failed: look them up.
+                            let mut missing = Vec::new();
+                            for item in items {
+                                if self
+                                    .store
+                                    .get_entity(self.work_table, &pk, &item.id)
+                                    .await?
+                                    .is_none()
+                                {
+                                    missing.push(item);
+                                }
+                            }
+                            items = missing;
+                        }
                     }
-                },
+                }
                 Err(e) => return Err(e),
             }
         }
-        Err(StorageError::new(
-            StorageErrorKind::Transient,
-            format!("counter of {pk} stayed contended"),
-        ))
     }
 
     /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
@@ -284,7 +286,9 @@ impl<T: TableStore> Tracker<'_, T> {
         let shard = shard_of(work_id, shards);
         let pk = shard_partition(scan_id, shard);
         delta.completed = 1;
-        for attempt in 0..MAX_COUNTER_ATTEMPTS {
+        let what = format!("counter of {pk}");
+        let mut schedule = contention();
+        loop {
             let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
@@ -326,15 +330,11 @@ impl<T: TableStore> Tracker<'_, T> {
                             _ => return Ok(Completion::Duplicate),
                         },
                     }
-                    tokio::time::sleep(backoff(attempt)).await;
+                    again(&mut schedule, Verdict::Retry, &what).await?;
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(StorageError::new(
-            StorageErrorKind::Transient,
-            format!("counter of {pk} stayed contended"),
-        ))
     }
 }
 

@@ -27,6 +27,7 @@ use axum::http::StatusCode;
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 
+use crate::retry::{retry, Backoff, Failure, NoJitter};
 use crate::storage::{QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
@@ -185,6 +186,11 @@ fn reply(status: StatusCode, line: String) -> InvocationResponse {
 /// retried for up to this long before giving up — far below the 10-minute execution limit.
 const LAST_ATTEMPT_PATIENCE: Duration = Duration::from_secs(60);
 
+/// 0.5 s doubling to 8 s, while a retry can still start within [`LAST_ATTEMPT_PATIENCE`].
+const PATIENCE: Backoff =
+    Backoff::new(u32::MAX, Duration::from_millis(500), Duration::from_secs(8))
+        .with_deadline(LAST_ATTEMPT_PATIENCE);
+
 /// Runs `op`, retrying transient storage errors with backoff for [`LAST_ATTEMPT_PATIENCE`] when
 /// `last_attempt` (the storage adapter has already retried each call briefly).
 async fn patiently<R, F, Fut>(last_attempt: bool, op: F) -> Result<R, StorageError>
@@ -192,21 +198,11 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<R, StorageError>>,
 {
-    let deadline = tokio::time::Instant::now() + LAST_ATTEMPT_PATIENCE;
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match op().await {
-            Err(e)
-                if last_attempt
-                    && e.is_transient()
-                    && tokio::time::Instant::now() + delay < deadline =>
-            {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(8));
-            }
-            other => return other,
-        }
-    }
+    retry(&PATIENCE, NoJitter, op, |e: &StorageError| {
+        last_attempt && e.is_transient()
+    })
+    .await
+    .map_err(Failure::into_error)
 }
 
 /// The queue message of a host invocation payload; `Err` is the 400 reply for a bad payload.
