@@ -7,7 +7,9 @@
 //! and follow-up steps, in depth-first (PK, RK) order.
 
 mod engine;
+mod midpoint;
 mod params;
+mod region;
 mod step;
 
 pub use engine::{list, ScanError, Scanner, StepBudget, StepOutput};
