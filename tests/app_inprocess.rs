@@ -1074,3 +1074,42 @@ async fn poison_queue_function_fails_an_unrecorded_item_once() {
     .await;
     assert_eq!(status, StatusCode::OK, "{reply}");
 }
+
+/// A copy item reads at most two pages of its range (16 queries at most); rows inserted into the
+/// range after it was scanned make it grow, and the rest is handed on as a new item, so the copy
+/// still completes with every row and no invocation reads without bound.
+#[tokio::test]
+async fn copy_ranges_that_grew_after_the_scan_are_handed_on_and_copied_whole() {
+    let tables = MemoryTableStore::default();
+    let first: Vec<Entity> = (0..10)
+        .map(|i| Entity::new("grow", format!("{:05}", i * 1000)))
+        .collect();
+    tables.load("Source", first);
+    let (state, queues) = state_with(tables.clone(), &[]);
+    let (status, body) = post_json(
+        &state,
+        "/api/scans",
+        json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "strategy": "serial"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    // Scan only: the one copy item covers ("grow", "00000")..=("grow", "09000").
+    pump_some(&state, &queues, &WORK_QUEUES[..1], false, 5, usize::MAX).await;
+    // 4,500 rows appear inside that range before the copy runs.
+    let grown: Vec<Entity> = (0..9000)
+        .filter(|i| i % 2 == 1)
+        .map(|i| Entity::new("grow", format!("{i:05}")))
+        .collect();
+    let grown_count = grown.len() as i64;
+    tables.load("Source", grown);
+    let copy_invocations = pump(&state, &queues, false, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(body["state"], "completed", "{body}");
+    assert_eq!(body["rowsWritten"], 10 + grown_count, "{body}");
+    assert_eq!(tables.rows("Dest"), tables.rows("Source"));
+    assert!(
+        copy_invocations >= 3,
+        "4,510 rows at 2,000 per item need at least 3 copy items, got {copy_invocations}"
+    );
+}

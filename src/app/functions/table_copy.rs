@@ -84,8 +84,11 @@ pub fn batches(rows: Vec<Entity>) -> Vec<(String, Vec<BatchOperation>)> {
 /// scanned, but pages may come back short or empty, and rows may have been inserted since.
 const MAX_COPY_QUERIES: usize = 16;
 /// Most rows one copy invocation reads and writes; the rest of a range that grew since it was
-/// scanned is handed on as a new work item ([`CopyWork::After`]).
-const MAX_COPY_ROWS: usize = MAX_TAKE as usize;
+/// scanned is handed on as a new work item ([`CopyWork::After`]). Two pages, not one: a range
+/// scanned as one full page comes back as 1,000 rows *with* a continuation (the service sends
+/// one whenever `$top` is reached), and reading its empty last page costs one query, where
+/// handing it on would cost a whole work item.
+const MAX_COPY_ROWS: usize = 2 * MAX_TAKE as usize;
 
 /// What one copy item reads: its filter, the rows it must find (reference split only), and the
 /// end of its range (ranges that grew can be continued; named rows cannot).
