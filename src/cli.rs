@@ -1,6 +1,7 @@
 //! Command-line entry point. Each command lives with the layer it drives.
 //!
-//! The shipped build (`--no-default-features`) has what runs in Azure: `handler` and `stage`.
+//! The shipped build (`--no-default-features`) has what runs in Azure and what deploys it:
+//! `handler`, `stage` and `package`.
 //! The `lab` feature (on by default) adds the development commands: `list`, `host`, `demo`,
 //! `bench` and `simulate`.
 
@@ -29,6 +30,8 @@ enum Command {
     Handler,
     /// Assemble a runnable function app folder: host.json, one folder per function, the handler.
     Stage(crate::app::stage::StageArgs),
+    /// Write the deployable zip: the staged app without local settings, the handler executable.
+    Package(crate::app::package::PackageArgs),
     /// Scan a table in-process, depth-first, and print its rows in (PartitionKey, RowKey) order.
     #[cfg(feature = "lab")]
     List(list::ListArgs),
@@ -60,6 +63,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Handler => runtime().block_on(crate::app::handler::serve_from_env()),
         Command::Stage(args) => crate::app::stage::run_stage(args)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Command::Package(args) => crate::app::package::run_package(args)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         #[cfg(feature = "lab")]

@@ -136,17 +136,21 @@ pub fn default_executable_path(host_json: &str) -> Result<String, StageError> {
         })
 }
 
-/// host.json text and executable name to stage for `handler_binary`.
+/// Whether `handler_binary` is staged as a Windows executable (its name ends in `.exe`).
+pub fn is_windows_exe_name(handler_binary: &Path) -> bool {
+    handler_binary
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("exe"))
+}
+
+/// host.json text and executable name to stage, for a Windows handler or not.
 ///
-/// A Windows build (`*.exe`) must be named with `.exe` in host.json: the host starts
+/// A Windows build must be named with `.exe` in host.json: the host starts
 /// `defaultExecutablePath` as given, and a Windows process cannot be started from a file
 /// without it. Everything else (Linux/musl builds) keeps the shipped name.
-fn host_json_for(handler_binary: &Path) -> Result<(String, String), StageError> {
+fn host_json_for(windows: bool) -> Result<(String, String), StageError> {
     let name = default_executable_path(HOST_JSON)?;
-    let is_exe = handler_binary
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("exe"));
-    if !is_exe || name.to_ascii_lowercase().ends_with(".exe") {
+    if !windows || name.to_ascii_lowercase().ends_with(".exe") {
         return Ok((HOST_JSON.to_owned(), name));
     }
     let exe_name = format!("{name}.exe");
@@ -173,8 +177,15 @@ fn host_json_for(handler_binary: &Path) -> Result<(String, String), StageError> 
     Ok((rewritten, exe_name))
 }
 
-/// Assemble a function app in `out` that runs `handler_binary` as the custom handler.
+/// Assemble a function app in `out` that runs `handler_binary` as the custom handler (staged as
+/// `tablescan.exe` when its name ends in `.exe`, see [`stage_as`]).
 pub fn stage(out: &Path, handler_binary: &Path) -> Result<StagedApp, StageError> {
+    stage_as(out, handler_binary, is_windows_exe_name(handler_binary))
+}
+
+/// [`stage`], with the executable name chosen by the caller: `windows` stages the handler as
+/// `tablescan.exe` (and says so in host.json) whatever `handler_binary` is called.
+pub fn stage_as(out: &Path, handler_binary: &Path, windows: bool) -> Result<StagedApp, StageError> {
     let meta =
         fs::metadata(handler_binary).map_err(io_err("reading handler binary", handler_binary))?;
     if !meta.is_file() {
@@ -189,7 +200,7 @@ pub fn stage(out: &Path, handler_binary: &Path) -> Result<StagedApp, StageError>
                 .ok_or(StageError::MissingDefinition(f.name))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let (host_json_text, exe_name) = host_json_for(handler_binary)?;
+    let (host_json_text, exe_name) = host_json_for(windows)?;
 
     fs::create_dir_all(out).map_err(io_err("creating", out))?;
 

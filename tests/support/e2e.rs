@@ -50,6 +50,16 @@ impl TestApp {
         )
         .expect("stage");
         tune_host_json(dir.path(), "00:01:00");
+        TestApp::start_in(dir, instances, settings).await
+    }
+
+    /// Starts `instances` host instances on an app already in `dir` (staged, or a package
+    /// unzipped), with `settings` added. `dir` is used as it is.
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        instances: usize,
+        settings: &[(&str, &str)],
+    ) -> TestApp {
         let names = Names {
             prefix_queue: unique_name("ps"),
             copy_queue: unique_name("tc"),
