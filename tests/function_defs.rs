@@ -76,28 +76,17 @@ impl jsonschema::Retrieve for OfflineRetriever {
     }
 }
 
-/// Every copy of a schema to validate against: the vendored one in `tests/schemas` (required, so
-/// the test never silently skips; see its README for where it comes from), plus, only if a folder
-/// `../shared/schemas` happens to exist beside the checkout (a local snapshot some development
-/// setups keep; nothing here needs it), that copy too.
-fn schemas(file: &str) -> Vec<(PathBuf, Value)> {
+/// The vendored schema (required, so the test never silently skips; see `tests/schemas/README.md`
+/// for where it comes from).
+fn schema(file: &str) -> (PathBuf, Value) {
     let vendored = repo().join("tests/schemas").join(file);
     assert!(
         vendored.is_file(),
         "vendored schema {} is missing",
         vendored.display()
     );
-    let mut out = vec![(vendored.clone(), read_json(&vendored))];
-    let shared = repo().join("../shared/schemas").join(file);
-    if shared.is_file() {
-        out.push((shared.clone(), read_json(&shared)));
-    } else {
-        eprintln!(
-            "note: {} not found; validated against the vendored copy only",
-            shared.display()
-        );
-    }
-    out
+    let value = read_json(&vendored);
+    (vendored, value)
 }
 
 fn remote_refs(value: &Value, found: &mut Vec<String>) {
@@ -159,37 +148,24 @@ fn validator(path: &Path, schema: &Value) -> jsonschema::Validator {
         .unwrap_or_else(|e| panic!("compiling {}: {e}", path.display()))
 }
 
-/// Validation errors of `instance` against every copy of schema `file`.
+/// Validation errors of `instance` against the vendored schema `file`.
 fn schema_errors(file: &str, instance: &Value) -> Vec<String> {
-    let mut errors = Vec::new();
-    for (path, schema) in schemas(file) {
-        let v = validator(&path, &schema);
-        errors.extend(
-            v.iter_errors(instance)
-                .map(|e| format!("{}: {} at {}", path.display(), e, e.instance_path)),
-        );
-    }
-    errors
+    let (path, schema) = schema(file);
+    validator(&path, &schema)
+        .iter_errors(instance)
+        .map(|e| format!("{}: {} at {}", path.display(), e, e.instance_path))
+        .collect()
 }
 
 #[test]
-fn vendored_schemas_are_the_shared_snapshot() {
+fn vendored_schemas_compile() {
     for file in [
         "function.json.schema.json",
         "host.json.schema.json",
         "local.settings.json.schema.json",
     ] {
-        let copies = schemas(file);
-        if let [(_, vendored), (_, shared)] = copies.as_slice() {
-            // Not fatal for validation (both are checked), but worth knowing when the optional
-            // snapshot beside the checkout differs from the vendored copy.
-            if vendored != shared {
-                eprintln!("note: ../shared/schemas/{file} differs from tests/schemas/{file}");
-            }
-        }
-        for (path, schema) in &copies {
-            validator(path, schema);
-        }
+        let (path, schema) = schema(file);
+        validator(&path, &schema);
     }
 }
 
