@@ -25,6 +25,7 @@ pub(crate) fn sdk_credentials(settings: &ConnectionSettings) -> StorageCredentia
             StorageCredentials::access_key(settings.account_name.clone(), Secret::new(key.clone()))
         }
         Credential::Sas(sas) => StorageCredentials::sas_token(sas).expect("validated when parsed"),
+        Credential::Token(_) => unimplemented!("keyless connections: the token credential is next"),
     }
 }
 
@@ -66,6 +67,9 @@ impl Authorization {
                 Self::shared_key(&settings.account_name, key).expect("validated when parsed")
             }
             Credential::Sas(sas) => Authorization::Sas(sas.clone()),
+            Credential::Token(_) => {
+                unimplemented!("keyless connections: the token credential is next")
+            }
         }
     }
 

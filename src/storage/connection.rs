@@ -16,9 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::retry::RetryPolicy;
-use super::settings::ConnectionSettings;
 
-pub use super::settings::{ConnectionStringError, DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
+pub use super::app_settings::ConnectionSettingError;
+pub use super::settings::{
+    ConnectionSettings, ConnectionStringError, DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY,
+};
 
 /// A storage account: its settings, one shared HTTP client and the retry policy.
 /// Cloning is cheap and shares the HTTP client's connection pool.
@@ -38,7 +40,7 @@ impl StorageAccount {
     }
 
     /// An account over parsed settings, with a new pooled HTTP client and the default retry policy.
-    pub(crate) fn new(settings: ConnectionSettings) -> Self {
+    pub fn new(settings: ConnectionSettings) -> Self {
         StorageAccount {
             settings,
             http: Arc::new(shared_http_client()),
@@ -70,7 +72,7 @@ impl StorageAccount {
         &self.settings.queue_endpoint
     }
 
-    /// `"key"` or `"sas"`: how requests are authorized (for diagnostics; never the secret).
+    /// `"key"`, `"sas"` or `"token"`: how requests are authorized (for diagnostics; never the secret).
     pub fn auth_kind(&self) -> &'static str {
         self.settings.credential.kind()
     }

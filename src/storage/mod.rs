@@ -5,7 +5,8 @@
 //! the function app and the local host talk to [`QueueStore`].
 //!
 //! The Azure side, each module depending only on those before it:
-//! - `settings`: connection strings parsed into plain data (no HTTP, no SDK);
+//! - `settings`: connection strings parsed into plain data (no HTTP, no SDK); `app_settings`:
+//!   one connection read from app settings, a connection string or identity-based (keyless);
 //! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client and
 //!   the [`retry`] policy;
 //! - `auth`: the one place a credential becomes SDK credentials or signed-path authorization;
@@ -17,6 +18,7 @@
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
 
+mod app_settings;
 mod auth;
 mod azure;
 pub mod azure_queue;
