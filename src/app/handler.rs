@@ -32,12 +32,6 @@ pub async fn serve_from_env() -> Result<(), String> {
     let mut tables = BTreeMap::new();
     for (name, settings) in &config.connections {
         let account = StorageAccount::new(settings.clone());
-        if account.auth_kind() == "token" {
-            // Keyless connections are read and validated; their token credential is the next step.
-            return Err(format!(
-                "app setting {name}: identity-based connections are not supported yet (in progress); use a connection string"
-            ));
-        }
         tables.insert(name.clone(), account.table_store(counters.clone()));
     }
     let own = StorageAccount::new(config.connections[STORAGE_SETTING].clone());

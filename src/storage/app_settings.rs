@@ -263,7 +263,10 @@ impl ConnectionSettings {
             account_name,
             table_endpoint,
             queue_endpoint,
-            credential: Credential::Token(source),
+            credential: Credential::Token {
+                connection: name.to_string(),
+                source,
+            },
             development: false,
         })
     }
@@ -436,7 +439,7 @@ mod tests {
 
     fn token(settings: &ConnectionSettings) -> &TokenSource {
         match &settings.credential {
-            Credential::Token(source) => source,
+            Credential::Token { source, .. } => source,
             other => panic!("expected a token credential, got {other:?}"),
         }
     }

@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::retry::RetryPolicy;
+use super::settings::Credential;
+use super::token::TokenProvider;
 
 pub use super::app_settings::ConnectionSettingError;
 pub use super::settings::{
@@ -30,6 +32,8 @@ pub struct StorageAccount {
     /// The pooled client, for the signed data path and (as the same `Arc`) the SDK's transport.
     http: Arc<reqwest::Client>,
     retry: RetryPolicy,
+    /// Keyless connections: the one token provider both paths share (and its cache).
+    tokens: Option<Arc<TokenProvider>>,
 }
 
 impl StorageAccount {
@@ -41,10 +45,18 @@ impl StorageAccount {
 
     /// An account over parsed settings, with a new pooled HTTP client and the default retry policy.
     pub fn new(settings: ConnectionSettings) -> Self {
+        let http = Arc::new(shared_http_client());
+        let tokens = match &settings.credential {
+            Credential::Token { connection, source } => {
+                Some(Arc::new(TokenProvider::new(connection, source, &http)))
+            }
+            _ => None,
+        };
         StorageAccount {
             settings,
-            http: Arc::new(shared_http_client()),
+            http,
             retry: RetryPolicy::default(),
+            tokens,
         }
     }
 
@@ -79,6 +91,18 @@ impl StorageAccount {
 
     pub(crate) fn settings(&self) -> &ConnectionSettings {
         &self.settings
+    }
+
+    /// The same account with `provider` as its token provider (tests: a fake token source).
+    #[cfg(test)]
+    pub(crate) fn with_token_provider(mut self, provider: Arc<TokenProvider>) -> Self {
+        self.tokens = Some(provider);
+        self
+    }
+
+    /// The token provider of a keyless connection.
+    pub(crate) fn tokens(&self) -> Option<&Arc<TokenProvider>> {
+        self.tokens.as_ref()
     }
 
     /// The account's pooled HTTP client.

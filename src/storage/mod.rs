@@ -7,8 +7,9 @@
 //! The Azure side, each module depending only on those before it:
 //! - `settings`: connection strings parsed into plain data (no HTTP, no SDK); `app_settings`:
 //!   one connection read from app settings, a connection string or identity-based (keyless);
-//! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client and
-//!   the [`retry`] policy;
+//! - `token`: Entra ID tokens for keyless connections, cached and single-flight;
+//! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client,
+//!   the [`retry`] policy and (keyless) its token provider;
 //! - `auth`: the one place a credential becomes SDK credentials or signed-path authorization;
 //! - `azure`: what both adapters share (SDK options and pipeline, counted retried attempts, errors);
 //! - `signed`: the lean signed path for table data requests;
@@ -34,6 +35,7 @@ pub mod memory_queue;
 pub mod retry;
 mod settings;
 mod signed;
+mod token;
 
 use std::fmt;
 use std::future::Future;

@@ -52,7 +52,11 @@ pub(crate) enum Credential {
     Sas(String),
     /// Entra ID bearer tokens for `https://storage.azure.com/` (an identity-based connection,
     /// read from app settings by [`super::app_settings`]).
-    Token(TokenSource),
+    Token {
+        /// The app setting name (errors name the connection).
+        connection: String,
+        source: TokenSource,
+    },
 }
 
 impl Credential {
@@ -61,7 +65,7 @@ impl Credential {
         match self {
             Credential::Key(_) => "key",
             Credential::Sas(_) => "sas",
-            Credential::Token(_) => "token",
+            Credential::Token { .. } => "token",
         }
     }
 }
@@ -69,7 +73,7 @@ impl Credential {
 impl fmt::Debug for Credential {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Credential::Token(source) => write!(f, "token {source:?}"),
+            Credential::Token { source, .. } => write!(f, "token {source:?}"),
             _ => write!(f, "{} (redacted)", self.kind()),
         }
     }
