@@ -144,8 +144,16 @@ impl fmt::Display for StorageAccount {
 }
 
 /// One pooled reqwest client for a whole account (the SDK's default disables pooling).
+///
+/// TLS trust: the web PKI roots, the OS store, and every certificate in `SSL_CERT_FILE` (PEM) as
+/// an extra root — how a private endpoint's CA or an HTTPS Azurite's self-signed certificate is
+/// trusted. Certificate checks are never skipped.
 fn shared_http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder();
+    for certificate in extra_roots() {
+        builder = builder.add_root_certificate(certificate);
+    }
+    builder
         .pool_idle_timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(256)
         .connect_timeout(Duration::from_secs(10))
@@ -153,6 +161,25 @@ fn shared_http_client() -> reqwest::Client {
         .tcp_nodelay(true)
         .build()
         .expect("the reqwest client configuration is static and valid")
+}
+
+/// The certificates in `SSL_CERT_FILE`, if set and readable (a bad file is logged and skipped:
+/// the connection then fails with the TLS error that names the untrusted certificate).
+fn extra_roots() -> Vec<reqwest::Certificate> {
+    let Some(path) = std::env::var_os("SSL_CERT_FILE").filter(|p| !p.is_empty()) else {
+        return Vec::new();
+    };
+    match std::fs::read(&path).map(|pem| reqwest::Certificate::from_pem_bundle(&pem)) {
+        Ok(Ok(certificates)) => certificates,
+        Ok(Err(e)) => {
+            tracing::warn!(path = ?path, "SSL_CERT_FILE holds no usable PEM certificates: {e}");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(path = ?path, "cannot read SSL_CERT_FILE: {e}");
+            Vec::new()
+        }
+    }
 }
 
 #[cfg(test)]
