@@ -5,6 +5,8 @@
 //!
 //! One test binary of its own: it sets `SSL_CERT_FILE` for the whole process.
 
+mod support;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
@@ -285,4 +287,67 @@ async fn azurite_refuses_a_token_for_another_audience() {
             "{text}"
         );
     }
+}
+
+/// A whole copy scan through the local host (`tablescan host`'s `Host`) and the real handler
+/// binary, with only identity-based settings for the app's storage: the host's queue listeners,
+/// the handler's tables and queues all authorize with bearer tokens from the fake identity
+/// endpoint. No account key is in any setting or in the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_scan_through_the_host_with_identity_settings_only() {
+    use support::e2e::{rows, seed, TestApp};
+    let identity = Identity::default();
+    let url = identity_endpoint(identity.clone()).await;
+    let azurite = azurite();
+    for (key, _) in std::env::vars() {
+        assert!(
+            !key.starts_with("AzureWebJobsStorage"),
+            "{key} is in the environment"
+        );
+    }
+    let table_uri = azurite.table_endpoint();
+    let queue_uri = azurite.queue_endpoint();
+    let storage = [
+        // The staged local.settings.json says `UseDevelopmentStorage=true`: emptied (empty is
+        // unset), or start-up refuses the two forms together.
+        ("AzureWebJobsStorage", ""),
+        ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
+        ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
+        ("AzureWebJobsStorage__credential", "managedidentity"),
+        ("IDENTITY_ENDPOINT", url.as_str()),
+        ("IDENTITY_HEADER", IDENTITY_HEADER),
+    ];
+    // Seeding and checking use a keyless account too.
+    let store = StorageAccount::new(keyless_settings("Seed", &url))
+        .table_store(Arc::new(RequestCounters::new()));
+    let app = TestApp::start_on(1, &storage, store, &[]).await;
+    let source = support::unique_name("KeylessSource");
+    let destination = support::unique_name("KeylessDestination");
+    let entities: Vec<_> = (0..120)
+        .map(|i| entity(&format!("p{}", i % 7), &format!("r{i:03}"), i))
+        .collect();
+    seed(&app.store, &source, entities.clone()).await;
+
+    let (status, reply, _) = app
+        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 25}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let end = app
+        .wait_for_end(&id, std::time::Duration::from_secs(120))
+        .await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(end["rowsWritten"], 120, "{end}");
+    let copied = rows(&app.store, &destination).await;
+    assert_eq!(copied.len(), 120);
+    assert!(
+        identity.issued.load(Ordering::SeqCst) >= 2,
+        "the host, the handler and the test each ask"
+    );
+    let logs = app.host().log_lines().join("\n");
+    assert!(
+        !logs.contains(IDENTITY_HEADER) && !logs.contains("eyJ"),
+        "{logs}"
+    );
+    app.shutdown().await;
 }
