@@ -344,6 +344,13 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
         identity.issued.load(Ordering::SeqCst) >= 2,
         "the host, the handler and the test each ask"
     );
+    // The scan's record (as the API returns it) carries connection names, never credentials.
+    let (_, record) = app.get(&format!("/api/scans/{id}")).await;
+    let record = record.to_string();
+    assert!(
+        !record.contains(IDENTITY_HEADER) && !record.contains("eyJ"),
+        "{record}"
+    );
     let logs = app.host().log_lines().join("\n");
     assert!(
         !logs.contains(IDENTITY_HEADER) && !logs.contains("eyJ"),
