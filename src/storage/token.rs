@@ -267,8 +267,15 @@ impl TokenProvider {
 impl TokenCredential for TokenProvider {
     async fn get_token(&self, _scopes: &[&str]) -> azure_core::Result<AccessToken> {
         // Every client of a storage account asks for the storage scope; the provider has one.
+        // Transient failures as I/O, so the SDK adapters classify them as transient too (see
+        // `azure::map_sdk_error`); permanent ones as credential errors (rejected).
         let (token, expires_on) = self.token().await.map_err(|e| {
-            azure_core::Error::message(azure_core::error::ErrorKind::Credential, e.to_string())
+            let kind = if e.transient {
+                azure_core::error::ErrorKind::Io
+            } else {
+                azure_core::error::ErrorKind::Credential
+            };
+            azure_core::Error::message(kind, e.to_string())
         })?;
         Ok(AccessToken::new(token, expires_on))
     }
@@ -609,6 +616,27 @@ pub(crate) mod tests {
         let error = provider.token().await.unwrap_err();
         assert!(error.transient);
         assert_eq!(fetches.load(Ordering::SeqCst), 6);
+
+        // The SDK path sees the same verdict: transient as I/O, permanent as a credential error.
+        let always = (0..6).map(|_| Some(FetchError::transient("503"))).collect();
+        let (provider, _) = fake("tok", 3600, Duration::ZERO, always);
+        let sdk = provider.get_token(&[STORAGE_SCOPE]).await.unwrap_err();
+        assert!(
+            matches!(sdk.kind(), azure_core::error::ErrorKind::Io),
+            "{sdk}"
+        );
+        let (provider, _) = fake(
+            "tok",
+            3600,
+            Duration::ZERO,
+            vec![Some(FetchError::permanent("403"))],
+        );
+        let sdk = provider.get_token(&[STORAGE_SCOPE]).await.unwrap_err();
+        assert!(
+            matches!(sdk.kind(), azure_core::error::ErrorKind::Credential),
+            "{sdk}"
+        );
+        assert!(sdk.to_string().contains("connection Src"), "{sdk}");
     }
 
     #[tokio::test(start_paused = true)]
