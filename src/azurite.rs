@@ -41,8 +41,20 @@ wait "$child"
 #[error("cannot start Azurite: {0}")]
 pub struct AzuriteError(pub String);
 
+/// How to run Azurite beyond the defaults (plain http, Shared Key/SAS only).
+#[derive(Debug, Clone, Default)]
+pub struct AzuriteOptions {
+    /// Serve https with this PEM certificate and key (`--cert`, `--key`).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Accept OAuth bearer tokens (`--oauth basic`: issuer, audience and lifetime are checked,
+    /// not the signature). Requires `tls`.
+    pub oauth: bool,
+}
+
 /// A running Azurite. Dropping it stops the process and removes its working directory.
 pub struct Azurite {
+    /// `http` or `https`.
+    scheme: &'static str,
     watchdog: Mutex<Option<Child>>,
     /// Closing this makes the watchdog kill Azurite.
     lifeline: Mutex<Option<ChildStdin>>,
@@ -91,6 +103,30 @@ impl Azurite {
 
     /// Starts a new private instance, blocking until it listens (or fails, or times out).
     pub fn start_blocking() -> Result<Azurite, AzuriteError> {
+        Self::start_with_blocking(&AzuriteOptions::default())
+    }
+
+    /// [`Azurite::start`] with options (https, OAuth).
+    pub async fn start_with(options: AzuriteOptions) -> Result<Azurite, AzuriteError> {
+        tokio::task::spawn_blocking(move || Self::start_with_blocking(&options))
+            .await
+            .map_err(|e| AzuriteError(format!("start task failed: {e}")))?
+    }
+
+    /// [`Azurite::start_blocking`] with options (https, OAuth).
+    pub fn start_with_blocking(options: &AzuriteOptions) -> Result<Azurite, AzuriteError> {
+        if options.oauth && options.tls.is_none() {
+            return Err(AzuriteError(
+                "OAuth needs https: give a certificate and key".into(),
+            ));
+        }
+        let mut extra: Vec<std::ffi::OsString> = Vec::new();
+        if let Some((cert, key)) = &options.tls {
+            extra.extend(["--cert".into(), cert.into(), "--key".into(), key.into()]);
+        }
+        if options.oauth {
+            extra.extend(["--oauth".into(), "basic".into()]);
+        }
         let bin = ensure_installed()?;
         let workdir = fresh_workdir()?;
         let spawned = Command::new("sh")
@@ -110,6 +146,7 @@ impl Azurite {
                 "--tablePort",
                 "0",
             ])
+            .args(&extra)
             .current_dir(&workdir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -135,6 +172,11 @@ impl Azurite {
             drain(stderr, output.clone(), None);
         }
         let azurite = Azurite {
+            scheme: if options.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
             watchdog: Mutex::new(Some(child)),
             lifeline: Mutex::new(lifeline),
             blob_port: 0,
@@ -202,23 +244,33 @@ impl Azurite {
     }
 
     pub fn table_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", self.table_port)
+        format!(
+            "{}://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}",
+            self.scheme, self.table_port
+        )
     }
 
     pub fn queue_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", self.queue_port)
+        format!(
+            "{}://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}",
+            self.scheme, self.queue_port
+        )
     }
 
     pub fn blob_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", self.blob_port)
+        format!(
+            "{}://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}",
+            self.scheme, self.blob_port
+        )
     }
 
     /// An explicit-endpoints connection string for the well-known development account
     /// (the same form `AzureWebJobsStorage` takes).
     pub fn connection_string(&self) -> String {
         format!(
-            "DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_ACCOUNT_KEY};\
+            "DefaultEndpointsProtocol={};AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_ACCOUNT_KEY};\
              BlobEndpoint={};QueueEndpoint={};TableEndpoint={};",
+            self.scheme,
             self.blob_endpoint(),
             self.queue_endpoint(),
             self.table_endpoint()

@@ -322,10 +322,8 @@ pub async fn start_app_with(
     for (k, v) in settings {
         config.settings.insert(k.to_string(), v.clone());
     }
-    let host = Host::start(config, |cs| {
-        StorageAccount::parse(cs)
-            .map(|a| a.queue_store(Arc::new(RequestCounters::new())))
-            .map_err(|e| e.to_string())
+    let host = Host::start(config, |connection| {
+        Ok(StorageAccount::new(connection.clone()).queue_store(Arc::new(RequestCounters::new())))
     })
     .await
     .map_err(|e| format!("cannot start the local Functions host: {e}"))?;

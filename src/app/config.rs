@@ -10,7 +10,7 @@ use azure_core::Url;
 
 use crate::app::catalog::{PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING};
 use crate::scan::StepBudget;
-use crate::storage::connection::StorageAccount;
+use crate::storage::connection::ConnectionSettings;
 
 /// The app setting holding the function app's own storage connection string (queues, bookkeeping,
 /// and the default account for source and destination tables).
@@ -29,10 +29,12 @@ pub struct Config {
     pub scans_table: String,
     /// Table of pending-work rows and sharded counters (`TABLESCAN_WORK_TABLE`, default `TablescanWork`).
     pub work_table: String,
-    /// Connection strings a scan request may name, by app-setting name. Always holds
+    /// Connections a scan request may name, by app-setting name. Always holds
     /// `AzureWebJobsStorage`; others come from `TABLESCAN_CONNECTIONS` (comma-separated names).
-    /// Values are secrets: never logged.
-    pub connections: BTreeMap<String, String>,
+    /// Each is a connection string in the setting itself or the identity-based `<NAME>__*`
+    /// settings (`<NAME>__accountName`, or `<NAME>__tableServiceUri` + `__queueServiceUri`, with
+    /// `__credential`). They hold secrets: only their names are logged.
+    pub connections: BTreeMap<String, ConnectionSettings>,
     /// The table service each connection resolves to, by app-setting name: its table endpoint,
     /// lowercased, without credentials or trailing slash (see [`table_identity`]). Two settings
     /// with equal identities reach the same tables. Not secret.
@@ -54,7 +56,7 @@ pub struct Config {
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Connection strings hold account keys: print only their names.
+        // Connections hold account keys and client secrets: print only their names.
         f.debug_struct("Config")
             .field("port", &self.port)
             .field("prefix_scan_queue", &self.prefix_scan_queue)
@@ -86,13 +88,20 @@ fn err(name: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// The table service a connection string resolves to: scheme, host, port and path of its table
-/// endpoint, lowercased (storage account names and DNS hosts are case-insensitive), without any
-/// credential or trailing slash. `UseDevelopmentStorage=true` and an explicit endpoint naming
-/// the same Azurite account resolve alike. The error never contains the connection string.
+/// The table service a connection string resolves to (see [`table_identity_of`]). The error
+/// never contains the connection string.
 pub fn table_identity(connection_string: &str) -> Result<String, String> {
-    let account = StorageAccount::parse(connection_string).map_err(|e| e.to_string())?;
-    let url = Url::parse(account.table_endpoint())
+    let settings = ConnectionSettings::parse(connection_string).map_err(|e| e.to_string())?;
+    table_identity_of(&settings)
+}
+
+/// The table service a connection resolves to, whatever its form (connection string or
+/// identity-based): scheme, host, port and path of its table endpoint, lowercased (storage
+/// account names and DNS hosts are case-insensitive), without any credential or trailing slash.
+/// `UseDevelopmentStorage=true` and an explicit endpoint naming the same Azurite account resolve
+/// alike, as do `__accountName=prod` and `AccountName=prod;AccountKey=…`.
+pub fn table_identity_of(settings: &ConnectionSettings) -> Result<String, String> {
+    let url = Url::parse(&settings.table_endpoint)
         .map_err(|e| format!("the table endpoint is not a URL ({e})"))?;
     let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
     Ok(format!(
@@ -135,27 +144,35 @@ impl Config {
                 .parse()
                 .map_err(|_| err("FUNCTIONS_CUSTOMHANDLER_PORT", format!("not a port: {v:?}")))?,
         };
+        let connection = |name: &str| {
+            ConnectionSettings::from_app_settings(name, &lookup).map_err(|e| ConfigError {
+                name: e.setting,
+                message: e.message,
+            })
+        };
         let mut connections = BTreeMap::new();
-        let storage = get(STORAGE_SETTING)
-            .ok_or_else(|| err(STORAGE_SETTING, "is required (a storage connection string)"))?;
-        connections.insert(STORAGE_SETTING.to_string(), storage);
+        connections.insert(STORAGE_SETTING.to_string(), connection(STORAGE_SETTING)?);
         if let Some(names) = get("TABLESCAN_CONNECTIONS") {
             for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let value = get(name).ok_or_else(|| {
-                    err(
-                        "TABLESCAN_CONNECTIONS",
-                        format!("names {name}, but app setting {name} is not set"),
-                    )
+                let settings = connection(name).map_err(|e| {
+                    match e.name == name && e.message.starts_with("is not set") {
+                        // Say where the name came from.
+                        true => err(
+                            "TABLESCAN_CONNECTIONS",
+                            format!("names {name}, but app setting {name} {}", e.message),
+                        ),
+                        false => e,
+                    }
                 })?;
-                connections.insert(name.to_string(), value);
+                connections.insert(name.to_string(), settings);
             }
         }
         let table_identities = connections
             .iter()
-            .map(|(name, value)| {
+            .map(|(name, settings)| {
                 Ok((
                     name.clone(),
-                    table_identity(value).map_err(|m| err(name, m))?,
+                    table_identity_of(settings).map_err(|m| err(name, m))?,
                 ))
             })
             .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
@@ -258,5 +275,78 @@ mod tests {
         assert!(config.same_table((STORAGE_SETTING, "Packages"), ("Alias", "packages")));
         assert!(!config.same_table((STORAGE_SETTING, "Packages"), ("Other", "Packages")));
         assert!(!format!("{config:?}").contains(KEY));
+    }
+
+    #[test]
+    fn identity_based_connections_resolve_to_the_same_accounts() {
+        let settings: BTreeMap<&str, String> = [
+            ("AzureWebJobsStorage__accountName", "prod".to_string()),
+            ("TABLESCAN_CONNECTIONS", "Keyed,Local".to_string()),
+            (
+                "Keyed",
+                format!("DefaultEndpointsProtocol=https;AccountName=PROD;AccountKey={KEY}"),
+            ),
+            (
+                "Local__tableServiceUri",
+                "https://127.0.0.1:10102/devstoreaccount1".to_string(),
+            ),
+            (
+                "Local__queueServiceUri",
+                "https://127.0.0.1:10101/devstoreaccount1".to_string(),
+            ),
+            ("Local__credential", "azurecli".to_string()),
+        ]
+        .into_iter()
+        .collect();
+        let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+        assert_eq!(
+            config.table_identities[STORAGE_SETTING],
+            "https://prod.table.core.windows.net"
+        );
+        assert!(config.same_table((STORAGE_SETTING, "T"), ("Keyed", "t")));
+        assert!(config.is_bookkeeping_table("Keyed", "TablescanScans"));
+        assert!(!config.same_table((STORAGE_SETTING, "T"), ("Local", "T")));
+        assert_eq!(
+            config.table_identities["Local"],
+            "https://127.0.0.1:10102/devstoreaccount1"
+        );
+        assert!(!format!("{config:?}").contains(KEY));
+
+        let error = |pairs: &[(&str, &str)]| {
+            let map: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::from_lookup(|k| map.get(k).cloned()).unwrap_err()
+        };
+        let e = error(&[]);
+        assert_eq!(e.name, STORAGE_SETTING);
+        assert!(
+            e.message.contains("AzureWebJobsStorage__accountName"),
+            "{e}"
+        );
+        let e = error(&[
+            ("AzureWebJobsStorage__accountName", "prod"),
+            ("TABLESCAN_CONNECTIONS", "Missing"),
+        ]);
+        assert_eq!(e.name, "TABLESCAN_CONNECTIONS");
+        assert!(
+            e.to_string()
+                .contains("names Missing, but app setting Missing is not set"),
+            "{e}"
+        );
+        let e = error(&[
+            ("AzureWebJobsStorage__accountName", "prod"),
+            ("AzureWebJobsStorage__credential", "password"),
+        ]);
+        assert_eq!(e.name, "AzureWebJobsStorage__credential");
+        let e = error(&[
+            ("AzureWebJobsStorage", "UseDevelopmentStorage=true"),
+            ("TABLESCAN_CONNECTIONS", "Both"),
+            ("Both", "UseDevelopmentStorage=true"),
+            ("Both__accountName", "prod"),
+        ]);
+        assert_eq!(e.name, "Both");
+        assert!(e.message.contains("use one form"), "{e}");
     }
 }

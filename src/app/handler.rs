@@ -30,13 +30,11 @@ pub async fn serve_from_env() -> Result<(), String> {
     let config = Config::from_env().map_err(|e| e.to_string())?;
     let counters = Arc::new(RequestCounters::new());
     let mut tables = BTreeMap::new();
-    for (name, connection_string) in &config.connections {
-        let account = StorageAccount::parse(connection_string)
-            .map_err(|e| format!("app setting {name}: {e}"))?;
+    for (name, settings) in &config.connections {
+        let account = StorageAccount::new(settings.clone());
         tables.insert(name.clone(), account.table_store(counters.clone()));
     }
-    let own = StorageAccount::parse(&config.connections[STORAGE_SETTING])
-        .map_err(|e| format!("app setting {STORAGE_SETTING}: {e}"))?;
+    let own = StorageAccount::new(config.connections[STORAGE_SETTING].clone());
     let queues = own.queue_store(counters);
     let listener = TcpListener::bind(("127.0.0.1", config.port))
         .await

@@ -49,7 +49,7 @@ use self::instance::{start_instance, stop_instance, InstanceHandle, Shared};
 use self::log::HostLog;
 use self::resolve::{resolve_triggers, QueueFunction};
 use self::stats::{FunctionStats, InvocationStats};
-use crate::storage::connection::StorageAccount;
+use crate::storage::connection::{ConnectionSettings, StorageAccount};
 use crate::storage::counters::RequestCounters;
 use crate::storage::QueueStore;
 
@@ -158,7 +158,7 @@ impl Host {
     pub async fn start<S, F>(config: HostConfig, connect: F) -> Result<RunningHost, HostError>
     where
         S: QueueStore,
-        F: Fn(&str) -> Result<S, String>,
+        F: Fn(&ConnectionSettings) -> Result<S, String>,
     {
         let log = HostLog::new(config.capture_logs);
         let app = Arc::new(load_app(&config.app_dir)?);
@@ -264,9 +264,7 @@ impl Host {
     pub async fn start_azure(config: HostConfig) -> Result<RunningHost, HostError> {
         let counters = Arc::new(RequestCounters::new());
         Host::start(config, move |connection| {
-            StorageAccount::parse(connection)
-                .map(|account| account.queue_store(counters.clone()))
-                .map_err(|e| e.0)
+            Ok(StorageAccount::new(connection.clone()).queue_store(counters.clone()))
         })
         .await
     }

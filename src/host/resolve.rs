@@ -16,11 +16,11 @@ use super::config::{
     QueueTriggerConfig, TriggerConfig,
 };
 use super::http::{sort_routes, HttpRoute};
-use super::log::redact_connection_string;
 use super::outputs::{OutputTarget, QueueTarget, ResolvedOutput};
 use super::queue::poison_queue_name;
 use super::route::RouteTemplate;
 use super::HostError;
+use crate::storage::connection::ConnectionSettings;
 use crate::storage::QueueStore;
 
 /// A queue-triggered function with its queues resolved: what each instance's listener needs.
@@ -41,7 +41,8 @@ pub(super) struct Triggers<S> {
     pub routes: Vec<HttpRoute<S>>,
 }
 
-/// Resolves every function's trigger and outputs; `connect` turns a connection string into a
+/// Resolves every function's trigger and outputs; `connect` turns a connection (a connection
+/// string or the identity-based `<NAME>__*` settings, read as the handler reads them) into a
 /// queue store.
 pub(super) fn resolve_triggers<S, F>(
     app: &AppConfig,
@@ -50,7 +51,7 @@ pub(super) fn resolve_triggers<S, F>(
 ) -> Result<Triggers<S>, HostError>
 where
     S: QueueStore,
-    F: Fn(&str) -> Result<S, String>,
+    F: Fn(&ConnectionSettings) -> Result<S, String>,
 {
     let mut stores = Stores {
         settings,
@@ -96,7 +97,7 @@ fn resolve_outputs<S, F>(
 ) -> Result<Vec<ResolvedOutput<S>>, HostError>
 where
     S: QueueStore,
-    F: Fn(&str) -> Result<S, String>,
+    F: Fn(&ConnectionSettings) -> Result<S, String>,
 {
     let mut outputs = Vec::new();
     for o in &function.outputs {
@@ -131,7 +132,7 @@ fn resolve_queue_trigger<S, F>(
 ) -> Result<QueueFunction<S>, HostError>
 where
     S: QueueStore,
-    F: Fn(&str) -> Result<S, String>,
+    F: Fn(&ConnectionSettings) -> Result<S, String>,
 {
     let queue = resolve_queue(function, &q.name, &q.queue_name, settings)?;
     let store = stores.get(&q.connection, &function.file)?;
@@ -172,25 +173,42 @@ struct Stores<'a, S, F> {
 impl<S, F> Stores<'_, S, F>
 where
     S: QueueStore,
-    F: Fn(&str) -> Result<S, String>,
+    F: Fn(&ConnectionSettings) -> Result<S, String>,
 {
     /// The store of app setting `connection`, named by a binding in `file`.
     fn get(&mut self, connection: &str, file: &Path) -> Result<Arc<S>, HostError> {
         if let Some(s) = self.stores.get(connection) {
             return Ok(s.clone());
         }
-        let conn = self.settings.connection_string(connection).ok_or_else(|| {
-            HostError::Settings(format!(
-                "{}: the app setting {connection:?} named by a queue binding's `connection` is not set \
-                 (set it in the environment or in local.settings.json Values)",
-                file.display()
-            ))
-        })?;
-        let store = (self.connect)(conn).map_err(|e| {
-            let e = e.replace(conn, &redact_connection_string(conn));
-            HostError::Settings(format!(
-                "the connection string in app setting {connection:?} is not usable: {e}"
-            ))
+        let lookup = |key: &str| self.settings.get(key).map(str::to_string);
+        // As the Functions host does: `<connection>`, else `AzureWebJobs<connection>`, in either
+        // form (connection string or identity-based `__*` settings).
+        let not_set = |e: &crate::storage::connection::ConnectionSettingError, name: &str| {
+            e.setting == name && e.message.starts_with("is not set")
+        };
+        let prefixed = format!("AzureWebJobs{connection}");
+        let read = match ConnectionSettings::from_app_settings(connection, lookup) {
+            Err(e) if not_set(&e, connection) => {
+                match ConnectionSettings::from_app_settings(&prefixed, lookup) {
+                    Err(e) if not_set(&e, &prefixed) => None,
+                    other => Some(other),
+                }
+            }
+            other => Some(other),
+        };
+        let conn = read
+            .ok_or_else(|| {
+                HostError::Settings(format!(
+                    "{}: the app setting {connection:?} named by a queue binding's `connection` is not set \
+                     (set it, or its identity-based {connection}__* settings, in the environment or in \
+                     local.settings.json Values)",
+                    file.display()
+                ))
+            })?
+            // The errors name the setting and never carry a secret.
+            .map_err(|e| HostError::Settings(format!("the connection {connection:?} is not usable: {e}")))?;
+        let store = (self.connect)(&conn).map_err(|e| {
+            HostError::Settings(format!("the connection {connection:?} is not usable: {e}"))
         })?;
         let store = Arc::new(store);
         self.stores.insert(connection.to_string(), store.clone());
@@ -247,7 +265,7 @@ mod tests {
             ),
         ]);
         let calls = Cell::new(0);
-        let connect = |_: &str| {
+        let connect = |_: &ConnectionSettings| {
             calls.set(calls.get() + 1);
             Ok(MemoryQueueStore::new())
         };
@@ -275,7 +293,9 @@ mod tests {
     #[test]
     fn errors_name_the_setting_and_hide_secrets() {
         let app = app(&[("Work", WORK)]);
-        let never = |_: &str| -> Result<MemoryQueueStore, String> { panic!("not connected") };
+        let never = |_: &ConnectionSettings| -> Result<MemoryQueueStore, String> {
+            panic!("not connected")
+        };
         let err = resolve_triggers(&app, &settings(&[]), never).err().unwrap();
         let HostError::Config(e) = err else {
             panic!("{err}")
@@ -292,15 +312,39 @@ mod tests {
 
         let conn = "AccountName=a;AccountKey=c2VjcmV0";
         let s = settings(&[("Q", "jobs"), ("AzureWebJobsStorage", conn)]);
-        let err = resolve_triggers(&app, &s, |c: &str| -> Result<MemoryQueueStore, String> {
-            Err(format!("bad {c}"))
-        })
+        let err = resolve_triggers(
+            &app,
+            &s,
+            |c: &ConnectionSettings| -> Result<MemoryQueueStore, String> {
+                Err(format!("bad {c:?}"))
+            },
+        )
         .err()
         .unwrap();
         let text = err.to_string();
         assert!(
-            text.contains("AccountKey=***") && !text.contains("c2VjcmV0"),
+            text.contains("key (redacted)") && !text.contains("c2VjcmV0"),
             "{text}"
+        );
+
+        // The identity-based form, read as the handler reads it.
+        let s = settings(&[("Q", "jobs"), ("AzureWebJobsStorage__accountName", "acct1")]);
+        let seen = std::cell::RefCell::new(Vec::new());
+        resolve_triggers(&app, &s, |c: &ConnectionSettings| {
+            seen.borrow_mut().push(c.table_endpoint.clone());
+            Ok(MemoryQueueStore::new())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*seen.borrow(), ["https://acct1.table.core.windows.net"]);
+        let s = settings(&[
+            ("Q", "jobs"),
+            ("AzureWebJobsStorage__accountName", "acct1"),
+            ("AzureWebJobsStorage__credential", "password"),
+        ]);
+        let err = resolve_triggers(&app, &s, never).err().unwrap().to_string();
+        assert!(
+            err.contains("app setting AzureWebJobsStorage__credential"),
+            "{err}"
         );
     }
 }

@@ -6,25 +6,39 @@
 //!   `azure_storage`'s Table SharedKey policy does (pinned by a test), so either path may send any
 //!   request.
 //! - Secrets are never printed: [`Authorization`]'s `Debug` names only its kind.
-//! - A new kind of credential (a bearer token for keyless access) is one variant of [`Credential`]
-//!   and one arm in each of [`sdk_credentials`], [`Authorization::new`] and
-//!   [`Authorization::authorize`]; nothing else in `storage` matches on credentials.
+//! - A keyless connection's bearer tokens come from the account's one [`TokenProvider`] on both
+//!   paths (the SDK asks it as its `TokenCredential`), so they share one cache and one refresh.
+//! - A kind of credential is one variant of [`Credential`] and one arm in each of
+//!   [`sdk_credentials`], [`Authorization::new`] and [`Authorization::authorize`]; nothing else
+//!   in `storage` matches on credentials (but `connection`, which builds the token provider).
 
-use azure_core::auth::Secret;
+use std::sync::Arc;
+
+use azure_core::auth::{Secret, TokenCredential};
 use azure_storage::StorageCredentials;
 use hmac::{Hmac, Mac};
 use reqwest::Method;
 use sha2::Sha256;
 
-use super::settings::{ConnectionSettings, Credential};
+use super::connection::StorageAccount;
+use super::settings::Credential;
+use super::token::{TokenError, TokenProvider};
 
 /// The SDK's credentials for an account.
-pub(crate) fn sdk_credentials(settings: &ConnectionSettings) -> StorageCredentials {
+pub(crate) fn sdk_credentials(account: &StorageAccount) -> StorageCredentials {
+    let settings = account.settings();
     match &settings.credential {
         Credential::Key(key) => {
             StorageCredentials::access_key(settings.account_name.clone(), Secret::new(key.clone()))
         }
         Credential::Sas(sas) => StorageCredentials::sas_token(sas).expect("validated when parsed"),
+        Credential::Token { .. } => {
+            let provider: Arc<dyn TokenCredential> = account
+                .tokens()
+                .expect("a keyless account has its token provider")
+                .clone();
+            StorageCredentials::token_credential(provider)
+        }
     }
 }
 
@@ -35,6 +49,8 @@ pub(crate) enum Authorization {
     SharedKey { account: String, mac: Hmac<Sha256> },
     /// A SAS token appended to every query string (without the leading `?`).
     Sas(String),
+    /// `Authorization: Bearer <token>` from the account's token provider.
+    Bearer(Arc<TokenProvider>),
 }
 
 impl std::fmt::Debug for Authorization {
@@ -42,6 +58,7 @@ impl std::fmt::Debug for Authorization {
         f.write_str(match self {
             Authorization::SharedKey { .. } => "SharedKey (redacted)",
             Authorization::Sas(_) => "SAS (redacted)",
+            Authorization::Bearer(_) => "Bearer (redacted)",
         })
     }
 }
@@ -60,12 +77,19 @@ pub(crate) struct TableRequestToSign<'a> {
 
 impl Authorization {
     /// The signed path's authorization for an account (the key was validated when parsed).
-    pub(crate) fn new(settings: &ConnectionSettings) -> Self {
+    pub(crate) fn new(account: &StorageAccount) -> Self {
+        let settings = account.settings();
         match &settings.credential {
             Credential::Key(key) => {
                 Self::shared_key(&settings.account_name, key).expect("validated when parsed")
             }
             Credential::Sas(sas) => Authorization::Sas(sas.clone()),
+            Credential::Token { .. } => Authorization::Bearer(
+                account
+                    .tokens()
+                    .expect("a keyless account has its token provider")
+                    .clone(),
+            ),
         }
     }
 
@@ -85,14 +109,14 @@ impl Authorization {
 
     /// Authorizes one table request whose URL so far is `url` (`has_query`: whether it already
     /// carries a query string): returns the `Authorization` header value to send, or extends the
-    /// URL's query with the SAS and returns `None`.
-    pub(crate) fn authorize(
+    /// URL's query with the SAS and returns `None`. Only a bearer token can fail (no token).
+    pub(crate) async fn authorize(
         &self,
         request: &TableRequestToSign<'_>,
         url: &mut String,
         has_query: bool,
-    ) -> Option<String> {
-        match self {
+    ) -> Result<Option<String>, TokenError> {
+        Ok(match self {
             Authorization::SharedKey { account, mac } => {
                 let path = format!("{}/{}", request.base_path, request.path);
                 Some(table_shared_key(
@@ -109,7 +133,11 @@ impl Authorization {
                 url.push_str(sas);
                 None
             }
-        }
+            Authorization::Bearer(tokens) => {
+                let (token, _) = tokens.token().await?;
+                Some(format!("Bearer {}", token.secret()))
+            }
+        })
     }
 }
 
@@ -137,22 +165,28 @@ mod tests {
 
     /// The signature the SDK's policy computes for the same request (Azurite's well-known key),
     /// pinned so both paths keep signing identically.
-    #[test]
-    fn shared_key_matches_the_sdk_string_to_sign() {
+    use crate::storage::settings::ConnectionSettings;
+
+    #[tokio::test]
+    async fn shared_key_matches_the_sdk_string_to_sign() {
         let key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
-        let authorization = Authorization::new(&ConnectionSettings::development());
+        let authorization =
+            Authorization::new(&StorageAccount::new(ConnectionSettings::development()));
         let mut url = String::from("http://127.0.0.1:10002/devstoreaccount1/Table()");
-        let value = authorization.authorize(
-            &TableRequestToSign {
-                method: &Method::GET,
-                content_type: "",
-                date: "Sun, 22 Nov 2026 05:00:00 GMT",
-                base_path: "/devstoreaccount1",
-                path: "Table()",
-            },
-            &mut url,
-            false,
-        );
+        let value = authorization
+            .authorize(
+                &TableRequestToSign {
+                    method: &Method::GET,
+                    content_type: "",
+                    date: "Sun, 22 Nov 2026 05:00:00 GMT",
+                    base_path: "/devstoreaccount1",
+                    path: "Table()",
+                },
+                &mut url,
+                false,
+            )
+            .await
+            .unwrap();
         // Expected value computed independently: HMAC-SHA256 over
         // "GET\n\n\nSun, 22 Nov 2026 05:00:00 GMT\n/devstoreaccount1/devstoreaccount1/Table()".
         let sdk = azure_core::hmac::hmac_sha256(
@@ -164,11 +198,12 @@ mod tests {
         assert_eq!(url, "http://127.0.0.1:10002/devstoreaccount1/Table()");
     }
 
-    #[test]
-    fn a_sas_extends_the_query_and_sends_no_header() {
+    #[tokio::test]
+    async fn a_sas_extends_the_query_and_sends_no_header() {
         let mut settings = ConnectionSettings::development();
         settings.credential = Credential::Sas("sv=1&sig=abc".into());
-        let authorization = Authorization::new(&settings);
+        let account = StorageAccount::new(settings);
+        let authorization = Authorization::new(&account);
         let request = TableRequestToSign {
             method: &Method::GET,
             content_type: "",
@@ -177,15 +212,63 @@ mod tests {
             path: "t()",
         };
         let mut url = String::from("https://a.table.core.windows.net/t()");
-        assert_eq!(authorization.authorize(&request, &mut url, false), None);
+        assert_eq!(
+            authorization.authorize(&request, &mut url, false).await,
+            Ok(None)
+        );
         assert_eq!(url, "https://a.table.core.windows.net/t()?sv=1&sig=abc");
         let mut url = String::from("https://a.table.core.windows.net/t()?$top=1");
-        assert_eq!(authorization.authorize(&request, &mut url, true), None);
+        assert_eq!(
+            authorization.authorize(&request, &mut url, true).await,
+            Ok(None)
+        );
         assert_eq!(
             url,
             "https://a.table.core.windows.net/t()?$top=1&sv=1&sig=abc"
         );
         assert_eq!(format!("{authorization:?}"), "SAS (redacted)");
-        let _ = sdk_credentials(&settings);
+        let _ = sdk_credentials(&account);
+    }
+
+    /// A keyless account: `Authorization: Bearer` on the signed path from the account's provider,
+    /// the URL untouched, and the SDK asks the same provider (one cache for both paths).
+    #[tokio::test]
+    async fn a_token_credential_sends_a_bearer_header_from_the_shared_provider() {
+        use crate::storage::app_settings::{
+            ManagedIdentityEndpoint, ManagedIdentityId, TokenSource,
+        };
+        let mut settings = ConnectionSettings::development();
+        settings.credential = Credential::Token {
+            connection: "Src".into(),
+            source: TokenSource::ManagedIdentity {
+                endpoint: ManagedIdentityEndpoint::Imds,
+                id: ManagedIdentityId::System,
+            },
+        };
+        let (provider, fetches) = crate::storage::token::tests::fake_provider("tok-123", 3600);
+        let account = StorageAccount::new(settings).with_token_provider(provider.clone());
+        let authorization = Authorization::new(&account);
+        let request = TableRequestToSign {
+            method: &Method::GET,
+            content_type: "",
+            date: "",
+            base_path: "",
+            path: "t()",
+        };
+        let mut url = String::from("https://a.table.core.windows.net/t()");
+        assert_eq!(
+            authorization.authorize(&request, &mut url, false).await,
+            Ok(Some("Bearer tok-123".into()))
+        );
+        assert_eq!(url, "https://a.table.core.windows.net/t()");
+        assert_eq!(format!("{authorization:?}"), "Bearer (redacted)");
+        let sdk_token = provider
+            .get_token(&[crate::storage::token::STORAGE_SCOPE])
+            .await
+            .unwrap();
+        assert_eq!(sdk_token.token.secret(), "tok-123");
+        let _ = sdk_credentials(&account);
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(!format!("{account:?} {account}").contains("tok-123"));
     }
 }

@@ -60,7 +60,7 @@ impl Service {
         Service {
             pipeline: azure_storage::clients::new_pipeline_from_options(
                 client_options(account),
-                sdk_credentials(account.settings()),
+                sdk_credentials(account),
             ),
             service_type,
             base: base.to_string(),

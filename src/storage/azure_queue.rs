@@ -55,10 +55,9 @@ impl AzureQueueStore {
             account: account.account_name().to_string(),
             uri: account.queue_endpoint().to_string(),
         };
-        let client =
-            QueueServiceClientBuilder::with_location(location, sdk_credentials(account.settings()))
-                .client_options(client_options(account))
-                .build();
+        let client = QueueServiceClientBuilder::with_location(location, sdk_credentials(account))
+            .client_options(client_options(account))
+            .build();
         AzureQueueStore {
             service: Service::new(
                 account,

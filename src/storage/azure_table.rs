@@ -67,10 +67,9 @@ impl AzureTableStore {
             account: account.account_name().to_string(),
             uri: account.table_endpoint().to_string(),
         };
-        let client =
-            TableServiceClientBuilder::with_location(location, sdk_credentials(account.settings()))
-                .client_options(client_options(account))
-                .build();
+        let client = TableServiceClientBuilder::with_location(location, sdk_credentials(account))
+            .client_options(client_options(account))
+            .build();
         AzureTableStore {
             service: Service::new(
                 account,

@@ -16,9 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::retry::RetryPolicy;
-use super::settings::ConnectionSettings;
+use super::settings::Credential;
+use super::token::TokenProvider;
 
-pub use super::settings::{ConnectionStringError, DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
+pub use super::app_settings::ConnectionSettingError;
+pub use super::settings::{
+    ConnectionSettings, ConnectionStringError, DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY,
+};
 
 /// A storage account: its settings, one shared HTTP client and the retry policy.
 /// Cloning is cheap and shares the HTTP client's connection pool.
@@ -28,6 +32,8 @@ pub struct StorageAccount {
     /// The pooled client, for the signed data path and (as the same `Arc`) the SDK's transport.
     http: Arc<reqwest::Client>,
     retry: RetryPolicy,
+    /// Keyless connections: the one token provider both paths share (and its cache).
+    tokens: Option<Arc<TokenProvider>>,
 }
 
 impl StorageAccount {
@@ -38,11 +44,19 @@ impl StorageAccount {
     }
 
     /// An account over parsed settings, with a new pooled HTTP client and the default retry policy.
-    pub(crate) fn new(settings: ConnectionSettings) -> Self {
+    pub fn new(settings: ConnectionSettings) -> Self {
+        let http = Arc::new(shared_http_client());
+        let tokens = match &settings.credential {
+            Credential::Token { connection, source } => {
+                Some(Arc::new(TokenProvider::new(connection, source, &http)))
+            }
+            _ => None,
+        };
         StorageAccount {
             settings,
-            http: Arc::new(shared_http_client()),
+            http,
             retry: RetryPolicy::default(),
+            tokens,
         }
     }
 
@@ -70,13 +84,25 @@ impl StorageAccount {
         &self.settings.queue_endpoint
     }
 
-    /// `"key"` or `"sas"`: how requests are authorized (for diagnostics; never the secret).
+    /// `"key"`, `"sas"` or `"token"`: how requests are authorized (for diagnostics; never the secret).
     pub fn auth_kind(&self) -> &'static str {
         self.settings.credential.kind()
     }
 
     pub(crate) fn settings(&self) -> &ConnectionSettings {
         &self.settings
+    }
+
+    /// The same account with `provider` as its token provider (tests: a fake token source).
+    #[cfg(test)]
+    pub(crate) fn with_token_provider(mut self, provider: Arc<TokenProvider>) -> Self {
+        self.tokens = Some(provider);
+        self
+    }
+
+    /// The token provider of a keyless connection.
+    pub(crate) fn tokens(&self) -> Option<&Arc<TokenProvider>> {
+        self.tokens.as_ref()
     }
 
     /// The account's pooled HTTP client.
@@ -118,8 +144,16 @@ impl fmt::Display for StorageAccount {
 }
 
 /// One pooled reqwest client for a whole account (the SDK's default disables pooling).
+///
+/// TLS trust: the web PKI roots, the OS store, and every certificate in `SSL_CERT_FILE` (PEM) as
+/// an extra root — how a private endpoint's CA or an HTTPS Azurite's self-signed certificate is
+/// trusted. Certificate checks are never skipped.
 fn shared_http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder();
+    for certificate in extra_roots() {
+        builder = builder.add_root_certificate(certificate);
+    }
+    builder
         .pool_idle_timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(256)
         .connect_timeout(Duration::from_secs(10))
@@ -127,6 +161,25 @@ fn shared_http_client() -> reqwest::Client {
         .tcp_nodelay(true)
         .build()
         .expect("the reqwest client configuration is static and valid")
+}
+
+/// The certificates in `SSL_CERT_FILE`, if set and readable (a bad file is logged and skipped:
+/// the connection then fails with the TLS error that names the untrusted certificate).
+fn extra_roots() -> Vec<reqwest::Certificate> {
+    let Some(path) = std::env::var_os("SSL_CERT_FILE").filter(|p| !p.is_empty()) else {
+        return Vec::new();
+    };
+    match std::fs::read(&path).map(|pem| reqwest::Certificate::from_pem_bundle(&pem)) {
+        Ok(Ok(certificates)) => certificates,
+        Ok(Err(e)) => {
+            tracing::warn!(path = ?path, "SSL_CERT_FILE holds no usable PEM certificates: {e}");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(path = ?path, "cannot read SSL_CERT_FILE: {e}");
+            Vec::new()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,11 @@
 //! the function app and the local host talk to [`QueueStore`].
 //!
 //! The Azure side, each module depending only on those before it:
-//! - `settings`: connection strings parsed into plain data (no HTTP, no SDK);
-//! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client and
-//!   the [`retry`] policy;
+//! - `settings`: connection strings parsed into plain data (no HTTP, no SDK); `app_settings`:
+//!   one connection read from app settings, a connection string or identity-based (keyless);
+//! - `token`: Entra ID tokens for keyless connections, cached and single-flight;
+//! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client,
+//!   the [`retry`] policy and (keyless) its token provider;
 //! - `auth`: the one place a credential becomes SDK credentials or signed-path authorization;
 //! - `azure`: what both adapters share (SDK options and pipeline, counted retried attempts, errors);
 //! - `signed`: the lean signed path for table data requests;
@@ -17,6 +19,7 @@
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
 
+mod app_settings;
 mod auth;
 mod azure;
 pub mod azure_queue;
@@ -32,6 +35,7 @@ pub mod memory_queue;
 pub mod retry;
 mod settings;
 mod signed;
+mod token;
 
 use std::fmt;
 use std::future::Future;

@@ -20,6 +20,8 @@ use std::fmt;
 use azure_core::Url;
 use base64::Engine;
 
+use super::app_settings::TokenSource;
+
 /// Azurite's well-known account.
 pub const DEVELOPMENT_ACCOUNT: &str = "devstoreaccount1";
 /// Azurite's well-known (public) account key.
@@ -48,6 +50,13 @@ pub(crate) enum Credential {
     Key(String),
     /// A SAS token (query string without the leading `?`).
     Sas(String),
+    /// Entra ID bearer tokens for `https://storage.azure.com/` (an identity-based connection,
+    /// read from app settings by [`super::app_settings`]).
+    Token {
+        /// The app setting name (errors name the connection).
+        connection: String,
+        source: TokenSource,
+    },
 }
 
 impl Credential {
@@ -56,19 +65,24 @@ impl Credential {
         match self {
             Credential::Key(_) => "key",
             Credential::Sas(_) => "sas",
+            Credential::Token { .. } => "token",
         }
     }
 }
 
 impl fmt::Debug for Credential {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (redacted)", self.kind())
+        match self {
+            Credential::Token { source, .. } => write!(f, "token {source:?}"),
+            _ => write!(f, "{} (redacted)", self.kind()),
+        }
     }
 }
 
-/// What a connection string says: the account, its service endpoints and its credential.
+/// What a connection says (a connection string, or the identity-based app settings): the
+/// account, its service endpoints and its credential.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ConnectionSettings {
+pub struct ConnectionSettings {
     pub(crate) account_name: String,
     /// The table service base URL, without a trailing slash (path-style for Azurite).
     pub(crate) table_endpoint: String,
@@ -81,7 +95,7 @@ pub(crate) struct ConnectionSettings {
 
 impl ConnectionSettings {
     /// Parses a connection string (see the module docs for the accepted forms).
-    pub(crate) fn parse(connection_string: &str) -> Result<Self, ConnectionStringError> {
+    pub fn parse(connection_string: &str) -> Result<Self, ConnectionStringError> {
         let pairs = split_pairs(connection_string)?;
         let get = |name: &str| {
             pairs
@@ -223,7 +237,7 @@ fn is_query_string(sas: &str) -> bool {
         .is_ok()
 }
 
-fn normalize_endpoint(key: &str, value: &str) -> Result<String, ConnectionStringError> {
+pub(super) fn normalize_endpoint(key: &str, value: &str) -> Result<String, ConnectionStringError> {
     let url = Url::parse(value).map_err(|e| err(format!("{key} is not a URL ({e})")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(err(format!("{key} must be an http(s) URL with a host")));
@@ -238,7 +252,7 @@ fn normalize_endpoint(key: &str, value: &str) -> Result<String, ConnectionString
 
 /// The account name from an endpoint: the first path segment for path-style (IP/localhost)
 /// URLs, else the first DNS label.
-fn account_from_endpoint(endpoint: &str) -> Option<String> {
+pub(super) fn account_from_endpoint(endpoint: &str) -> Option<String> {
     let url = Url::parse(endpoint).ok()?;
     let host = url.host_str()?;
     let path_style =

@@ -9,7 +9,8 @@
 //!
 //! Invariants:
 //! - The client is built from a [`StorageAccount`] and shares its pooled HTTP client; it is
-//!   authorized through [`super::auth`], like the SDK path, and sends the SDK's service version.
+//!   authorized through [`super::auth`], like the SDK path (SharedKey, SAS or a bearer token), and
+//!   sends the SDK's service version (2022-11-02, which accepts OAuth bearer tokens).
 //! - One call is one attempt: retrying and counting are the adapter's.
 //! - Every failure is a [`StorageError`] classified by status, with SAS signatures redacted from
 //!   its text; a 2xx is returned with its body read whole.
@@ -23,6 +24,7 @@ use reqwest::{Method, StatusCode};
 use super::auth::{Authorization, TableRequestToSign};
 use super::azure::{error_chain, redact};
 use super::connection::StorageAccount;
+use super::token::TokenError;
 use super::{StorageError, StorageErrorKind, StorageResult};
 
 /// The service version the SDK sends; requests of both paths agree.
@@ -69,7 +71,7 @@ impl SignedTableClient {
             http: reqwest::Client::clone(account.http()),
             base,
             base_path,
-            authorization: Authorization::new(account.settings()),
+            authorization: Authorization::new(account),
         }
     }
 
@@ -90,19 +92,31 @@ impl SignedTableClient {
             url.push('?');
             url.push_str(request.query);
         }
-        let authorization = self.authorization.authorize(
-            &TableRequestToSign {
-                method: &request.method,
-                content_type: request.content_type,
-                date: &date,
-                base_path: &self.base_path,
-                path: request.path,
-            },
-            &mut url,
-            !request.query.is_empty(),
-        );
+        let authorization = self
+            .authorization
+            .authorize(
+                &TableRequestToSign {
+                    method: &request.method,
+                    content_type: request.content_type,
+                    date: &date,
+                    base_path: &self.base_path,
+                    path: request.path,
+                },
+                &mut url,
+                !request.query.is_empty(),
+            )
+            .await
+            .map_err(|e| token_error(&operation, e))?;
         let mut builder = self.http.request(request.method.clone(), &url);
         if let Some(value) = authorization {
+            // Marked sensitive: never shown by reqwest/hyper debug output.
+            let mut value = HeaderValue::try_from(value).map_err(|_| {
+                StorageError::invalid_input(format!(
+                    "{} failed: the authorization is not a valid header value",
+                    operation()
+                ))
+            })?;
+            value.set_sensitive(true);
             builder = builder.header("authorization", value);
         }
         builder = builder
@@ -133,6 +147,17 @@ impl SignedTableClient {
         }
         Err(error_response(status, &headers, &body, &operation()))
     }
+}
+
+/// No token for the request: transient if the identity endpoint may yet answer, else rejected
+/// (no retry of the storage request can fix a credential that does not work).
+fn token_error(operation: &impl Fn() -> String, error: TokenError) -> StorageError {
+    let kind = if error.transient {
+        StorageErrorKind::Transient
+    } else {
+        StorageErrorKind::Rejected
+    };
+    StorageError::new(kind, format!("{} failed: {error}", operation()))
 }
 
 /// A request that never got a whole answer: refused, reset, timed out — worth a retry — or one

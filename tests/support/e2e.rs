@@ -43,6 +43,24 @@ fn tune_host_json(dir: &std::path::Path, function_timeout: &str) {
 impl TestApp {
     /// Stages the app, starts `instances` host instances with `settings` added.
     pub async fn start(instances: usize, settings: &[(&str, &str)]) -> TestApp {
+        let connection = super::azurite().connection_string();
+        Self::start_on(
+            instances,
+            &[("AzureWebJobsStorage", connection.as_str())],
+            table_store().0,
+            settings,
+        )
+        .await
+    }
+
+    /// [`TestApp::start`] with the app's own storage given as `storage` settings (a connection
+    /// string, or identity-based `AzureWebJobsStorage__*`), and `store` to seed and read tables.
+    pub async fn start_on(
+        instances: usize,
+        storage: &[(&str, &str)],
+        store: AzureTableStore,
+        settings: &[(&str, &str)],
+    ) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
         tablescan::app::stage::stage(
             dir.path(),
@@ -71,28 +89,26 @@ impl TestApp {
         config.instances = instances;
         config.inherit_env = true;
         config.capture_logs = true;
-        let connection = super::azurite().connection_string();
-        let mut all = vec![
-            ("AzureWebJobsStorage", connection.as_str()),
+        let mut all = storage.to_vec();
+        all.extend([
             ("TABLESCAN_PREFIXSCAN_QUEUE", names.prefix_queue.as_str()),
             ("TABLESCAN_TABLECOPY_QUEUE", names.copy_queue.as_str()),
             ("TABLESCAN_SCANS_TABLE", names.scans_table.as_str()),
             ("TABLESCAN_WORK_TABLE", names.work_table.as_str()),
             ("TABLESCAN_COUNTER_SHARDS", "4"),
             ("RUST_LOG", "warn"),
-        ];
+        ]);
         all.extend_from_slice(settings);
         for (k, v) in all {
             config.settings.insert(k.to_string(), v.to_string());
         }
-        let host = Host::start(config, |cs| {
-            tablescan::storage::connection::StorageAccount::parse(cs)
-                .map(|a| {
-                    a.queue_store(std::sync::Arc::new(
+        let host = Host::start(config, |connection| {
+            Ok(
+                tablescan::storage::connection::StorageAccount::new(connection.clone())
+                    .queue_store(std::sync::Arc::new(
                         tablescan::storage::counters::RequestCounters::new(),
-                    ))
-                })
-                .map_err(|e| e.to_string())
+                    )),
+            )
         })
         .await
         .expect("host starts");
@@ -104,7 +120,7 @@ impl TestApp {
             host: Some(host),
             base,
             client: reqwest::Client::new(),
-            store: table_store().0,
+            store,
             names,
             dir,
         }
