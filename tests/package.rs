@@ -198,7 +198,15 @@ async fn the_unzipped_package_runs_under_the_host() {
     }
     assert!(!app_dir.path().join("local.settings.json").exists());
 
-    let app = TestApp::start_in(app_dir, 1, &[]).await;
+    let connection = support::azurite().connection_string();
+    let app = TestApp::start_in(
+        app_dir,
+        1,
+        &[("AzureWebJobsStorage", connection.as_str())],
+        support::table_store().0,
+        &[],
+    )
+    .await;
     let (status, body) = app.get("/api/scans").await;
     assert_eq!(status, 200, "{body}");
     assert!(body["scans"].is_array(), "{body}");

@@ -68,14 +68,17 @@ impl TestApp {
         )
         .expect("stage");
         tune_host_json(dir.path(), "00:01:00");
-        TestApp::start_in(dir, instances, settings).await
+        TestApp::start_in(dir, instances, storage, store, settings).await
     }
 
     /// Starts `instances` host instances on an app already in `dir` (staged, or a package
-    /// unzipped), with `settings` added. `dir` is used as it is.
+    /// unzipped), on the app storage `storage` (see [`TestApp::start_on`]) with `settings` added.
+    /// `dir` is used as it is.
     pub async fn start_in(
         dir: tempfile::TempDir,
         instances: usize,
+        storage: &[(&str, &str)],
+        store: AzureTableStore,
         settings: &[(&str, &str)],
     ) -> TestApp {
         let names = Names {
