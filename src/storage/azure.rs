@@ -187,6 +187,15 @@ pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> Storag
             StorageErrorKind::Transient,
             redact(&format!("{operation} failed: {}", error_chain(&error))),
         ),
+        // The SDK's bearer policy wraps every token failure as a credential error; the provider's
+        // transient ones (I/O inside) stay transient, so a later attempt may succeed.
+        ErrorKind::Credential if wraps_io(&error) => StorageError::new(
+            StorageErrorKind::Transient,
+            redact(&format!(
+                "{operation}: credential error: {}",
+                error_chain(&error)
+            )),
+        ),
         ErrorKind::Credential => StorageError::new(
             StorageErrorKind::Rejected,
             redact(&format!(
@@ -198,6 +207,21 @@ pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> Storag
             StorageError::invalid_response(redact(&format!("{operation}: {}", error_chain(&error))))
         }
     }
+}
+
+/// Whether an SDK error wraps an I/O error (a transient token failure: see
+/// `token::TokenProvider`'s `TokenCredential`).
+fn wraps_io(error: &azure_core::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(inner) = cause.downcast_ref::<azure_core::Error>() {
+            if matches!(inner.kind(), ErrorKind::Io) {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// `error: source: source ...`, for I/O errors whose cause is in the chain.
@@ -257,6 +281,25 @@ pub(crate) fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As the SDK's bearer policy wraps what `TokenProvider::get_token` returns.
+    #[test]
+    fn token_failures_wrapped_by_the_sdk_keep_their_verdict() {
+        use azure_core::error::ResultExt;
+        let wrapped = |kind: ErrorKind| {
+            Err::<(), _>(azure_core::Error::message(
+                kind,
+                "no storage token for connection Src",
+            ))
+            .context(ErrorKind::Credential, "failed to get bearer token")
+            .unwrap_err()
+        };
+        let transient = map_sdk_error("create queue q", wrapped(ErrorKind::Io));
+        assert_eq!(transient.kind, StorageErrorKind::Transient, "{transient}");
+        assert!(transient.message.contains("connection Src"), "{transient}");
+        let permanent = map_sdk_error("create queue q", wrapped(ErrorKind::Credential));
+        assert_eq!(permanent.kind, StorageErrorKind::Rejected, "{permanent}");
+    }
 
     #[test]
     fn redact_removes_sas_signatures() {
