@@ -10,7 +10,7 @@ mod support;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, State};
@@ -89,13 +89,20 @@ struct Identity {
     status: Arc<AtomicU16>,
     /// Issue tokens for another audience (which Azurite must refuse).
     wrong_audience: Arc<std::sync::atomic::AtomicBool>,
+    /// Token lifetime in seconds, answered as `expires_in` (0: an hour, answered as
+    /// `expires_on`, as the App Service endpoint does).
+    lifetime: Arc<AtomicI64>,
+    /// Answer 503 to this many requests (counting down) before issuing tokens again.
+    unavailable_for: Arc<AtomicUsize>,
+    /// Every request, answered or not.
+    requests: Arc<AtomicUsize>,
 }
 
 /// A token Azurite's `--oauth basic` accepts: a JWT for the storage audience from an Entra
 /// issuer, within its lifetime (the signature is not checked).
-fn storage_jwt(audience: &str) -> (String, i64) {
+fn storage_jwt(audience: &str, lifetime: i64) -> (String, i64) {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let exp = now + 3600;
+    let exp = now + lifetime;
     let b64 = |v: serde_json::Value| {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
     };
@@ -118,6 +125,17 @@ async fn token_endpoint(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> (StatusCode, String) {
+    identity.requests.fetch_add(1, Ordering::SeqCst);
+    if identity
+        .unavailable_for
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":"temporarily_unavailable"}"#.into(),
+        );
+    }
     let status = identity.status.load(Ordering::SeqCst);
     if status != 0 {
         return (
@@ -140,7 +158,17 @@ async fn token_endpoint(
     } else {
         "https://storage.azure.com"
     };
-    let (token, exp) = storage_jwt(audience);
+    let lifetime = identity.lifetime.load(Ordering::SeqCst);
+    if lifetime > 0 {
+        let (token, _) = storage_jwt(audience, lifetime);
+        return (
+            StatusCode::OK,
+            json!({"access_token": token, "expires_in": lifetime.to_string(),
+                   "resource": "https://storage.azure.com/", "token_type": "Bearer"})
+            .to_string(),
+        );
+    }
+    let (token, exp) = storage_jwt(audience, 3600);
     (
         StatusCode::OK,
         json!({"access_token": token, "expires_on": exp.to_string(),
@@ -357,4 +385,158 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
         "{logs}"
     );
     app.shutdown().await;
+}
+
+/// Tokens that live 2 seconds (`expires_in`): every process's provider refreshes at half the
+/// lifetime, so a copy scan through the local host runs across many token expiries — and the
+/// tokens Azurite checks carry that short `exp`. The copy is still exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_scan_outlives_many_short_lived_tokens() {
+    use support::e2e::{rows, seed, TestApp};
+    const LIFETIME: i64 = 2;
+    let identity = Identity::default();
+    identity.lifetime.store(LIFETIME, Ordering::SeqCst);
+    let url = identity_endpoint(identity.clone()).await;
+    let azurite = azurite();
+    let table_uri = azurite.table_endpoint();
+    let queue_uri = azurite.queue_endpoint();
+    let storage = [
+        ("AzureWebJobsStorage", ""),
+        ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
+        ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
+        ("AzureWebJobsStorage__credential", "managedidentity"),
+        ("IDENTITY_ENDPOINT", url.as_str()),
+        ("IDENTITY_HEADER", IDENTITY_HEADER),
+    ];
+    let store = StorageAccount::new(keyless_settings("Seed", &url))
+        .table_store(Arc::new(RequestCounters::new()));
+    let app = TestApp::start_on(1, &storage, store, &[]).await;
+    let source = support::unique_name("ShortTokenSource");
+    let destination = support::unique_name("ShortTokenDestination");
+    let mut entities: Vec<_> = (0..600)
+        .map(|i| entity(&format!("p{}", i % 11), &format!("r{i:03}"), i))
+        .collect();
+    seed(&app.store, &source, entities.clone()).await;
+
+    let before = identity.issued.load(Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let (status, reply, _) = app
+        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 5}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let end = app
+        .wait_for_end(&id, std::time::Duration::from_secs(180))
+        .await;
+    let elapsed = started.elapsed();
+    let during = identity.issued.load(Ordering::SeqCst) - before;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(end["rowsWritten"], 600, "{end}");
+    // Exactly the source's rows, every property, in key order.
+    entities.sort_by(|a, b| {
+        tablescan::storage::compare_keys(&a.partition_key, &b.partition_key)
+            .then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
+    });
+    let copied = rows(&app.store, &destination).await;
+    assert_eq!(copied.len(), entities.len());
+    for (got, want) in copied.iter().zip(&entities) {
+        assert_eq!(
+            (&got.partition_key, &got.row_key, &got.properties),
+            (&want.partition_key, &want.row_key, &want.properties)
+        );
+    }
+    // The scan outlived several token lifetimes, and tokens were fetched again during it.
+    eprintln!("scan took {elapsed:?}; {during} tokens issued during it");
+    assert!(
+        elapsed > std::time::Duration::from_secs(LIFETIME as u64),
+        "the scan ended within one token lifetime ({elapsed:?}): not a test of expiry"
+    );
+    assert!(during >= 3, "{during} tokens issued during {elapsed:?}");
+    app.shutdown().await;
+}
+
+/// The identity endpoint is down (503) for its first requests, then recovers: the provider's
+/// retries carry the store's first request through, end to end.
+#[tokio::test]
+async fn an_identity_endpoint_down_for_a_while_is_waited_for() {
+    let identity = Identity::default();
+    identity.unavailable_for.store(3, Ordering::SeqCst);
+    let url = identity_endpoint(identity.clone()).await;
+    let account = StorageAccount::new(keyless_settings("Src", &url));
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let table = format!("recovers{}", std::process::id());
+    assert!(tables.create_table(&table).await.unwrap());
+    tables
+        .submit_batch(&table, "p", &[BatchOperation::Upsert(entity("p", "r", 1))])
+        .await
+        .unwrap();
+    let page = tables
+        .query_page(&table, &TableQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(page.entities.len(), 1);
+    assert_eq!(
+        identity.requests.load(Ordering::SeqCst),
+        4,
+        "3 refused, 1 issued"
+    );
+    assert_eq!(identity.issued.load(Ordering::SeqCst), 1);
+    assert!(tables.delete_table(&table).await.unwrap());
+}
+
+/// An identity endpoint that stays down (503), or refuses connections: the store's request fails
+/// as transient (a later delivery may succeed) with an error naming the connection, and the
+/// storage request is never sent.
+#[tokio::test]
+async fn an_identity_endpoint_that_stays_down_fails_naming_the_connection() {
+    let identity = Identity::default();
+    identity.unavailable_for.store(usize::MAX, Ordering::SeqCst);
+    let url = identity_endpoint(identity.clone()).await;
+    // No storage retries on top of the provider's own, to keep the test short.
+    let down = StorageAccount::new(keyless_settings("Dst", &url))
+        .with_retry_policy(tablescan::storage::retry::RetryPolicy::none());
+    // Nothing listens on port 9 (discard): connections are refused.
+    let refused = StorageAccount::new(keyless_settings("Src", "http://127.0.0.1:9/msi/token"))
+        .with_retry_policy(tablescan::storage::retry::RetryPolicy::none());
+    for (account, connection, cause) in [
+        (&down, "Dst", "answered 503"),
+        (&refused, "Src", "127.0.0.1:9"),
+    ] {
+        let tables = account.table_store(Arc::new(RequestCounters::new()));
+        let started = std::time::Instant::now();
+        let error = tables
+            .query_page("Anything", &TableQuery::default())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, StorageErrorKind::Transient, "{error}");
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!(
+                "no storage token for connection {connection} (managedidentity)"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(cause), "{text}");
+        assert!(!text.contains(IDENTITY_HEADER), "{text}");
+        // The SDK path (queues) says the same.
+        let queues = account.queue_store(Arc::new(RequestCounters::new()));
+        let error = queues.create_queue("anything").await.unwrap_err();
+        assert_eq!(error.kind, StorageErrorKind::Transient, "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("connection {connection}")),
+            "{error}"
+        );
+        eprintln!(
+            "{connection}: gave up after {:?}: {text}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(identity.issued.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        identity.requests.load(Ordering::SeqCst),
+        12,
+        "6 attempts for each of Dst's two requests"
+    );
 }

@@ -9,12 +9,16 @@
 //! - A keyless connection's bearer tokens come from the account's one [`TokenProvider`] on both
 //!   paths (the SDK asks it as its `TokenCredential`), so they share one cache and one refresh.
 //! - A kind of credential is one variant of [`Credential`] and one arm in each of
-//!   [`sdk_credentials`], [`Authorization::new`] and [`Authorization::authorize`]; nothing else
-//!   in `storage` matches on credentials (but `connection`, which builds the token provider).
+//!   [`sdk_credentials`], [`Authorization::new`], [`Authorization::authorize`] and
+//!   [`token_connection`]; nothing else in `storage` matches on credentials (but `connection`,
+//!   which builds the token provider).
+//! - A keyless connection's RBAC 403 names the connection and the data role it lacks
+//!   ([`with_role_hint`]).
 
 use std::sync::Arc;
 
 use azure_core::auth::{Secret, TokenCredential};
+use azure_storage::clients::ServiceType;
 use azure_storage::StorageCredentials;
 use hmac::{Hmac, Mac};
 use reqwest::Method;
@@ -23,6 +27,7 @@ use sha2::Sha256;
 use super::connection::StorageAccount;
 use super::settings::Credential;
 use super::token::{TokenError, TokenProvider};
+use super::StorageError;
 
 /// The SDK's credentials for an account.
 pub(crate) fn sdk_credentials(account: &StorageAccount) -> StorageCredentials {
@@ -40,6 +45,49 @@ pub(crate) fn sdk_credentials(account: &StorageAccount) -> StorageCredentials {
             StorageCredentials::token_credential(provider)
         }
     }
+}
+
+/// The connection name of a keyless account (whose 403s may be missing role assignments).
+pub(crate) fn token_connection(account: &StorageAccount) -> Option<String> {
+    match &account.settings().credential {
+        Credential::Token { connection, .. } => Some(connection.clone()),
+        Credential::Key(_) | Credential::Sas(_) => None,
+    }
+}
+
+/// A keyless connection's 403 that says the identity lacks a data role
+/// (`AuthorizationPermissionMismatch`, or `AuthorizationFailure`, which network rules also give)
+/// gains the connection and the role it needs on the account; other errors pass unchanged.
+/// Both request paths' errors come here (through `azure::Service::attempts`). Azurite cannot
+/// produce these (its OAuth mode checks no role), so only the unit test below covers it.
+pub(crate) fn with_role_hint(
+    mut error: StorageError,
+    connection: &str,
+    service: ServiceType,
+) -> StorageError {
+    let code = error.code.as_deref().unwrap_or("");
+    if error.status != Some(403)
+        || !matches!(
+            code,
+            "AuthorizationPermissionMismatch" | "AuthorizationFailure"
+        )
+    {
+        return error;
+    }
+    let role = match service {
+        ServiceType::Queue => "Storage Queue Data Contributor",
+        _ => "Storage Table Data Contributor",
+    };
+    error.message.push_str(&format!(
+        " (connection {connection} uses an Entra ID token: its identity needs the {role} role on the storage account"
+    ));
+    if code == "AuthorizationFailure" {
+        error
+            .message
+            .push_str(", and the account's network rules must let this app in");
+    }
+    error.message.push(')');
+    error
 }
 
 /// How a signed-path request is authorized, ready to apply to each request. Never printed.
@@ -162,6 +210,62 @@ fn table_shared_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RBAC 403s are what a real account answers to a token whose identity lacks the data role;
+    /// Azurite's OAuth mode checks no roles, so the mapping is tested here only.
+    #[test]
+    fn rbac_403s_name_the_connection_and_the_role_it_needs() {
+        use crate::storage::StorageErrorKind;
+        let forbidden = |code: &str| {
+            StorageError::from_status(
+                403,
+                Some(code.into()),
+                "query on table T failed: This request is not authorized to perform this operation using this permission.",
+            )
+        };
+        let table = with_role_hint(
+            forbidden("AuthorizationPermissionMismatch"),
+            "Src",
+            ServiceType::Table,
+        );
+        assert_eq!(table.kind, StorageErrorKind::Rejected);
+        assert_eq!(
+            table.to_string(),
+            "query on table T failed: This request is not authorized to perform this operation \
+             using this permission. (connection Src uses an Entra ID token: its identity needs the \
+             Storage Table Data Contributor role on the storage account) \
+             (HTTP 403, AuthorizationPermissionMismatch)"
+        );
+        let queue = with_role_hint(
+            forbidden("AuthorizationPermissionMismatch"),
+            "AzureWebJobsStorage",
+            ServiceType::Queue,
+        );
+        assert!(
+            queue.message.contains(
+                "connection AzureWebJobsStorage uses an Entra ID token: its identity needs the Storage Queue Data Contributor role"
+            ),
+            "{queue}"
+        );
+        let failure = with_role_hint(forbidden("AuthorizationFailure"), "Dst", ServiceType::Table);
+        assert!(
+            failure.message.contains("connection Dst")
+                && failure.message.contains("Storage Table Data Contributor")
+                && failure.message.contains("network rules"),
+            "{failure}"
+        );
+        // Anything else passes unchanged: another 403 code, another status.
+        for error in [
+            forbidden("AuthenticationFailed"),
+            StorageError::from_status(404, Some("TableNotFound".into()), "query failed"),
+        ] {
+            let before = error.to_string();
+            assert_eq!(
+                with_role_hint(error, "Src", ServiceType::Table).to_string(),
+                before
+            );
+        }
+    }
 
     /// The signature the SDK's policy computes for the same request (Azurite's well-known key),
     /// pinned so both paths keep signing identically.

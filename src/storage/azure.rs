@@ -23,7 +23,7 @@ use azure_core::{
 use azure_storage::clients::ServiceType;
 use bytes::Bytes;
 
-use super::auth::sdk_credentials;
+use super::auth::{sdk_credentials, token_connection, with_role_hint};
 use super::connection::StorageAccount;
 use super::counters::{RequestCounters, RequestKind};
 use super::retry::{retry, RetryPolicy};
@@ -48,6 +48,8 @@ pub(crate) struct Service {
     pub(crate) base: String,
     counters: Arc<RequestCounters>,
     retry: RetryPolicy,
+    /// A keyless account's connection name: its RBAC 403s name the role it needs.
+    token_connection: Option<String>,
 }
 
 impl Service {
@@ -66,6 +68,7 @@ impl Service {
             base: base.to_string(),
             counters,
             retry: account.retry_policy(),
+            token_connection: token_connection(account),
         }
     }
 
@@ -80,6 +83,10 @@ impl Service {
             op()
         })
         .await
+        .map_err(|error| match &self.token_connection {
+            Some(connection) => with_role_hint(error, connection, self.service_type),
+            None => error,
+        })
     }
 
     /// Sends one request we built ourselves through the signing pipeline and collects the body.
@@ -187,6 +194,15 @@ pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> Storag
             StorageErrorKind::Transient,
             redact(&format!("{operation} failed: {}", error_chain(&error))),
         ),
+        // The SDK's bearer policy wraps every token failure as a credential error; the provider's
+        // transient ones (I/O inside) stay transient, so a later attempt may succeed.
+        ErrorKind::Credential if wraps_io(&error) => StorageError::new(
+            StorageErrorKind::Transient,
+            redact(&format!(
+                "{operation}: credential error: {}",
+                error_chain(&error)
+            )),
+        ),
         ErrorKind::Credential => StorageError::new(
             StorageErrorKind::Rejected,
             redact(&format!(
@@ -198,6 +214,21 @@ pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> Storag
             StorageError::invalid_response(redact(&format!("{operation}: {}", error_chain(&error))))
         }
     }
+}
+
+/// Whether an SDK error wraps an I/O error (a transient token failure: see
+/// `token::TokenProvider`'s `TokenCredential`).
+fn wraps_io(error: &azure_core::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(inner) = cause.downcast_ref::<azure_core::Error>() {
+            if matches!(inner.kind(), ErrorKind::Io) {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// `error: source: source ...`, for I/O errors whose cause is in the chain.
@@ -257,6 +288,83 @@ pub(crate) fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both paths' errors pass through `attempts`: a keyless account's RBAC 403 gains its
+    /// connection and role there (the mapping itself: `auth`'s test), a keyed account's does not.
+    #[tokio::test]
+    async fn attempts_add_the_role_hint_for_keyless_accounts_only() {
+        use crate::storage::app_settings::{
+            ManagedIdentityEndpoint, ManagedIdentityId, TokenSource,
+        };
+        use crate::storage::settings::{ConnectionSettings, Credential};
+        let mut settings = ConnectionSettings::development();
+        settings.credential = Credential::Token {
+            connection: "Dst".into(),
+            source: TokenSource::ManagedIdentity {
+                endpoint: ManagedIdentityEndpoint::Imds,
+                id: ManagedIdentityId::System,
+            },
+        };
+        let (provider, _) = crate::storage::token::tests::fake_provider("tok", 3600);
+        let keyless = StorageAccount::new(settings).with_token_provider(provider);
+        let keyed = StorageAccount::new(ConnectionSettings::development());
+        for (account, service_type, hint) in [
+            (
+                &keyless,
+                ServiceType::Queue,
+                Some("Storage Queue Data Contributor"),
+            ),
+            (
+                &keyless,
+                ServiceType::Table,
+                Some("Storage Table Data Contributor"),
+            ),
+            (&keyed, ServiceType::Table, None),
+        ] {
+            let service = Service::new(
+                account,
+                service_type,
+                "https://a.example",
+                Arc::new(RequestCounters::new()),
+            );
+            let error = service
+                .attempts(RequestKind::Query, || async {
+                    Err::<(), _>(StorageError::from_status(
+                        403,
+                        Some("AuthorizationPermissionMismatch".into()),
+                        "op failed",
+                    ))
+                })
+                .await
+                .unwrap_err();
+            match hint {
+                Some(role) => assert!(
+                    error.message.contains("connection Dst") && error.message.contains(role),
+                    "{error}"
+                ),
+                None => assert!(!error.message.contains("connection"), "{error}"),
+            }
+        }
+    }
+
+    /// As the SDK's bearer policy wraps what `TokenProvider::get_token` returns.
+    #[test]
+    fn token_failures_wrapped_by_the_sdk_keep_their_verdict() {
+        use azure_core::error::ResultExt;
+        let wrapped = |kind: ErrorKind| {
+            Err::<(), _>(azure_core::Error::message(
+                kind,
+                "no storage token for connection Src",
+            ))
+            .context(ErrorKind::Credential, "failed to get bearer token")
+            .unwrap_err()
+        };
+        let transient = map_sdk_error("create queue q", wrapped(ErrorKind::Io));
+        assert_eq!(transient.kind, StorageErrorKind::Transient, "{transient}");
+        assert!(transient.message.contains("connection Src"), "{transient}");
+        let permanent = map_sdk_error("create queue q", wrapped(ErrorKind::Credential));
+        assert_eq!(permanent.kind, StorageErrorKind::Rejected, "{permanent}");
+    }
 
     #[test]
     fn redact_removes_sas_signatures() {
