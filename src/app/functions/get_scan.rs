@@ -23,8 +23,8 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     ))
 }
 
-/// Reads a scan's status; a running scan whose work has all finished is marked completed here
-/// too (in case the worker that finished last died before noticing).
+/// Reads a scan's status; a running scan whose work has all finished is ended here too (in case
+/// the worker that finished last died before noticing).
 pub async fn scan_status<S: TableStore>(
     tracker: &Tracker<'_, S>,
     id: &str,
@@ -39,8 +39,7 @@ pub async fn scan_status<S: TableStore>(
     let counters = tracker.totals(id, record.shards).await?;
     if record.state == ScanState::Running
         && counters.pending() == 0
-        && tracker.is_drained(id, record.shards).await?
-        && tracker.finish_scan(id, ScanState::Completed, None).await?
+        && tracker.finish_if_drained(id, record.shards).await?
     {
         record = tracker.get_scan(id).await?.unwrap_or(record);
     }

@@ -192,15 +192,40 @@ impl<T: TableStore> Tracker<'_, T> {
                 return Ok(false);
             }
         }
-        Ok(self.is_drained(scan_id, shards).await?
-            && self
-                .finish_scan(scan_id, ScanState::Completed, None)
-                .await?)
+        self.finish_if_drained(scan_id, shards).await
+    }
+
+    /// Ends a running scan whose work has all finished: `completed`, or `failed` if any work
+    /// item failed (a scan with a failed item is never `completed`, whichever of the failing
+    /// delivery and a drained check gets there first). Returns whether this call ended it.
+    pub async fn finish_if_drained(
+        &self,
+        scan_id: &str,
+        shards: u32,
+    ) -> Result<bool, StorageError> {
+        let Some(totals) = self.drained(scan_id, shards).await? else {
+            return Ok(false);
+        };
+        if totals.failed > 0 {
+            let reason = format!(
+                "{} work item(s) failed; see the failed work rows of scan {scan_id}",
+                totals.failed
+            );
+            return self
+                .finish_scan(scan_id, ScanState::Failed, Some(&reason))
+                .await;
+        }
+        self.finish_scan(scan_id, ScanState::Completed, None).await
     }
 
     /// Whether every registered work item has finished, judged on a consistent snapshot: two
     /// collections of the (monotonic) counters that agree exactly.
     pub async fn is_drained(&self, scan_id: &str, shards: u32) -> Result<bool, StorageError> {
+        Ok(self.drained(scan_id, shards).await?.is_some())
+    }
+
+    /// The scan's totals if every registered work item has finished (see [`Tracker::is_drained`]).
+    async fn drained(&self, scan_id: &str, shards: u32) -> Result<Option<Counters>, StorageError> {
         // Per shard, Created ≥ Completed always (a child is counted in its own shard before it
         // can finish there), so any busy shard settles the answer: read a few shards at a time,
         // from a random one, and stop at the first busy one. Most checks end after a few reads.
@@ -219,12 +244,12 @@ impl<T: TableStore> Tracker<'_, T> {
                 .await?;
             for (s, c) in read {
                 if c.pending() != 0 {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 first[s as usize] = c;
             }
         }
         let second = self.shard_counters(scan_id, shards).await?;
-        Ok(first == second)
+        Ok((first == second).then(|| second.iter().fold(Counters::default(), |a, c| a.plus(c))))
     }
 }

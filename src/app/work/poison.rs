@@ -22,6 +22,13 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
             Some(WorkState::Finished) | None => return Ok(false),
         };
+        // The scan fails first: once the item is completed the scan may look drained, and a
+        // drained check in between must find it failed, not running (it would complete it).
+        patiently(true, || {
+            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
+        })
+        .await?;
+        self.scan_states.put(&scan.scan_id, ScanState::Failed);
         patiently(true, || {
             tracker.complete(
                 &scan.scan_id,
@@ -33,11 +40,6 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             )
         })
         .await?;
-        patiently(true, || {
-            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
-        })
-        .await?;
-        self.scan_states.put(&scan.scan_id, ScanState::Failed);
         Ok(true)
     }
 
