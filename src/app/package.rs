@@ -26,7 +26,7 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipWriter};
 
 use super::catalog::FUNCTIONS;
-use super::stage::{stage_as, StageError, LAB_BUILD};
+use super::stage::{shipped_binary, stage_as, StageError};
 
 /// The OS of the plan the package is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -298,19 +298,7 @@ fn write_zip(path: &Path, entries: &[(String, PathBuf, u32)]) -> Result<(), Pack
 
 /// `tablescan package`: build the zip and say what is in it.
 pub fn run_package(args: PackageArgs) -> Result<Package, PackageError> {
-    let binary = match args.binary {
-        Some(path) => path,
-        None => {
-            if LAB_BUILD {
-                eprintln!(
-                    "note: packaging this tablescan, a development build (feature `lab`). For \
-                     Azure package a `cargo build --release --no-default-features` build (run \
-                     its `package`, or pass it as --binary)."
-                );
-            }
-            std::env::current_exe().map_err(StageError::CurrentExe)?
-        }
-    };
+    let binary = shipped_binary(args.binary, "packaging")?;
     let package = package(&args.out, &binary, args.target)?;
     println!(
         "packaged {} functions for {} in {} (handler {}, mode 0755)",

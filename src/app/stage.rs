@@ -308,21 +308,25 @@ fn set_executable(_path: &Path) -> Result<(), StageError> {
     Ok(())
 }
 
+/// The handler binary `stage` and `package` ship: `--binary`, else this executable — with a note
+/// when this is a development (`lab`) build, which is fine locally but not what Azure should run.
+pub(crate) fn shipped_binary(binary: Option<PathBuf>, verb: &str) -> Result<PathBuf, StageError> {
+    if let Some(path) = binary {
+        return Ok(path);
+    }
+    if LAB_BUILD {
+        eprintln!(
+            "note: {verb} this tablescan, a development build (feature `lab`). Fine to run \
+             locally; for Azure use a `cargo build --release --no-default-features` build (run \
+             it, or pass it as --binary)."
+        );
+    }
+    std::env::current_exe().map_err(StageError::CurrentExe)
+}
+
 /// `tablescan stage`: stage the app and say what was written.
 pub fn run_stage(args: StageArgs) -> Result<StagedApp, StageError> {
-    let binary = match args.binary {
-        Some(path) => path,
-        None => {
-            if LAB_BUILD {
-                eprintln!(
-                    "note: staging this tablescan, a development build (feature `lab`). Fine to \
-                     run locally; for Azure stage a `cargo build --release --no-default-features` \
-                     build (run its `stage`, or pass it as --binary)."
-                );
-            }
-            std::env::current_exe().map_err(StageError::CurrentExe)?
-        }
-    };
+    let binary = shipped_binary(args.binary, "staging")?;
     let staged = stage(&args.out, &binary)?;
     println!(
         "staged {} functions in {} (handler {})",
