@@ -284,19 +284,12 @@ impl Entity {
     /// UTF-16 length + its value's size by type (String 4 + 2 per UTF-16 unit, Binary 4 + bytes,
     /// Boolean 1, Int32 4, Int64/Double/DateTime 8, Guid 16).
     pub fn service_size(&self) -> usize {
-        let keys = self.partition_key.encode_utf16().count() + self.row_key.encode_utf16().count();
-        let properties: usize = self
-            .custom_properties()
-            .map(|(name, raw)| {
-                let edm = self.properties.edm_type(name).unwrap_or(EdmType::Other);
-                8 + 2 * name.encode_utf16().count() + edm.value_size(raw.get())
-            })
-            .sum();
-        4 + 2 * keys + properties
+        self.keys_size() + self.sized_properties().map(|p| p.counted).sum::<usize>()
     }
 
     /// Checks the service's limits on one entity before it is sent: at most 252 custom
-    /// properties, every String and Binary value at most 64 KiB, the whole at most 1 MiB.
+    /// properties, every String and Binary value at most 64 KiB, the whole at most 1 MiB. Each
+    /// property is typed and sized once (this runs on every row a copy writes).
     pub fn check_limits(&self) -> Result<(), StorageError> {
         let row = || format!("row ({:?}, {:?})", self.partition_key, self.row_key);
         let count = self.custom_properties().count();
@@ -306,26 +299,52 @@ impl Entity {
                 row()
             )));
         }
-        for (name, raw) in self.custom_properties() {
-            let size = match self.properties.edm_type(name) {
-                Some(edm @ (EdmType::String | EdmType::Binary)) => edm.value_size(raw.get()) - 4,
-                _ => continue,
-            };
-            if size > MAX_PROPERTY_BYTES {
+        let mut total = self.keys_size();
+        for SizedProperty {
+            name,
+            edm,
+            value,
+            counted,
+        } in self.sized_properties()
+        {
+            total += counted;
+            if !matches!(edm, EdmType::String | EdmType::Binary) {
+                continue;
+            }
+            let value = value - 4; // the length prefix is not part of the 64 KiB
+            if value > MAX_PROPERTY_BYTES {
                 return Err(StorageError::invalid_input(format!(
-                    "property {name} of {} is {size} bytes, over the 64 KiB the service allows",
+                    "property {name} of {} is {value} bytes, over the 64 KiB the service allows",
                     row()
                 )));
             }
         }
-        let size = self.service_size();
-        if size > MAX_ENTITY_BYTES {
+        if total > MAX_ENTITY_BYTES {
             return Err(StorageError::invalid_input(format!(
-                "{} is {size} bytes as the service counts it, over the 1 MiB entity limit",
+                "{} is {total} bytes as the service counts it, over the 1 MiB entity limit",
                 row()
             )));
         }
         Ok(())
+    }
+
+    /// 4 bytes of entity overhead plus both keys as UTF-16.
+    fn keys_size(&self) -> usize {
+        4 + 2 * (self.partition_key.encode_utf16().count() + self.row_key.encode_utf16().count())
+    }
+
+    /// Each custom property, typed and sized once.
+    fn sized_properties(&self) -> impl Iterator<Item = SizedProperty<'_>> {
+        self.custom_properties().map(|(name, raw)| {
+            let edm = self.properties.edm_type(name).unwrap_or(EdmType::Other);
+            let value = edm.value_size(raw.get());
+            SizedProperty {
+                name,
+                edm,
+                value,
+                counted: 8 + 2 * name.encode_utf16().count() + value,
+            }
+        })
     }
 
     /// Properties other than annotations and the key names.
@@ -334,6 +353,15 @@ impl Entity {
             !is_annotation(name) && *name != "PartitionKey" && *name != "RowKey"
         })
     }
+}
+
+/// A custom property as the service sizes it: its value's bytes by type, and in all (8 bytes,
+/// its name as UTF-16, its value).
+struct SizedProperty<'a> {
+    name: &'a str,
+    edm: EdmType,
+    value: usize,
+    counted: usize,
 }
 
 /// [`Entity::wire`]: serializes PartitionKey, RowKey, then the properties' JSON texts.
