@@ -1,6 +1,8 @@
-//! `tablescan package`: the deployable zip, read back with the `zip` crate (not tablescan's
-//! code). Entries, modes, no local settings, same bytes on every run; refuses a handler for the
-//! other OS; and the unzipped package runs under the local Functions host.
+//! `tablescan package`: the deployable zip, read back by readers that share no code with the
+//! writer: Python's `zipfile` (names, unix modes, the OS that made each entry, contents' CRC) and
+//! Info-ZIP `unzip` (extraction, which is what restores the execute bit on disk), plus the `zip`
+//! crate. Entries, modes, no local settings, same bytes on every run; refuses a handler for the
+//! other OS; and the unzipped package runs under the local Functions host and copies a table.
 
 mod support;
 
@@ -8,8 +10,12 @@ use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use support::e2e::TestApp;
+use serde_json::json;
+use support::e2e::{seed, TestApp};
+use support::raw::{self, RawClient};
+use support::unique_name;
 use tablescan::app::catalog::FUNCTIONS;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tablescan");
@@ -52,6 +58,37 @@ fn read_entries(zip: &Path) -> Vec<(String, u32, bool, Vec<u8>)> {
             )
         })
         .collect()
+}
+
+/// (name, unix mode, OS that made the entry (3 = Unix), CRC-32) of every entry, in archive order,
+/// as Python's `zipfile` reads them.
+fn python_entries(zip: &Path) -> Vec<(String, u32, u64, u64)> {
+    let script = "import json, sys, zipfile\n\
+                  z = zipfile.ZipFile(sys.argv[1])\n\
+                  print(json.dumps([[i.filename, i.external_attr >> 16, i.create_system, i.CRC] \
+                  for i in z.infolist()]))\n\
+                  assert z.testzip() is None";
+    let output = Command::new("python3")
+        .args(["-c", script])
+        .arg(zip)
+        .output()
+        .expect("python3 (Debian package python3) reads the zip");
+    assert_ok(&output);
+    let rows: Vec<(String, u32, u64, u64)> = serde_json::from_slice(&output.stdout).unwrap();
+    rows
+}
+
+/// CRC-32 (IEEE) of `data`, for comparing with what an independent reader reports. (zip's
+/// checksum; a few lines rather than a dependency for one test.)
+fn crc32(data: &[u8]) -> u64 {
+    let mut crc = 0xffff_ffffu32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xedb8_8320 & (crc & 1).wrapping_neg());
+        }
+    }
+    u64::from(!crc)
 }
 
 fn expected_names(executable: &str) -> BTreeSet<String> {
@@ -118,6 +155,27 @@ fn package_has_the_app_with_modes_and_same_bytes_every_time() {
         "the handler, byte for byte"
     );
 
+    // The same, read by Python's zipfile: names, modes, made on Unix (so readers honour the
+    // mode), and each entry's CRC equals that of the file the zip should hold.
+    let python = python_entries(&first);
+    assert_eq!(
+        python.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+        names,
+        "python reads the same entries"
+    );
+    for ((name, mode, system, crc), (_, _, _, data)) in python.iter().zip(&entries) {
+        assert_eq!(*system, 3, "{name}: made on Unix");
+        let want = if name == "tablescan" {
+            0o100755
+        } else {
+            0o100644
+        };
+        assert_eq!(*mode, want, "{name}: mode {mode:o} as python reads it");
+        assert_eq!(*crc, crc32(data), "{name}: CRC");
+    }
+    let handler_crc = python.iter().find(|e| e.0 == "tablescan").unwrap().3;
+    assert_eq!(handler_crc, crc32(&std::fs::read(BIN).unwrap()));
+
     assert_eq!(
         std::fs::read(&first).unwrap(),
         std::fs::read(&second).unwrap(),
@@ -172,6 +230,18 @@ fn windows_package_names_the_exe_and_a_binary_for_the_other_os_is_refused() {
     assert!(!refused.exists());
 }
 
+/// Extracts `zip` into `dir` with Info-ZIP `unzip`, which applies each entry's unix mode.
+fn unzip(zip: &Path, dir: &Path) {
+    let output = Command::new("unzip")
+        .arg("-q")
+        .arg(zip)
+        .arg("-d")
+        .arg(dir)
+        .output()
+        .expect("unzip (Debian package unzip) extracts the package");
+    assert_ok(&output);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unzipped_package_runs_under_the_host() {
     let work = tempfile::tempdir().unwrap();
@@ -179,10 +249,7 @@ async fn the_unzipped_package_runs_under_the_host() {
     assert_ok(&package(&zip_path, &[]));
 
     let app_dir = tempfile::tempdir().unwrap();
-    zip::ZipArchive::new(std::fs::File::open(&zip_path).unwrap())
-        .unwrap()
-        .extract(app_dir.path())
-        .unwrap();
+    unzip(&zip_path, app_dir.path());
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -196,8 +263,15 @@ async fn the_unzipped_package_runs_under_the_host() {
             "extracted handler is executable: {mode:o}"
         );
     }
-    assert!(!app_dir.path().join("local.settings.json").exists());
+    let mut extracted: Vec<String> = walk(app_dir.path(), app_dir.path());
+    extracted.sort();
+    assert_eq!(
+        extracted.into_iter().collect::<BTreeSet<_>>(),
+        expected_names("tablescan"),
+        "the folder holds exactly the app"
+    );
 
+    // The host runs the extracted folder as it is (no staging, no tuning of host.json).
     let connection = support::azurite().connection_string();
     let app = TestApp::start_in(
         app_dir,
@@ -210,5 +284,47 @@ async fn the_unzipped_package_runs_under_the_host() {
     let (status, body) = app.get("/api/scans").await;
     assert_eq!(status, 200, "{body}");
     assert!(body["scans"].is_array(), "{body}");
+
+    // A copy scan through the queue functions: the package's function.json files bind the
+    // queues, and the handler writes the copy; checked with the raw REST client.
+    let client = RawClient::azurite();
+    let source = unique_name("PkgSource");
+    let destination = unique_name("PkgDest");
+    let entities: Vec<_> = tablescan::dataset::entities(60, 5, Default::default())
+        .flatten()
+        .collect();
+    seed(&app.store, &source, entities).await;
+    let (status, reply, _) = app
+        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 20}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let end = app.wait_for_end(&id, Duration::from_secs(120)).await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let (source_rows, copied) = (client.rows(&source).await, client.rows(&destination).await);
+    assert!(!source_rows.is_empty());
+    assert_eq!(copied.len(), source_rows.len());
+    assert_eq!(raw::diff(&source_rows, &copied), Vec::<String>::new());
     app.shutdown().await;
+}
+
+/// Paths of every file under `dir`, relative to `root`, with `/` separators.
+fn walk(root: &Path, dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(root, &path));
+        } else {
+            let relative = path.strip_prefix(root).unwrap();
+            out.push(
+                relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            );
+        }
+    }
+    out
 }
