@@ -8,13 +8,32 @@ use std::fmt;
 
 use azure_core::Url;
 
-use crate::app::catalog::{PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING};
+use crate::app::catalog::{
+    Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING,
+};
 use crate::scan::StepBudget;
 use crate::storage::connection::ConnectionSettings;
 
 /// The app setting holding the function app's own storage connection string (queues, bookkeeping,
 /// and the default account for source and destination tables).
 pub const STORAGE_SETTING: &str = "AzureWebJobsStorage";
+
+/// The app settings a deployment must set, by name: the app's own storage connection
+/// ([`STORAGE_SETTING`], a connection string or its identity-based `<NAME>__*` form; the handler
+/// does not start without it), then every setting a queue function names as a `%…%` token in its
+/// function.json (the Functions host has no defaults for those: it does not load the function
+/// while one is unset). Every other setting has a default ([`Config::from_lookup`]).
+pub fn required_settings() -> Vec<&'static str> {
+    let mut names = vec![STORAGE_SETTING];
+    for function in FUNCTIONS {
+        if let Trigger::Queue { queue_setting, .. } = function.trigger {
+            if !names.contains(&queue_setting) {
+                names.push(queue_setting);
+            }
+        }
+    }
+    names
+}
 
 /// The handler's configuration.
 #[derive(Clone)]
