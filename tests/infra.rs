@@ -273,7 +273,11 @@ fn check_insights(t: &Template, p: &mut Problems) -> Result<(), String> {
 
 /// The function app's settings: (name, raw value) in order, and the variables concatenated to
 /// them that the template computes from parameters (not evaluated here).
-fn settings(t: &Template) -> Result<(Vec<(String, V)>, Vec<String>), String> {
+/// (name, raw value) of each literal setting, and the names of the variables computed from
+/// parameters.
+type Settings = (Vec<(String, V)>, Vec<String>);
+
+fn settings(t: &Template) -> Result<Settings, String> {
     let (_, site) = t.one("Microsoft.Web/sites")?;
     let list = site
         .path("properties.siteConfig.appSettings")
