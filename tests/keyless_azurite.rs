@@ -13,9 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::json;
-use support::identity::{
-    app_service_settings, entity, fakes, oauth_azurite, round_trip, Identity, IDENTITY_HEADER,
-};
+use support::identity::endpoints::{fakes, Identity};
+use support::identity::{app_service_settings, entity, oauth_azurite, round_trip, IDENTITY_HEADER};
 use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::counters::RequestCounters;
 use tablescan::storage::QueueStore;

@@ -16,9 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::json;
+use support::identity::endpoints::{fakes, Identity};
 use support::identity::{
-    entity, fakes, identity_settings, oauth_azurite, round_trip, storage_jwt, FakeAz, Identity,
-    JWT_BEARER, STORAGE_RESOURCE, STORAGE_SCOPE,
+    entity, identity_settings, oauth_azurite, round_trip, storage_jwt, FakeAz, JWT_BEARER,
+    STORAGE_RESOURCE, STORAGE_SCOPE,
 };
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
 use tablescan::storage::counters::RequestCounters;

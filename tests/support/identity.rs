@@ -5,7 +5,7 @@
 //!   serving the App Service identity endpoint (`/msi/{key}/token`), IMDS
 //!   (`/metadata/identity/oauth2/token`) and Entra ID's token endpoint
 //!   (`/{tenant}/oauth2/v2.0/token`, behind an https front: tablescan sends client secrets and
-//!   federated tokens only over https), each request answered for the [`Identity`] registered
+//!   federated tokens only over https), each request answered for the [`endpoints::Identity`] registered
 //!   under its key (App Service key, user-assigned id, tenant);
 //! - a fake `az` on `PATH` ([`FakeAz`]).
 //!
@@ -13,7 +13,7 @@
 //! `AZURE_POD_IDENTITY_AUTHORITY_HOST`, `PATH`) are set once by [`keyless_environment`], before
 //! any client is built: every test calls it (through [`oauth_azurite`]) first.
 
-mod endpoints;
+pub mod endpoints;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ use tablescan::storage::counters::RequestCounters;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, Query as TableQuery};
 use tablescan::storage::{QueueStore, TableStore};
 
-pub use endpoints::{fakes, Identity};
+use endpoints::fakes;
 
 /// The App Service identity header the fake expects (a secret on a real platform).
 pub const IDENTITY_HEADER: &str = "aWRlbnRpdHktaGVhZGVyLXNlY3JldA";
