@@ -5,8 +5,9 @@
 //!   serving the App Service identity endpoint (`/msi/{key}/token`), IMDS
 //!   (`/metadata/identity/oauth2/token`) and Entra ID's token endpoint
 //!   (`/{tenant}/oauth2/v2.0/token`, behind an https front: tablescan sends client secrets and
-//!   federated tokens only over https), each request answered for the [`endpoints::Identity`] registered
-//!   under its key (App Service key, user-assigned id, tenant);
+//!   federated tokens only over https), each request answered for the
+//!   [`endpoints::Identity`] registered under its key (App Service key, user-assigned id,
+//!   tenant);
 //! - a fake `az` on `PATH` ([`FakeAz`]).
 //!
 //! The process-wide settings (`SSL_CERT_FILE`, `AZURE_AUTHORITY_HOST`,
