@@ -2,7 +2,7 @@
 //! per keyless connection, shared by the signed data path and the SDK clients (as their
 //! `TokenCredential`).
 //!
-//! Where tokens come from ([`TokenSource`], read by `app_settings`):
+//! Where tokens come from ([`TokenSource`], read by `app_settings`; fetched by [`fetch`]):
 //! - managed identity: our own small client of the platform's identity endpoint (App Service/
 //!   Functions `IDENTITY_ENDPOINT` + `IDENTITY_HEADER`, else IMDS). `azure_identity` 0.21 is not
 //!   used here because its App Service credential cannot ask for a user-assigned identity (it
@@ -10,18 +10,21 @@
 //!   environment rather than our parsed settings, and folds 5xx/gateway answers into one
 //!   `Credential` error kind, so transient failures cannot be told from permanent ones to retry;
 //! - client secret, workload identity (the federated token file re-read at every fetch, as the
-//!   platform rotates it) and the Azure CLI: `azure_identity` 0.21's credentials.
+//!   platform rotates it) and the Azure CLI: `azure_identity` 0.21's credentials, over our HTTP
+//!   client, which classifies their endpoint's answers.
 //!
 //! Invariants:
 //! - At most one fetch per provider is in flight; callers meanwhile wait for its result.
 //! - A token is refreshed `REFRESH_MARGIN` before it expires (half its lifetime if shorter); a
 //!   failed refresh while the old token is still valid keeps using it and tries again later.
-//! - Transient failures (connection errors, timeouts, 404/410/429/5xx from the identity endpoint)
-//!   are retried with backoff ([`crate::retry`]); the error that surfaces names the connection.
-//! - No token, client secret or identity header ever appears in `Debug`, logs or errors.
+//! - Transient failures (connection errors, timeouts, 408/429/5xx from a token endpoint, also
+//!   404/410 from the identity endpoint) are retried with backoff ([`crate::retry`]); the error
+//!   that surfaces names the connection, and a permanent one also the settings to check.
+//! - No token, client secret, federated token or identity header ever appears in `Debug`, logs
+//!   or errors.
 
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,8 +32,10 @@ use azure_core::auth::{AccessToken, Secret, TokenCredential};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use super::app_settings::{ManagedIdentityEndpoint, ManagedIdentityId, TokenSource};
+use super::app_settings::TokenSource;
 use crate::retry::{retry, Backoff, FullJitter};
+
+mod fetch;
 
 /// The audience of every storage token (AAD v1 resource) and its v2 scope.
 pub(crate) const STORAGE_RESOURCE: &str = "https://storage.azure.com/";
@@ -42,8 +47,6 @@ const RETRY_REFRESH_AFTER: Duration = Duration::from_secs(30);
 /// Identity endpoint patience: 0.5 s doubling to 8 s, 6 attempts, within a minute.
 const FETCH_BACKOFF: Backoff = Backoff::new(6, Duration::from_millis(500), Duration::from_secs(8))
     .with_deadline(Duration::from_secs(60));
-/// IMDS (not the App Service endpoint, which `IDENTITY_ENDPOINT` names).
-const IMDS_ENDPOINT: &str = "http://169.254.169.254/metadata/identity/oauth2/token";
 
 /// A token as fetched: the bearer value and when it expires (wall clock).
 pub(crate) struct Fetched {
@@ -58,7 +61,8 @@ impl fmt::Debug for Fetched {
 }
 
 /// A failed fetch: whether another attempt may succeed, and what happened (never a secret).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
 pub(crate) struct FetchError {
     pub transient: bool,
     pub message: String,
@@ -107,6 +111,8 @@ struct Cached {
 pub(crate) struct TokenProvider {
     connection: String,
     credential: &'static str,
+    /// What to check when the source refuses (the settings that make it), for permanent errors.
+    hint: String,
     fetch: Box<dyn TokenFetch>,
     backoff: Backoff,
     cached: RwLock<Option<Cached>>,
@@ -127,52 +133,11 @@ impl fmt::Debug for TokenProvider {
 impl TokenProvider {
     /// The provider for `source` (connection `connection`), fetching over `http`.
     pub(crate) fn new(connection: &str, source: &TokenSource, http: &reqwest::Client) -> Self {
-        let (credential, fetch): (&'static str, Box<dyn TokenFetch>) = match source {
-            TokenSource::ManagedIdentity { endpoint, id } => (
-                "managedidentity",
-                Box::new(ManagedIdentityFetch {
-                    http: http.clone(),
-                    endpoint: endpoint.clone(),
-                    id: id.clone(),
-                }),
-            ),
-            TokenSource::ClientSecret {
-                tenant_id,
-                client_id,
-                client_secret,
-            } => (
-                "clientsecret",
-                Box::new(SdkFetch(Arc::new(
-                    azure_identity::ClientSecretCredential::new(
-                        Arc::new(http.clone()),
-                        authority_host(),
-                        tenant_id.clone(),
-                        client_id.clone(),
-                        client_secret.clone(),
-                    ),
-                ))),
-            ),
-            TokenSource::WorkloadIdentity {
-                tenant_id,
-                client_id,
-                token_file,
-            } => (
-                "workloadidentity",
-                Box::new(WorkloadIdentityFetch {
-                    http: http.clone(),
-                    tenant_id: tenant_id.clone(),
-                    client_id: client_id.clone(),
-                    token_file: token_file.clone(),
-                }),
-            ),
-            TokenSource::AzureCli => (
-                "azurecli",
-                Box::new(SdkFetch(
-                    Arc::new(azure_identity::AzureCliCredential::new()),
-                )),
-            ),
-        };
-        Self::with_fetch(connection, credential, fetch, FETCH_BACKOFF)
+        let source = fetch::source(connection, source, http);
+        let mut provider =
+            Self::with_fetch(connection, source.credential, source.fetch, FETCH_BACKOFF);
+        provider.hint = source.hint;
+        provider
     }
 
     pub(crate) fn with_fetch(
@@ -184,6 +149,7 @@ impl TokenProvider {
         TokenProvider {
             connection: connection.to_string(),
             credential,
+            hint: String::new(),
             fetch,
             backoff,
             cached: RwLock::new(None),
@@ -225,6 +191,7 @@ impl TokenProvider {
                 Ok(token)
             }
             Err(failure) => {
+                let attempts = failure.attempts;
                 let error = failure.into_error();
                 // Still valid: keep using it, and try again a little later.
                 let mut cached = self.cached.write().expect("not poisoned");
@@ -240,11 +207,18 @@ impl TokenProvider {
                         return Ok((c.token.clone(), c.expires_on));
                     }
                 }
+                let mut message = error.message;
+                if error.transient && attempts > 1 {
+                    message.push_str(&format!(" (gave up after {attempts} attempts)"));
+                } else if !error.transient && !self.hint.is_empty() {
+                    message.push_str("; ");
+                    message.push_str(&self.hint);
+                }
                 Err(TokenError {
                     connection: self.connection.clone(),
                     credential: self.credential,
                     transient: error.transient,
-                    message: error.message,
+                    message,
                 })
             }
         }
@@ -286,197 +260,11 @@ impl TokenCredential for TokenProvider {
     }
 }
 
-/// `AZURE_AUTHORITY_HOST` (sovereign clouds), else the public cloud's login endpoint.
-fn authority_host() -> azure_core::Url {
-    azure_identity::TokenCredentialOptions::default()
-        .authority_host()
-        .unwrap_or_else(|_| {
-            azure_core::Url::parse("https://login.microsoftonline.com").expect("a static URL")
-        })
-}
-
-/// An `azure_identity` credential, its errors classified for retry.
-struct SdkFetch(Arc<dyn TokenCredential>);
-
-#[async_trait]
-impl TokenFetch for SdkFetch {
-    async fn fetch(&self) -> Result<Fetched, FetchError> {
-        // Ours is the cache: never serve the credential's own stale entry.
-        let _ = self.0.clear_cache().await;
-        let token = self
-            .0
-            .get_token(&[STORAGE_SCOPE])
-            .await
-            .map_err(sdk_error)?;
-        Ok(Fetched {
-            token: token.token,
-            expires_on: token.expires_on,
-        })
-    }
-}
-
-fn sdk_error(error: azure_core::Error) -> FetchError {
-    use azure_core::error::ErrorKind;
-    let transient = match error.kind() {
-        ErrorKind::Io => true,
-        ErrorKind::HttpResponse { status, .. } => {
-            let status = u16::from(*status);
-            status == 408 || status == 429 || status >= 500
-        }
-        _ => false,
-    };
-    FetchError {
-        transient,
-        message: super::azure::redact(&error.to_string()),
-    }
-}
-
-/// Workload identity: the federated token file is re-read at every fetch (the platform rotates
-/// it), then exchanged by `azure_identity`'s `WorkloadIdentityCredential`.
-struct WorkloadIdentityFetch {
-    http: reqwest::Client,
-    tenant_id: String,
-    client_id: String,
-    token_file: String,
-}
-
-#[async_trait]
-impl TokenFetch for WorkloadIdentityFetch {
-    async fn fetch(&self) -> Result<Fetched, FetchError> {
-        let assertion = std::fs::read_to_string(&self.token_file).map_err(|e| {
-            FetchError::permanent(format!(
-                "cannot read the federated token file {} ({e})",
-                self.token_file
-            ))
-        })?;
-        let credential = azure_identity::WorkloadIdentityCredential::new(
-            Arc::new(self.http.clone()),
-            authority_host(),
-            self.tenant_id.clone(),
-            self.client_id.clone(),
-            assertion.trim().to_string(),
-        );
-        SdkFetch(Arc::new(credential)).fetch().await
-    }
-}
-
-/// Managed identity over the platform's identity endpoint (see the module docs for why not
-/// `azure_identity`'s).
-struct ManagedIdentityFetch {
-    http: reqwest::Client,
-    endpoint: ManagedIdentityEndpoint,
-    id: ManagedIdentityId,
-}
-
-#[async_trait]
-impl TokenFetch for ManagedIdentityFetch {
-    async fn fetch(&self) -> Result<Fetched, FetchError> {
-        let (url, api_version, header) = match &self.endpoint {
-            ManagedIdentityEndpoint::AppService { endpoint, header } => (
-                endpoint.as_str(),
-                "2019-08-01",
-                ("x-identity-header", header.as_str()),
-            ),
-            ManagedIdentityEndpoint::Imds => (IMDS_ENDPOINT, "2018-02-01", ("metadata", "true")),
-        };
-        let mut query = vec![("api-version", api_version), ("resource", STORAGE_RESOURCE)];
-        match &self.id {
-            ManagedIdentityId::System => {}
-            ManagedIdentityId::ClientId(id) => query.push(("client_id", id)),
-            ManagedIdentityId::ResourceId(id) => query.push(("mi_res_id", id)),
-        }
-        if let (ManagedIdentityEndpoint::Imds, Some(last)) = (&self.endpoint, query.last_mut()) {
-            // IMDS spells the resource id parameter differently.
-            if last.0 == "mi_res_id" {
-                last.0 = "msi_res_id";
-            }
-        }
-        let response = self
-            .http
-            .get(url)
-            .query(&query)
-            .header(header.0, header.1)
-            .timeout(Duration::from_secs(20))
-            .send()
-            .await
-            .map_err(|e| {
-                FetchError::transient(format!(
-                    "the identity endpoint {url} did not answer ({})",
-                    super::azure::error_chain(&e)
-                ))
-            })?;
-        let status = response.status().as_u16();
-        let body = response.bytes().await.map_err(|e| {
-            FetchError::transient(format!(
-                "the identity endpoint {url} answer was cut short ({})",
-                super::azure::error_chain(&e)
-            ))
-        })?;
-        if !(200..300).contains(&status) {
-            // The error's code and description, never the body whole.
-            let detail = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .map(|v| {
-                    let field =
-                        |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
-                    let code = match v.get("error") {
-                        Some(serde_json::Value::Object(o)) => o
-                            .get("code")
-                            .and_then(|x| x.as_str())
-                            .unwrap_or("")
-                            .to_string(),
-                        _ => field("error"),
-                    };
-                    format!("{code} {}", field("error_description"))
-                        .trim()
-                        .to_string()
-                })
-                .unwrap_or_default();
-            let transient = matches!(status, 404 | 408 | 410 | 429) || status >= 500;
-            return Err(FetchError {
-                transient,
-                message: format!("the identity endpoint {url} answered {status} {detail}")
-                    .trim()
-                    .to_string(),
-            });
-        }
-        parse_token_response(&body)
-            .map_err(|m| FetchError::permanent(format!("the identity endpoint {url} answered {m}")))
-    }
-}
-
-/// `{"access_token": "...", "expires_on": "1700000000" | 1700000000, ...}` (or `expires_in`).
-fn parse_token_response(body: &[u8]) -> Result<Fetched, String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|_| "something that is not JSON".to_string())?;
-    let token = value
-        .get("access_token")
-        .and_then(|t| t.as_str())
-        .filter(|t| !t.is_empty())
-        .ok_or("no access_token")?;
-    let number = |key: &str| {
-        value.get(key).and_then(|v| match v {
-            serde_json::Value::Number(n) => n.as_i64(),
-            serde_json::Value::String(s) => s.trim().parse().ok(),
-            _ => None,
-        })
-    };
-    let expires_on = match (number("expires_on"), number("expires_in")) {
-        (Some(on), _) => OffsetDateTime::from_unix_timestamp(on).map_err(|_| "a bad expires_on")?,
-        (None, Some(seconds)) => OffsetDateTime::now_utc() + time::Duration::seconds(seconds),
-        (None, None) => return Err("no expires_on".into()),
-    };
-    Ok(Fetched {
-        token: Secret::new(token.to_string()),
-        expires_on,
-    })
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::collections::VecDeque;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     use super::*;
 
@@ -660,121 +448,8 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn token_responses_parse_and_errors_carry_no_token() {
-        let t = parse_token_response(
-            br#"{"access_token":"eyJ0eXAi","expires_on":"1900000000","resource":"https://storage.azure.com/","token_type":"Bearer"}"#,
-        )
-        .unwrap();
-        assert_eq!(t.token.secret(), "eyJ0eXAi");
-        assert_eq!(t.expires_on.unix_timestamp(), 1_900_000_000);
-        let n = parse_token_response(br#"{"access_token":"a","expires_on":1900000001}"#).unwrap();
-        assert_eq!(n.expires_on.unix_timestamp(), 1_900_000_001);
-        let e = parse_token_response(br#"{"access_token":"eyJ0eXAi"}"#).unwrap_err();
-        assert!(!e.contains("eyJ0eXAi"), "{e}");
-        assert!(parse_token_response(b"<html>").is_err());
+    fn a_provider_prints_no_token() {
         let (provider, _) = fake_provider("eyJ0eXAi", 3600);
         assert!(!format!("{provider:?}").contains("eyJ0eXAi"));
-    }
-
-    /// Our managed-identity client against a fake App Service identity endpoint: the header and
-    /// query it sends, user-assigned ids, and how answers are classified.
-    #[tokio::test]
-    async fn managed_identity_over_a_fake_app_service_endpoint() {
-        use axum::extract::{Query, State};
-        use axum::http::{HeaderMap, StatusCode};
-        use std::collections::HashMap;
-
-        type Seen = Arc<Mutex<Vec<HashMap<String, String>>>>;
-        async fn token(
-            State((seen, status)): State<(Seen, Arc<Mutex<u16>>)>,
-            headers: HeaderMap,
-            Query(query): Query<HashMap<String, String>>,
-        ) -> (StatusCode, String) {
-            let mut q = query.clone();
-            q.insert(
-                "header".into(),
-                headers
-                    .get("x-identity-header")
-                    .map(|v| v.to_str().unwrap().to_string())
-                    .unwrap_or_default(),
-            );
-            seen.lock().unwrap().push(q);
-            let status = *status.lock().unwrap();
-            if status != 200 {
-                return (
-                    StatusCode::from_u16(status).unwrap(),
-                    r#"{"error":"invalid_request","error_description":"Identity not found"}"#
-                        .into(),
-                );
-            }
-            (StatusCode::OK, r#"{"access_token":"mi-token","expires_on":"1900000000","resource":"https://storage.azure.com/","token_type":"Bearer","client_id":"x"}"#.into())
-        }
-        let seen: Seen = Arc::default();
-        let status = Arc::new(Mutex::new(200u16));
-        let app = axum::Router::new()
-            .route("/msi/token", axum::routing::get(token))
-            .with_state((seen.clone(), status.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-
-        let fetch = |id: ManagedIdentityId| ManagedIdentityFetch {
-            http: reqwest::Client::new(),
-            endpoint: ManagedIdentityEndpoint::AppService {
-                endpoint: format!("http://{address}/msi/token"),
-                header: "hdr-secret".into(),
-            },
-            id,
-        };
-        let fetched = fetch(ManagedIdentityId::System).fetch().await.unwrap();
-        assert_eq!(fetched.token.secret(), "mi-token");
-        assert_eq!(fetched.expires_on.unix_timestamp(), 1_900_000_000);
-        fetch(ManagedIdentityId::ClientId("cid".into()))
-            .fetch()
-            .await
-            .unwrap();
-        fetch(ManagedIdentityId::ResourceId("/sub/x".into()))
-            .fetch()
-            .await
-            .unwrap();
-        {
-            let seen = seen.lock().unwrap();
-            assert_eq!(seen[0]["api-version"], "2019-08-01");
-            assert_eq!(seen[0]["resource"], STORAGE_RESOURCE);
-            assert_eq!(seen[0]["header"], "hdr-secret");
-            assert!(!seen[0].contains_key("client_id"));
-            assert_eq!(seen[1]["client_id"], "cid");
-            assert_eq!(seen[2]["mi_res_id"], "/sub/x");
-        }
-        for (code, transient) in [
-            (400, false),
-            (403, false),
-            (404, true),
-            (429, true),
-            (500, true),
-            (503, true),
-        ] {
-            *status.lock().unwrap() = code;
-            let e = fetch(ManagedIdentityId::System).fetch().await.unwrap_err();
-            assert_eq!(e.transient, transient, "{code}: {e:?}");
-            assert!(
-                e.message.contains(&format!(
-                    "answered {code} invalid_request Identity not found"
-                )),
-                "{e:?}"
-            );
-            assert!(!e.message.contains("hdr-secret"), "{e:?}");
-        }
-        // Nobody listening: transient.
-        let nobody = ManagedIdentityFetch {
-            http: reqwest::Client::new(),
-            endpoint: ManagedIdentityEndpoint::AppService {
-                endpoint: "http://127.0.0.1:9/msi/token".into(),
-                header: "hdr-secret".into(),
-            },
-            id: ManagedIdentityId::System,
-        };
-        let e = nobody.fetch().await.unwrap_err();
-        assert!(e.transient && !e.message.contains("hdr-secret"), "{e:?}");
     }
 }

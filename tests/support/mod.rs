@@ -6,6 +6,7 @@
 
 pub mod e2e;
 pub mod faults;
+pub mod identity;
 pub mod raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};

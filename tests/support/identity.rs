@@ -1,0 +1,283 @@
+//! Keyless test pieces (tests/keyless_azurite.rs, tests/keyless_credentials.rs): Azurite over
+//! https in OAuth mode, a self-signed certificate trusted through `SSL_CERT_FILE`, JWTs Azurite
+//! accepts, and fakes of every place tokens come from, in this process:
+//! - one fake identity server (its own thread and runtime, so it outlives each test's runtime)
+//!   serving the App Service identity endpoint (`/msi/{key}/token`), IMDS
+//!   (`/metadata/identity/oauth2/token`) and Entra ID's token endpoint
+//!   (`/{tenant}/oauth2/v2.0/token`, behind an https front: tablescan sends client secrets and
+//!   federated tokens only over https), each request answered for the
+//!   [`endpoints::Identity`] registered under its key (App Service key, user-assigned id,
+//!   tenant);
+//! - a fake `az` on `PATH` ([`FakeAz`]).
+//!
+//! The process-wide settings (`SSL_CERT_FILE`, `AZURE_AUTHORITY_HOST`,
+//! `AZURE_POD_IDENTITY_AUTHORITY_HOST`, `PATH`) are set once by [`keyless_environment`], before
+//! any client is built: every test calls it (through [`oauth_azurite`]) first.
+
+pub mod endpoints;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use base64::Engine;
+use serde_json::json;
+use tablescan::azurite::{Azurite, AzuriteOptions};
+use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
+use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::{BatchOperation, Entity, MessageEncoding, Query as TableQuery};
+use tablescan::storage::{QueueStore, TableStore};
+
+use endpoints::fakes;
+
+/// The App Service identity header the fake expects (a secret on a real platform).
+pub const IDENTITY_HEADER: &str = "aWRlbnRpdHktaGVhZGVyLXNlY3JldA";
+/// The scope every storage token is asked for (v2 endpoints), and the resource (v1: identity).
+pub const STORAGE_SCOPE: &str = "https://storage.azure.com/.default";
+pub const STORAGE_RESOURCE: &str = "https://storage.azure.com/";
+/// What a federated client assertion's type must be.
+pub const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+
+/// The test process's temporary files: certificate, TLS front script, fake `az`.
+struct Files {
+    _dir: tempfile::TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+    az: PathBuf,
+}
+
+fn files() -> &'static Files {
+    static FILES: OnceLock<Files> = OnceLock::new();
+    FILES.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = self_signed_certificate(dir.path());
+        let az = dir.path().join("az");
+        std::fs::create_dir_all(az.join("bin")).unwrap();
+        Files {
+            cert,
+            key,
+            az,
+            _dir: dir,
+        }
+    })
+}
+
+/// Sets the process-wide settings the keyless tests rely on, once, before any client reads them.
+pub fn keyless_environment() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let files = files();
+        let fakes = fakes();
+        FakeAz::write_script(&files.az);
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![files.az.join("bin")];
+        paths.extend(std::env::split_paths(&path));
+        std::env::set_var("PATH", std::env::join_paths(paths).unwrap());
+        std::env::set_var("SSL_CERT_FILE", &files.cert);
+        std::env::set_var("AZURE_AUTHORITY_HOST", &fakes.authority_host);
+        std::env::set_var("AZURE_POD_IDENTITY_AUTHORITY_HOST", &fakes.http);
+    });
+}
+
+/// Azurite over https with OAuth (`--oauth basic`), its certificate trusted through
+/// `SSL_CERT_FILE`.
+pub fn oauth_azurite() -> &'static Azurite {
+    static AZURITE: OnceLock<Azurite> = OnceLock::new();
+    keyless_environment();
+    AZURITE.get_or_init(|| {
+        let files = files();
+        Azurite::start_with_blocking(&AzuriteOptions {
+            tls: Some((files.cert.clone(), files.key.clone())),
+            oauth: true,
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// A self-signed end-entity certificate for 127.0.0.1/localhost (not a CA: rustls refuses a CA
+/// certificate as a server's).
+fn self_signed_certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    let config = dir.join("openssl.cnf");
+    std::fs::write(
+        &config,
+        "[req]\ndistinguished_name=dn\nx509_extensions=ext\nprompt=no\n[dn]\nCN=127.0.0.1\n\
+         [ext]\nbasicConstraints=critical,CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let output = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+        .arg("-config")
+        .arg(&config)
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl is installed");
+    assert!(
+        output.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (cert, key)
+}
+
+/// A token Azurite's `--oauth basic` accepts: a JWT for `audience` from an Entra issuer, within
+/// its lifetime (the signature is not checked). Returns it and its `exp`.
+pub fn storage_jwt(audience: &str, lifetime: i64) -> (String, i64) {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let exp = now + lifetime;
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let token = format!(
+        "{}.{}.{}",
+        b64(json!({"alg": "RS256", "typ": "JWT"})),
+        b64(json!({
+            "aud": audience,
+            "iss": "https://sts.windows.net/ab1f708d-50f6-404c-a006-d71b2ac7a606/",
+            "iat": now - 60, "nbf": now - 60, "exp": exp,
+            "oid": "11059fcc-5514-4800-b5f8-49808b9cfab6",
+            // Unique, so that a test can look for each issued token in logs.
+            "uti": format!("{:x}", rand::random::<u64>()),
+        })),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"not-checked")
+    );
+    (token, exp)
+}
+
+/// The fake `az` on `PATH` (one per test process: only one test may use it). It records its
+/// arguments, then prints what [`FakeAz::answer`] wrote, or fails as [`FakeAz::fail`] says.
+pub struct FakeAz {
+    dir: PathBuf,
+}
+
+impl FakeAz {
+    fn write_script(dir: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir.display();
+        let script = format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{d}/calls'\n\
+             if [ -f '{d}/stderr' ]; then cat '{d}/stderr' >&2; exit 1; fi\ncat '{d}/stdout'\n"
+        );
+        let path = dir.join("bin").join("az");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    pub fn get() -> FakeAz {
+        keyless_environment();
+        FakeAz {
+            dir: files().az.clone(),
+        }
+    }
+
+    /// From now on, print what `az account get-access-token --output json` prints for `token`.
+    pub fn answer(&self, token: &str, expires_on: i64) {
+        let _ = std::fs::remove_file(self.dir.join("stderr"));
+        let json = json!({
+            "accessToken": token,
+            "expiresOn": "2026-11-22 05:00:00.000000",
+            "expires_on": expires_on,
+            "subscription": "6c3b1a3e-0000-4000-8000-00000000000a",
+            "tenant": "ab1f708d-50f6-404c-a006-d71b2ac7a606",
+            "tokenType": "Bearer"
+        });
+        std::fs::write(self.dir.join("stdout"), format!("{json:#}\n")).unwrap();
+    }
+
+    /// From now on, print `stderr` and exit 1 (as `az` does when nobody is logged in).
+    pub fn fail(&self, stderr: &str) {
+        std::fs::write(self.dir.join("stderr"), stderr).unwrap();
+    }
+
+    /// The argument lists `az` was called with, one per call.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// The identity-based connection `name` on the OAuth Azurite: its service URIs plus `pairs`
+/// (`__credential` and its companions, `IDENTITY_*`, `AZURE_FEDERATED_TOKEN_FILE`). No key.
+pub fn identity_settings(name: &str, pairs: &[(&str, &str)]) -> ConnectionSettings {
+    let azurite = oauth_azurite();
+    let mut settings: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    settings.insert(format!("{name}__tableServiceUri"), azurite.table_endpoint());
+    settings.insert(format!("{name}__queueServiceUri"), azurite.queue_endpoint());
+    ConnectionSettings::from_app_settings(name, |k| settings.get(k).cloned())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The connection `name` through the App Service identity endpoint `url`.
+pub fn app_service_settings(name: &str, url: &str) -> ConnectionSettings {
+    identity_settings(
+        name,
+        &[
+            (&format!("{name}__credential"), "managedidentity"),
+            ("IDENTITY_ENDPOINT", url),
+            ("IDENTITY_HEADER", IDENTITY_HEADER),
+        ],
+    )
+}
+
+pub fn entity(pk: &str, rk: &str, n: i64) -> Entity {
+    let mut e = Entity::new(pk, rk);
+    e.properties = json!({"N": n, "Name": format!("row {rk}")})
+        .as_object()
+        .cloned()
+        .unwrap()
+        .into();
+    e
+}
+
+/// A table and queue round trip on `account`, every kind of request: table admin (SDK path),
+/// batches, a query and a point read (signed path), queue create, put and get (SDK path).
+pub async fn round_trip(account: &StorageAccount) {
+    let counters = Arc::new(RequestCounters::new());
+    let tables = account.table_store(counters.clone());
+    let table = super::unique_name("keyless");
+    assert!(tables.create_table(&table).await.unwrap());
+    let rows: Vec<_> = (0..5).map(|i| entity("p1", &format!("r{i}"), i)).collect();
+    let ops: Vec<_> = rows.iter().cloned().map(BatchOperation::Upsert).collect();
+    tables.submit_batch(&table, "p1", &ops).await.unwrap();
+    let only = [BatchOperation::Upsert(entity("p2", "only", 9))];
+    tables.submit_batch(&table, "p2", &only).await.unwrap();
+    let page = tables
+        .query_page(&table, &TableQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(page.entities.len(), 6);
+    assert_eq!(page.entities[0].partition_key, "p1");
+    let (read, _etag) = tables
+        .get_entity(&table, "p2", "only")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.properties.get_str("Name").as_deref(), Some("row only"));
+
+    let queues = account.queue_store(counters);
+    let queue = super::unique_name("keyless");
+    queues.create_queue(&queue).await.unwrap();
+    let hello = MessageEncoding::Base64.encode(b"hello");
+    queues
+        .put_message(&queue, &hello, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let got = queues
+        .get_messages(&queue, 1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(tables.delete_table(&table).await.unwrap());
+}
