@@ -80,8 +80,8 @@ pub enum WriteCondition {
     /// Only if no blob has this name (`If-None-Match: *`); otherwise a
     /// [`super::StorageErrorKind::Conflict`] error (409 `BlobAlreadyExists`).
     IfNotExists,
-    /// Only if the blob's ETag is this one (`If-Match`); otherwise
-    /// [`super::StorageErrorKind::PreconditionFailed`] (412), or not found.
+    /// Only if the blob's ETag is this one (`If-Match`); otherwise, a missing blob included,
+    /// [`super::StorageErrorKind::PreconditionFailed`] (412 `ConditionNotMet`).
     IfMatch(String),
 }
 
@@ -129,7 +129,8 @@ pub struct BlockListing {
 /// they send and retry transient failures themselves.
 pub trait BlobStore: Send + Sync + 'static {
     /// Creates the container if missing; `Ok(false)` if it already existed.
-    fn create_container(&self, container: &str) -> impl Future<Output = StorageResult<bool>> + Send;
+    fn create_container(&self, container: &str)
+        -> impl Future<Output = StorageResult<bool>> + Send;
 
     /// Uploads a whole block blob in one request (at most [`MAX_REQUEST_BODY_BYTES`]) and
     /// returns its new ETag.
@@ -290,7 +291,10 @@ pub fn check_blob_name(name: &str) -> StorageResult<()> {
         Some("is longer than 1024 characters")
     } else if name.chars().any(char::is_control) {
         Some("holds a control character")
-    } else if name.split('/').any(|segment| segment == "." || segment == "..") {
+    } else if name
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
         Some("has a `.` or `..` path segment")
     } else if name.ends_with('/') || name.ends_with('.') {
         Some("ends with `/` or `.`")
@@ -374,7 +378,16 @@ mod tests {
         for good in ["abc", "export-2026", "a1b", &"x".repeat(63)] {
             check_container(good).unwrap();
         }
-        for bad in ["ab", "Abc", "a--b", "-ab", "ab-", "a_b", &"x".repeat(64), "a.b"] {
+        for bad in [
+            "ab",
+            "Abc",
+            "a--b",
+            "-ab",
+            "ab-",
+            "a_b",
+            &"x".repeat(64),
+            "a.b",
+        ] {
             let e = check_container(bad).unwrap_err();
             assert_eq!(e.kind, StorageErrorKind::InvalidInput);
             assert!(e.message.contains("container name"), "{e}");

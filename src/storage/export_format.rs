@@ -339,7 +339,9 @@ impl ExportLayout {
     pub fn new(prefix: &str) -> Result<Self> {
         let bad = |why: &str| ExportFormatError::BadName(format!("prefix {prefix:?} {why}"));
         if prefix.chars().count() > MAX_PREFIX_CHARS {
-            return Err(bad(&format!("is longer than {MAX_PREFIX_CHARS} characters")));
+            return Err(bad(&format!(
+                "is longer than {MAX_PREFIX_CHARS} characters"
+            )));
         }
         if prefix.starts_with('/') {
             return Err(bad("starts with `/`"));

@@ -32,7 +32,12 @@ fn double_texts(bits: u64) -> Vec<String> {
         return vec!["\"NaN\"".into()];
     }
     if v.is_infinite() {
-        return vec![if v > 0.0 { "\"Infinity\"" } else { "\"-Infinity\"" }.into()];
+        return vec![if v > 0.0 {
+            "\"Infinity\""
+        } else {
+            "\"-Infinity\""
+        }
+        .into()];
     }
     let shortest = format!("{v:?}"); // "0.1", "1e308", "-0.0", "5e-324"
     let js = shortest.replace("e", "e+").replace("e+-", "e-"); // "1e+308"
@@ -91,7 +96,9 @@ fn property() -> impl Strategy<Value = Generated> {
         (0xD800u32..0xE000)
             .prop_map(move |u| plain(format!("\"x\\u{u:04x}y\"")))
             .boxed(),
-        any::<bool>().prop_map(move |b| plain(b.to_string())).boxed(),
+        any::<bool>()
+            .prop_map(move |b| plain(b.to_string()))
+            .boxed(),
         any::<i32>().prop_map(move |i| plain(i.to_string())).boxed(),
         any::<i64>()
             .prop_map(move |i| typed(format!("\"{i}\""), "Edm.Int64"))
@@ -248,8 +255,13 @@ fn thousands_of_random_doubles_keep_their_bits() {
         rows.push((entity, expected));
     }
     let part = encode_part(rows.iter().map(|(e, _)| e)).unwrap();
-    let decoded =
-        decode_part(&part.bytes, part.rows, &part.sha256, &DecodeLimits::default()).unwrap();
+    let decoded = decode_part(
+        &part.bytes,
+        part.rows,
+        &part.sha256,
+        &DecodeLimits::default(),
+    )
+    .unwrap();
     let mut checked = 0;
     for ((source, expected), decoded) in rows.iter().zip(&decoded) {
         assert_decoded(decoded, source, expected);
@@ -344,7 +356,13 @@ fn we_read_what_another_tool_writes() {
     let sha = sha256_hex(&bytes);
     let decoded = decode_part(&bytes, 2, &sha.to_uppercase(), &DecodeLimits::default()).unwrap();
     let p = &decoded[0].properties;
-    assert_eq!((decoded[0].partition_key.as_str(), decoded[0].row_key.as_str()), ("pk", "rk"));
+    assert_eq!(
+        (
+            decoded[0].partition_key.as_str(),
+            decoded[0].row_key.as_str()
+        ),
+        ("pk", "rk")
+    );
     for (name, text) in [
         ("Name", "\"a\u{1F600}b\""),
         ("Count", "42"),
@@ -469,8 +487,14 @@ fn bad_files_and_lines_are_refused_with_their_line_number() {
             [gzip(format!("{ok}\n").as_bytes()), b"trailing".to_vec()].concat(),
             "not a valid gzip file",
         ),
-        (gzip(format!("{ok}\n\n{ok}\n").as_bytes()), "line 2: is empty"),
-        (gzip(format!("{ok} x\n").as_bytes()), "line 1: not an entity"),
+        (
+            gzip(format!("{ok}\n\n{ok}\n").as_bytes()),
+            "line 2: is empty",
+        ),
+        (
+            gzip(format!("{ok} x\n").as_bytes()),
+            "line 1: not an entity",
+        ),
         (gzip(b"[1,2]\n"), "line 1: not an entity"),
         (gzip(br#"{"PartitionKey":"a"}"#), "line 1: not an entity"),
         (
@@ -499,7 +523,8 @@ fn the_encoder_refuses_what_could_not_be_read_back() {
         "{error}"
     );
     let mut big = Entity::new("p", "r");
-    big.properties.insert("S", json!("x".repeat(MAX_LINE_BYTES)));
+    big.properties
+        .insert("S", json!("x".repeat(MAX_LINE_BYTES)));
     let error = encode_part([&big]).unwrap_err().to_string();
     assert!(error.contains("4194304-byte bound"), "{error}");
 }
@@ -520,7 +545,10 @@ fn names_are_deterministic_and_checked() {
         layout.blob("parts/s/c.jsonl.gz"),
         "backups/2026-01-01/parts/s/c.jsonl.gz"
     );
-    assert_eq!(ExportLayout::new("").unwrap().manifest_blob(), "manifest.json");
+    assert_eq!(
+        ExportLayout::new("").unwrap().manifest_blob(),
+        "manifest.json"
+    );
     assert_eq!(ExportLayout::new("a/").unwrap().prefix(), "a/");
     for bad in ["/abs", "a/../b", "a\u{1}", &"p".repeat(513)] {
         assert!(ExportLayout::new(bad).is_err(), "{bad:?}");
@@ -580,12 +608,30 @@ fn manifests_round_trip_and_are_checked() {
                 as &dyn Fn(&mut serde_json::Value),
             "is not \"tablescan-export/1\"",
         ),
-        (&|v| v["rows"] = json!(13), "rows is 13, but the parts hold 12"),
-        (&|v| v["parts"][1]["name"] = v["parts"][0]["name"].clone(), "listed twice"),
-        (&|v| v["parts"][0]["sha256"] = json!("xyz"), "not 64 hex digits"),
-        (&|v| v["parts"][0]["name"] = json!("/abs.jsonl.gz"), "not a relative name"),
-        (&|v| v["parts"][0]["name"] = json!("p.json"), "ending in .jsonl.gz"),
-        (&|v| v["startedAt"] = json!("yesterday"), "not a valid manifest"),
+        (
+            &|v| v["rows"] = json!(13),
+            "rows is 13, but the parts hold 12",
+        ),
+        (
+            &|v| v["parts"][1]["name"] = v["parts"][0]["name"].clone(),
+            "listed twice",
+        ),
+        (
+            &|v| v["parts"][0]["sha256"] = json!("xyz"),
+            "not 64 hex digits",
+        ),
+        (
+            &|v| v["parts"][0]["name"] = json!("/abs.jsonl.gz"),
+            "not a relative name",
+        ),
+        (
+            &|v| v["parts"][0]["name"] = json!("p.json"),
+            "ending in .jsonl.gz",
+        ),
+        (
+            &|v| v["startedAt"] = json!("yesterday"),
+            "not a valid manifest",
+        ),
         (&|v| v["rows"] = json!(-1), "not a valid manifest"),
     ] {
         let e = broken(edit);

@@ -212,13 +212,15 @@ impl BlobStore for MemoryBlobStore {
         let mut blocks = Vec::with_capacity(block_ids.len());
         let mut bytes = BytesMut::new();
         for id in block_ids {
-            let block = find(staged, id).or_else(|| find(committed, id)).ok_or_else(|| {
-                StorageError::from_status(
-                    400,
-                    Some("InvalidBlockList".into()),
-                    format!("commit block list of blob {container}/{name}: no block {id:?}"),
-                )
-            })?;
+            let block = find(staged, id)
+                .or_else(|| find(committed, id))
+                .ok_or_else(|| {
+                    StorageError::from_status(
+                        400,
+                        Some("InvalidBlockList".into()),
+                        format!("commit block list of blob {container}/{name}: no block {id:?}"),
+                    )
+                })?;
             bytes.extend_from_slice(&block);
             blocks.push((id.clone(), block));
         }
@@ -363,10 +365,7 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(newer, etag);
-        assert_eq!(
-            store.properties("c1x", "a").await.unwrap().unwrap().size,
-            0
-        );
+        assert_eq!(store.properties("c1x", "a").await.unwrap().unwrap().size, 0);
         assert_eq!(store.properties("c1x", "zz").await.unwrap(), None);
         assert_eq!(store.counters().snapshot().admin, 2);
     }
@@ -430,10 +429,7 @@ mod tests {
         let mut marker: Option<String> = None;
         let mut pages = 0;
         loop {
-            let page = store
-                .list("lst", "p/", 2, marker.as_deref())
-                .await
-                .unwrap();
+            let page = store.list("lst", "p/", 2, marker.as_deref()).await.unwrap();
             pages += 1;
             names.extend(page.blobs.into_iter().map(|b| b.name));
             match page.next_marker {
