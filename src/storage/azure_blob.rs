@@ -32,9 +32,9 @@ use futures::StreamExt;
 use super::auth::{sdk_credentials, token_connection};
 use super::azure::{client_options, map_sdk_error};
 use super::blob::{
-    check_blob_name, check_block_id, check_block_list, check_body, check_container,
-    check_max_results, too_large, BlobListPage, BlobProperties, BlobRequestCounters,
-    BlobRequestKind, BlobStore, BlobWrite, BlockListing, Downloaded, WriteCondition,
+    check_blob, check_commit, check_container, check_list, check_put_block, check_upload,
+    too_large, BlobListPage, BlobProperties, BlobRequestCounters, BlobRequestKind, BlobStore,
+    BlobWrite, BlockListing, Downloaded, WriteCondition,
 };
 use super::connection::StorageAccount;
 use super::retry::{retry, RetryPolicy};
@@ -194,6 +194,22 @@ fn properties_of(name: &str, p: &azure_storage_blobs::blob::BlobProperties) -> B
     }
 }
 
+/// A Put Blob or Put Block List builder with a [`BlobWrite`]'s content type, encoding and
+/// condition (the two builders are distinct types with the same methods).
+macro_rules! with_write {
+    ($put:expr, $write:expr) => {{
+        let write: &BlobWrite = $write;
+        let mut put = $put.content_type(BlobContentType::from(write.content_type.clone()));
+        if let Some(encoding) = &write.content_encoding {
+            put = put.content_encoding(BlobContentEncoding::from(encoding.clone()));
+        }
+        if let Some(condition) = condition_header(&write.condition) {
+            put = put.if_match(condition);
+        }
+        put
+    }};
+}
+
 fn condition_header(condition: &WriteCondition) -> Option<IfMatchCondition> {
     match condition {
         WriteCondition::Always => None,
@@ -247,21 +263,11 @@ impl BlobStore for AzureBlobStore {
         body: Bytes,
         write: &BlobWrite,
     ) -> StorageResult<String> {
-        check_container(container)?;
-        check_blob_name(name)?;
-        check_body(&format!("blob {container}/{name}"), &body)?;
+        check_upload(container, name, &body)?;
         self.attempts(BlobRequestKind::Write, || async {
-            let mut put = self
-                .blob(container, name)
-                .put_block_blob(body.clone())
-                .content_type(BlobContentType::from(write.content_type.clone()));
-            if let Some(encoding) = &write.content_encoding {
-                put = put.content_encoding(BlobContentEncoding::from(encoding.clone()));
-            }
-            if let Some(condition) = condition_header(&write.condition) {
-                put = put.if_match(condition);
-            }
-            put.await
+            let put = self.blob(container, name).put_block_blob(body.clone());
+            with_write!(put, write)
+                .await
                 .map(|r| r.etag)
                 .map_err(|e| map_sdk_error(&format!("upload blob {container}/{name}"), e))
         })
@@ -275,10 +281,7 @@ impl BlobStore for AzureBlobStore {
         block_id: &str,
         body: Bytes,
     ) -> StorageResult<()> {
-        check_container(container)?;
-        check_blob_name(name)?;
-        check_block_id(block_id)?;
-        check_body(&format!("block {block_id:?} of {container}/{name}"), &body)?;
+        check_put_block(container, name, block_id, &body)?;
         let id = BlockId::new(Bytes::copy_from_slice(block_id.as_bytes()));
         self.attempts(BlobRequestKind::Write, || async {
             self.blob(container, name)
@@ -302,9 +305,7 @@ impl BlobStore for AzureBlobStore {
         block_ids: &[String],
         write: &BlobWrite,
     ) -> StorageResult<String> {
-        check_container(container)?;
-        check_blob_name(name)?;
-        check_block_list(block_ids)?;
+        check_commit(container, name, block_ids)?;
         let list = BlockList {
             blocks: block_ids
                 .iter()
@@ -312,17 +313,8 @@ impl BlobStore for AzureBlobStore {
                 .collect(),
         };
         self.attempts(BlobRequestKind::Write, || async {
-            let mut put = self
-                .blob(container, name)
-                .put_block_list(list.clone())
-                .content_type(BlobContentType::from(write.content_type.clone()));
-            if let Some(encoding) = &write.content_encoding {
-                put = put.content_encoding(BlobContentEncoding::from(encoding.clone()));
-            }
-            if let Some(condition) = condition_header(&write.condition) {
-                put = put.if_match(condition);
-            }
-            put.await.map(|r| r.etag).map_err(|e| {
+            let put = self.blob(container, name).put_block_list(list.clone());
+            with_write!(put, write).await.map(|r| r.etag).map_err(|e| {
                 map_sdk_error(&format!("commit block list of blob {container}/{name}"), e)
             })
         })
@@ -330,8 +322,7 @@ impl BlobStore for AzureBlobStore {
     }
 
     async fn block_list(&self, container: &str, name: &str) -> StorageResult<BlockListing> {
-        check_container(container)?;
-        check_blob_name(name)?;
+        check_blob(container, name)?;
         let result = self
             .attempts(BlobRequestKind::Read, || async {
                 self.blob(container, name)
@@ -369,8 +360,7 @@ impl BlobStore for AzureBlobStore {
         name: &str,
         max_bytes: u64,
     ) -> StorageResult<Downloaded> {
-        check_container(container)?;
-        check_blob_name(name)?;
+        check_blob(container, name)?;
         self.attempts(BlobRequestKind::Read, || {
             self.download_once(container, name, max_bytes)
         })
@@ -382,8 +372,7 @@ impl BlobStore for AzureBlobStore {
         container: &str,
         name: &str,
     ) -> StorageResult<Option<BlobProperties>> {
-        check_container(container)?;
-        check_blob_name(name)?;
+        check_blob(container, name)?;
         let result = self
             .attempts(BlobRequestKind::Read, || async {
                 self.blob(container, name)
@@ -409,8 +398,7 @@ impl BlobStore for AzureBlobStore {
         max_results: u32,
         marker: Option<&str>,
     ) -> StorageResult<BlobListPage> {
-        check_container(container)?;
-        check_max_results(max_results)?;
+        check_list(container, max_results)?;
         let response = self
             .attempts(BlobRequestKind::List, || async {
                 let mut list = self

@@ -9,8 +9,8 @@
 //! not exist); list blobs under a prefix one bounded page at a time, with a continuation marker.
 //!
 //! Invariants:
-//! - Every input is checked here before anything is sent ([`check_container`], [`check_blob_name`],
-//!   [`check_block_id`], the bounds below), so both adapters refuse the same requests alike.
+//! - Every input is checked here before anything is sent (one `check_*` function per operation:
+//!   names, block ids, the bounds below), so both adapters refuse the same requests alike.
 //! - Every loop whose work comes from storage is bounded: a download reads at most `max_bytes`
 //!   (+1 to detect more), a listing returns at most [`MAX_LIST_RESULTS`] blobs per call, a commit
 //!   names at most [`MAX_COMMITTED_BLOCKS`] blocks.
@@ -359,6 +359,42 @@ pub fn check_max_results(max_results: u32) -> StorageResult<()> {
         )));
     }
     Ok(())
+}
+
+/// A blob's address: a valid container and blob name.
+pub fn check_blob(container: &str, name: &str) -> StorageResult<()> {
+    check_container(container)?;
+    check_blob_name(name)
+}
+
+/// What [`BlobStore::upload`] checks before sending.
+pub fn check_upload(container: &str, name: &str, body: &[u8]) -> StorageResult<()> {
+    check_blob(container, name)?;
+    check_body(&format!("blob {container}/{name}"), body)
+}
+
+/// What [`BlobStore::put_block`] checks before sending.
+pub fn check_put_block(
+    container: &str,
+    name: &str,
+    block_id: &str,
+    body: &[u8],
+) -> StorageResult<()> {
+    check_blob(container, name)?;
+    check_block_id(block_id)?;
+    check_body(&format!("block {block_id:?} of {container}/{name}"), body)
+}
+
+/// What [`BlobStore::commit_blocks`] checks before sending.
+pub fn check_commit(container: &str, name: &str, block_ids: &[String]) -> StorageResult<()> {
+    check_blob(container, name)?;
+    check_block_list(block_ids)
+}
+
+/// What [`BlobStore::list`] checks before sending.
+pub fn check_list(container: &str, max_results: u32) -> StorageResult<()> {
+    check_container(container)?;
+    check_max_results(max_results)
 }
 
 /// The error for a blob longer than a download's bound.

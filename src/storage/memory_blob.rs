@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 
 use super::blob::{
-    check_blob_name, check_block_id, check_block_list, check_body, check_container,
-    check_max_results, too_large, BlobListPage, BlobProperties, BlobRequestCounters,
-    BlobRequestKind, BlobStore, BlobWrite, BlockListing, Downloaded, WriteCondition,
+    check_blob, check_commit, check_container, check_list, check_put_block, check_upload,
+    too_large, BlobListPage, BlobProperties, BlobRequestCounters, BlobRequestKind, BlobStore,
+    BlobWrite, BlockListing, Downloaded, WriteCondition,
 };
 use super::{StorageError, StorageResult};
 
@@ -161,9 +161,7 @@ impl BlobStore for MemoryBlobStore {
         body: Bytes,
         write: &BlobWrite,
     ) -> StorageResult<String> {
-        check_container(container)?;
-        check_blob_name(name)?;
-        check_body(&format!("blob {container}/{name}"), &body)?;
+        check_upload(container, name, &body)?;
         self.request(BlobRequestKind::Write)
             .write(container, name, body, Vec::new(), write)
     }
@@ -175,10 +173,7 @@ impl BlobStore for MemoryBlobStore {
         block_id: &str,
         body: Bytes,
     ) -> StorageResult<()> {
-        check_container(container)?;
-        check_blob_name(name)?;
-        check_block_id(block_id)?;
-        check_body(&format!("block {block_id:?} of {container}/{name}"), &body)?;
+        check_put_block(container, name, block_id, &body)?;
         let mut state = self.request(BlobRequestKind::Write);
         let staged = state
             .container(container)?
@@ -199,9 +194,7 @@ impl BlobStore for MemoryBlobStore {
         block_ids: &[String],
         write: &BlobWrite,
     ) -> StorageResult<String> {
-        check_container(container)?;
-        check_blob_name(name)?;
-        check_block_list(block_ids)?;
+        check_commit(container, name, block_ids)?;
         let mut state = self.request(BlobRequestKind::Write);
         let c = state.container(container)?;
         let staged = c.staged.get(name);
@@ -228,8 +221,7 @@ impl BlobStore for MemoryBlobStore {
     }
 
     async fn block_list(&self, container: &str, name: &str) -> StorageResult<BlockListing> {
-        check_container(container)?;
-        check_blob_name(name)?;
+        check_blob(container, name)?;
         let mut state = self.request(BlobRequestKind::Read);
         let c = state.container(container)?;
         let ids = |list: Option<&Vec<(String, Bytes)>>| -> Vec<String> {
@@ -248,8 +240,7 @@ impl BlobStore for MemoryBlobStore {
         name: &str,
         max_bytes: u64,
     ) -> StorageResult<Downloaded> {
-        check_container(container)?;
-        check_blob_name(name)?;
+        check_blob(container, name)?;
         let mut state = self.request(BlobRequestKind::Read);
         let blob = state.container(container)?.blobs.get(name).ok_or_else(|| {
             StorageError::from_status(
@@ -272,8 +263,7 @@ impl BlobStore for MemoryBlobStore {
         container: &str,
         name: &str,
     ) -> StorageResult<Option<BlobProperties>> {
-        check_container(container)?;
-        check_blob_name(name)?;
+        check_blob(container, name)?;
         let state = self.request(BlobRequestKind::Read);
         Ok(state
             .containers
@@ -289,8 +279,7 @@ impl BlobStore for MemoryBlobStore {
         max_results: u32,
         marker: Option<&str>,
     ) -> StorageResult<BlobListPage> {
-        check_container(container)?;
-        check_max_results(max_results)?;
+        check_list(container, max_results)?;
         let mut state = self.request(BlobRequestKind::List);
         let c = state.container(container)?;
         // The marker is the name the next page starts at.
