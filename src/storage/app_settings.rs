@@ -1,9 +1,10 @@
 //! One storage connection read from app settings, in either form the Functions host accepts:
 //! - a connection string in the setting `<NAME>` itself (parsed by [`super::settings`]), or
-//! - identity-based (keyless): `<NAME>__accountName` (public-cloud endpoints), or
-//!   `<NAME>__tableServiceUri` + `<NAME>__queueServiceUri` (+ `__blobServiceUri`, checked but
-//!   unused) for other clouds, private endpoints and local tests; `<NAME>__credential` picks how
-//!   tokens are obtained ([`TokenSource`]).
+//! - identity-based (keyless): `<NAME>__accountName` (public-cloud endpoints, blobs included), or
+//!   `<NAME>__tableServiceUri` + `<NAME>__queueServiceUri` (+ `<NAME>__blobServiceUri` where
+//!   Blob Storage is used: without it, only a blob operation fails, naming that setting) for
+//!   other clouds, private endpoints and local tests; `<NAME>__credential` picks how tokens are
+//!   obtained ([`TokenSource`]).
 //!
 //! `__credential` (case-insensitive):
 //! - `managedidentity`: the platform's identity endpoint — App Service/Functions
@@ -185,13 +186,28 @@ impl ConnectionSettings {
                     ),
                 ));
             }
-            return ConnectionSettings::parse(&connection_string).map_err(
+            let mut settings = ConnectionSettings::parse(&connection_string).map_err(
                 |ConnectionStringError(m)| err(name, format!("storage connection string: {m}")),
-            );
+            )?;
+            if let Err(missing) = &mut settings.blob_endpoint {
+                *missing = format!("app setting {name}: {missing}");
+            }
+            return Ok(settings);
         }
         let account = get(&key(ACCOUNT_NAME));
         let table = get(&key(TABLE_SERVICE_URI));
         let queue = get(&key(QUEUE_SERVICE_URI));
+        let blob = get(&key(BLOB_SERVICE_URI));
+        if account.is_some() && blob.is_some() {
+            return Err(err(
+                key(ACCOUNT_NAME),
+                format!(
+                    "give either {} or the service URIs ({}), not both",
+                    key(ACCOUNT_NAME),
+                    key(BLOB_SERVICE_URI)
+                ),
+            ));
+        }
         let (account_name, table_endpoint, queue_endpoint) = match (account, table, queue) {
             (None, None, None) => {
                 let detail = match identity_keys.first() {
@@ -255,14 +271,25 @@ impl ConnectionSettings {
                 (account, table, queue)
             }
         };
-        if let Some(blob) = get(&key(BLOB_SERVICE_URI)) {
-            service_uri(&key(BLOB_SERVICE_URI), &blob)?;
-        }
+        let blob_endpoint = match blob {
+            Some(blob) => Ok(service_uri(&key(BLOB_SERVICE_URI), &blob)?),
+            None if get(&key(ACCOUNT_NAME)).is_some() => {
+                Ok(format!("https://{account_name}.blob.core.windows.net"))
+            }
+            None => Err(format!(
+                "app setting {}: is not set, and connection {name} needs it to use Blob Storage \
+                 (it gives {} and {} only)",
+                key(BLOB_SERVICE_URI),
+                key(TABLE_SERVICE_URI),
+                key(QUEUE_SERVICE_URI)
+            )),
+        };
         let source = token_source(name, &get)?;
         Ok(ConnectionSettings {
             account_name,
             table_endpoint,
             queue_endpoint,
+            blob_endpoint,
             credential: Credential::Token {
                 connection: name.to_string(),
                 source,
@@ -448,6 +475,21 @@ mod tests {
     fn a_connection_string_reads_as_before() {
         let settings = read("Src", &[("Src", "UseDevelopmentStorage=true")]).unwrap();
         assert_eq!(settings, ConnectionSettings::development());
+        // Without a blob endpoint it is still a connection; using blobs names the app setting.
+        let no_blobs = read(
+            "Src",
+            &[(
+                "Src",
+                "TableEndpoint=https://a.table.core.windows.net;\
+                 QueueEndpoint=https://a.queue.core.windows.net;SharedAccessSignature=sv=1&sig=x",
+            )],
+        )
+        .unwrap();
+        let missing = no_blobs.blob_endpoint().unwrap_err();
+        assert!(
+            missing.starts_with("app setting Src: ") && missing.contains("add BlobEndpoint="),
+            "{missing}"
+        );
         let e = read("Src", &[("Src", "AccountName=a")]).unwrap_err();
         assert_eq!(e.setting, "Src");
         assert!(
@@ -471,6 +513,10 @@ mod tests {
         assert_eq!(
             settings.queue_endpoint,
             "https://prod1.queue.core.windows.net"
+        );
+        assert_eq!(
+            settings.blob_endpoint(),
+            Ok("https://prod1.blob.core.windows.net")
         );
         assert_eq!(settings.credential.kind(), "token");
         assert_eq!(
@@ -516,6 +562,10 @@ mod tests {
             "https://127.0.0.1:10101/devstoreaccount1"
         );
         assert_eq!(
+            settings.blob_endpoint(),
+            Ok("https://127.0.0.1:10100/devstoreaccount1")
+        );
+        assert_eq!(
             token(&settings),
             &TokenSource::ManagedIdentity {
                 endpoint: ManagedIdentityEndpoint::AppService {
@@ -541,6 +591,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(gov.account_name, "acct7");
+        // Table and queue URIs only: a connection, until blobs are used.
+        let missing = gov.blob_endpoint().unwrap_err();
+        assert!(
+            missing.starts_with("app setting G__blobServiceUri: is not set")
+                && missing.contains("connection G needs it to use Blob Storage"),
+            "{missing}"
+        );
         assert_eq!(
             token(&gov),
             &TokenSource::ManagedIdentity {
@@ -661,6 +718,23 @@ mod tests {
                 ],
                 "C__blobServiceUri",
                 "query",
+            ),
+            (
+                &[
+                    ("C__accountName", "acct"),
+                    ("C__blobServiceUri", "https://acct.blob.core.windows.net"),
+                ],
+                "C__accountName",
+                "not both",
+            ),
+            (
+                &[
+                    ("C__tableServiceUri", "https://h/a"),
+                    ("C__queueServiceUri", "https://h/a"),
+                    ("C__blobServiceUri", "http://h/a"),
+                ],
+                "C__blobServiceUri",
+                "https",
             ),
             (
                 &[("C__accountName", "Not_An_Account")],

@@ -1,6 +1,6 @@
 //! A storage account ready to talk to: parsed `ConnectionSettings`, one pooled HTTP client and
-//! the retry policy, from which each adapter builds its own client (`table_store`, `queue_store`
-//! and the signed data path are defined by the adapters, which import this module, never the
+//! the retry policy, from which each adapter builds its own client (`table_store`, `queue_store`,
+//! `blob_store` and the signed data path are defined by the adapters, which import this module, never the
 //! other way round).
 //!
 //! Invariants:
@@ -84,6 +84,12 @@ impl StorageAccount {
         &self.settings.queue_endpoint
     }
 
+    /// The blob service base URL, without a trailing slash; or, when the connection gives none,
+    /// the message naming the setting to add.
+    pub fn blob_endpoint(&self) -> Result<&str, &str> {
+        self.settings.blob_endpoint()
+    }
+
     /// `"key"`, `"sas"` or `"token"`: how requests are authorized (for diagnostics; never the secret).
     pub fn auth_kind(&self) -> &'static str {
         self.settings.credential.kind()
@@ -124,6 +130,7 @@ impl fmt::Debug for StorageAccount {
             .field("credential", &self.settings.credential)
             .field("table_endpoint", &self.settings.table_endpoint)
             .field("queue_endpoint", &self.settings.queue_endpoint)
+            .field("blob_endpoint", &self.blob_endpoint().ok())
             .field("development", &self.settings.development)
             .field("retry", &self.retry)
             .finish()
@@ -134,12 +141,15 @@ impl fmt::Display for StorageAccount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "account {} (tables {}, queues {}, {} auth)",
+            "account {} (tables {}, queues {}, ",
             self.account_name(),
             self.table_endpoint(),
             self.queue_endpoint(),
-            self.auth_kind()
-        )
+        )?;
+        if let Ok(blobs) = self.blob_endpoint() {
+            write!(f, "blobs {blobs}, ")?;
+        }
+        write!(f, "{} auth)", self.auth_kind())
     }
 }
 
@@ -205,9 +215,21 @@ mod tests {
             "https://acct9.queue.core.windows.net"
         );
         assert_eq!(account.auth_kind(), "sas");
+        assert!(account.blob_endpoint().is_err());
+        assert!(!account.to_string().contains("blobs"), "{account}");
         let dev = StorageAccount::parse("UseDevelopmentStorage=true").unwrap();
         assert_eq!(dev.settings(), &ConnectionSettings::development());
         assert_eq!(dev.auth_kind(), "key");
+        assert_eq!(
+            dev.blob_endpoint(),
+            Ok("http://127.0.0.1:10000/devstoreaccount1")
+        );
+        assert_eq!(
+            dev.to_string(),
+            "account devstoreaccount1 (tables http://127.0.0.1:10002/devstoreaccount1, queues \
+             http://127.0.0.1:10001/devstoreaccount1, blobs http://127.0.0.1:10000/devstoreaccount1, \
+             key auth)"
+        );
         let e = StorageAccount::parse(&format!("AccountKey={KEY}")).unwrap_err();
         assert!(e.to_string().contains("AccountName is missing"), "{e}");
     }

@@ -13,8 +13,13 @@
 //! - `auth`: the one place a credential becomes SDK credentials or signed-path authorization;
 //! - `azure`: what both adapters share (SDK options and pipeline, counted retried attempts, errors);
 //! - `signed`: the lean signed path for table data requests;
-//! - [`azure_table`] and [`azure_queue`]: the adapters, each building its own clients from an
-//!   account (they add `StorageAccount::table_store` and `queue_store`).
+//! - [`azure_table`], [`azure_queue`] and [`azure_blob`]: the adapters, each building its own
+//!   clients from an account (they add `StorageAccount::table_store`, `queue_store` and
+//!   `blob_store`).
+//!
+//! Blob Storage (export and import): [`blob`] is the [`blob::BlobStore`] interface and its
+//! checks, [`export_format`] the part files and manifest (pure: no I/O), `memory_blob` (`lab`)
+//! an in-memory store for unit tests.
 //!
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
@@ -22,14 +27,19 @@
 mod app_settings;
 mod auth;
 mod azure;
+pub mod azure_blob;
 pub mod azure_queue;
 pub mod azure_table;
+pub mod blob;
 pub mod connection;
 pub mod counters;
 pub mod entity;
+pub mod export_format;
 pub mod keys;
 #[cfg(feature = "lab")]
 pub mod memory;
+#[cfg(feature = "lab")]
+pub mod memory_blob;
 #[cfg(feature = "lab")]
 pub mod memory_queue;
 pub mod retry;

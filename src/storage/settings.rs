@@ -6,6 +6,10 @@
 //! - explicit `TableEndpoint=`/`QueueEndpoint=` with `AccountName`+`AccountKey` or `SharedAccessSignature`;
 //! - `DefaultEndpointsProtocol`/`AccountName`/`AccountKey`/`EndpointSuffix` (public-cloud style URLs).
 //!
+//! The blob endpoint (`BlobEndpoint=`, else derived from `AccountName` like the others) is
+//! optional: tables and queues work without it, and only using Blob Storage fails, with a message
+//! naming what to add ([`ConnectionSettings::blob_endpoint`]).
+//!
 //! Invariants:
 //! - Parsing is pure: no HTTP client, no SDK type, no I/O. Clients are built from the result by
 //!   [`super::connection::StorageAccount`] and the adapters.
@@ -31,6 +35,8 @@ pub const DEVELOPMENT_ACCOUNT_KEY: &str =
 const DEVELOPMENT_TABLE_ENDPOINT: &str = "http://127.0.0.1:10002/devstoreaccount1";
 /// Azurite's default queue endpoint.
 const DEVELOPMENT_QUEUE_ENDPOINT: &str = "http://127.0.0.1:10001/devstoreaccount1";
+/// Azurite's default blob endpoint.
+const DEVELOPMENT_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
 
 /// A connection string that cannot be used. The message names the offending key, never a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,6 +94,9 @@ pub struct ConnectionSettings {
     pub(crate) table_endpoint: String,
     /// The queue service base URL, without a trailing slash.
     pub(crate) queue_endpoint: String,
+    /// The blob service base URL, without a trailing slash; or, when the connection names none,
+    /// the message saying which setting to add (given only when Blob Storage is used).
+    pub(crate) blob_endpoint: Result<String, String>,
     pub(crate) credential: Credential,
     /// Whether this came from `UseDevelopmentStorage=true`.
     pub(crate) development: bool,
@@ -165,6 +174,15 @@ impl ConnectionSettings {
         };
         let table_endpoint = endpoint("TableEndpoint", "table")?;
         let queue_endpoint = endpoint("QueueEndpoint", "queue")?;
+        let blob_endpoint = match endpoint("BlobEndpoint", "blob") {
+            Ok(blob) => Ok(blob),
+            Err(_) if get("BlobEndpoint").is_none() => Err(
+                "the storage connection string gives no BlobEndpoint (nor an AccountName to derive \
+                 it from): add BlobEndpoint=<blob service URL> to use Blob Storage"
+                    .to_string(),
+            ),
+            Err(e) => return Err(e),
+        };
         let account_name = match account_name {
             Some(name) => name,
             None => account_from_endpoint(&table_endpoint).ok_or_else(|| {
@@ -175,6 +193,7 @@ impl ConnectionSettings {
             account_name,
             table_endpoint,
             queue_endpoint,
+            blob_endpoint,
             credential,
             development: false,
         })
@@ -186,9 +205,16 @@ impl ConnectionSettings {
             account_name: DEVELOPMENT_ACCOUNT.into(),
             table_endpoint: DEVELOPMENT_TABLE_ENDPOINT.into(),
             queue_endpoint: DEVELOPMENT_QUEUE_ENDPOINT.into(),
+            blob_endpoint: Ok(DEVELOPMENT_BLOB_ENDPOINT.into()),
             credential: Credential::Key(DEVELOPMENT_ACCOUNT_KEY.into()),
             development: true,
         }
+    }
+
+    /// The blob service base URL (no trailing slash), or the message naming the setting to add
+    /// when this connection gives none.
+    pub fn blob_endpoint(&self) -> Result<&str, &str> {
+        self.blob_endpoint.as_deref().map_err(String::as_str)
     }
 }
 
@@ -288,6 +314,10 @@ mod tests {
             settings.queue_endpoint,
             "http://127.0.0.1:10001/devstoreaccount1"
         );
+        assert_eq!(
+            settings.blob_endpoint(),
+            Ok("http://127.0.0.1:10000/devstoreaccount1")
+        );
         assert!(settings.development);
         assert_eq!(
             settings.credential,
@@ -310,6 +340,10 @@ mod tests {
             settings.queue_endpoint,
             "https://myacct.queue.core.windows.net"
         );
+        assert_eq!(
+            settings.blob_endpoint(),
+            Ok("https://myacct.blob.core.windows.net")
+        );
         assert_eq!(settings.credential, Credential::Key(KEY.into()));
         assert!(!settings.development);
 
@@ -317,6 +351,10 @@ mod tests {
         assert_eq!(
             china.table_endpoint,
             "http://a1.table.core.chinacloudapi.cn"
+        );
+        assert_eq!(
+            china.blob_endpoint(),
+            Ok("http://a1.blob.core.chinacloudapi.cn")
         );
     }
 
@@ -335,6 +373,10 @@ mod tests {
             settings.queue_endpoint,
             "http://127.0.0.1:4320/devstoreaccount1"
         );
+        assert_eq!(
+            settings.blob_endpoint(),
+            Ok("http://127.0.0.1:1/devstoreaccount1")
+        );
     }
 
     #[test]
@@ -345,6 +387,21 @@ mod tests {
         );
         assert_eq!(settings.account_name, "acct9");
         assert_eq!(settings.credential.kind(), "sas");
+        // No BlobEndpoint and no AccountName: fine for tables and queues, and using blobs says
+        // what to add.
+        let missing = settings.blob_endpoint().unwrap_err();
+        assert!(
+            missing.contains("no BlobEndpoint") && missing.contains("add BlobEndpoint="),
+            "{missing}"
+        );
+        let with_blobs = parse(
+            "TableEndpoint=https://acct9.table.core.windows.net;QueueEndpoint=https://acct9.queue.core.windows.net;\
+             BlobEndpoint=https://acct9.blob.core.windows.net/;SharedAccessSignature=sv=1&sig=abc",
+        );
+        assert_eq!(
+            with_blobs.blob_endpoint(),
+            Ok("https://acct9.blob.core.windows.net")
+        );
         let path_style = parse("TableEndpoint=http://127.0.0.1:9/devstoreaccount1;QueueEndpoint=http://127.0.0.1:8/devstoreaccount1;SharedAccessSignature=?sv=1&sig=abc");
         assert_eq!(path_style.account_name, "devstoreaccount1");
         assert_eq!(
@@ -395,6 +452,10 @@ mod tests {
             (
                 &format!("AccountName=a;AccountKey={KEY};TableEndpoint=http://h/?sv=1"),
                 "TableEndpoint must not carry a query",
+            ),
+            (
+                &format!("AccountName=a;AccountKey={KEY};BlobEndpoint=ftp://h/a"),
+                "BlobEndpoint must be an http(s) URL",
             ),
             (
                 "TableEndpoint=http://127.0.0.1:1/x;SharedAccessSignature=sv=1&sig=a",
