@@ -494,7 +494,7 @@ async fn proxying_passes_the_request_as_it_came() {
     .function("Echo", http_fn("items/{id}", json!(["post"])));
     let host = app.start_http().await.unwrap();
     assert!(
-        has_log(&host, "Echo: [post]") && has_log(&host, "(proxied)"),
+        has_log(&host, "Echo: [POST]") && has_log(&host, "(proxied)"),
         "{:?}",
         host.log_lines()
     );
