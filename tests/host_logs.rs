@@ -129,6 +129,51 @@ async fn host_json_log_levels_filter_what_the_handler_says() {
     host.shutdown().await;
 }
 
+/// The repository's host.json, as the host reads it, keeps what `docs/observability.md` needs:
+/// every queue function's success lines, the handler's console lines (failures, scan bounds), the
+/// request records; and drops the per-invocation `Executing`/`Executed` noise. HTTP-only
+/// functions are proxied (forwarding is the fallback for hosts without proxying).
+#[test]
+fn host_json_keeps_what_operators_need() {
+    use tablescan::app::catalog::{Trigger, FUNCTIONS};
+    use tablescan::host::config::{load_app, HttpMode, LogLevel};
+    let dir = tempfile::tempdir().unwrap();
+    tablescan::app::stage::stage(
+        dir.path(),
+        std::path::Path::new(env!("CARGO_BIN_EXE_tablescan")),
+    )
+    .expect("stage");
+    let app = load_app(dir.path()).unwrap();
+    assert_eq!(app.http_mode, HttpMode::Proxy);
+    let log = &app.logging;
+    let queue_functions: Vec<&str> = FUNCTIONS
+        .iter()
+        .filter(|f| matches!(f.trigger, Trigger::Queue { .. }))
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(queue_functions.len(), 4, "{queue_functions:?}");
+    for name in queue_functions {
+        assert!(log.enabled(&format!("Function.{name}.User"), LogLevel::Information), "{name}");
+        assert!(!log.enabled(&format!("Function.{name}"), LogLevel::Information), "{name}");
+        assert!(log.enabled(&format!("Function.{name}"), LogLevel::Warning), "{name}");
+    }
+    for level in [LogLevel::Information, LogLevel::Warning, LogLevel::Error] {
+        assert!(log.enabled("Host.Function.Console", level));
+    }
+    assert!(log.enabled("Host.Results", LogLevel::Information));
+    assert!(log.enabled("Host.Aggregator", LogLevel::Trace));
+    assert!(!log.enabled("Host.General", LogLevel::Information));
+    let host: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("host.json")).unwrap())
+            .unwrap();
+    let excluded = host["logging"]["applicationInsights"]["samplingSettings"]["excludedTypes"]
+        .as_str()
+        .unwrap();
+    for kind in ["Request", "Exception", "Trace"] {
+        assert!(excluded.split(';').any(|t| t == kind), "{excluded}");
+    }
+}
+
 fn source_entities() -> Vec<Entity> {
     let mut all: Vec<Entity> = dataset::entities(200, 5, dataset::RowsPerKey::default())
         .flatten()
