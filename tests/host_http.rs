@@ -526,7 +526,10 @@ async fn proxying_passes_the_request_as_it_came() {
     assert_eq!(header(&echo, "x-forwarded-proto"), Some("http"));
     assert_eq!(header(&echo, "x-forwarded-prefix"), None);
     assert_eq!(header(&echo, "user-agent"), Some("tester/1"));
-    assert_eq!(header(&echo, "x-azure-functions-hostversion"), Some("4.0.0.0"));
+    assert_eq!(
+        header(&echo, "x-azure-functions-hostversion"),
+        Some("4.0.0.0")
+    );
     let id = header(&echo, "x-azure-functions-invocationid").unwrap();
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
     assert_eq!(header(&echo, "x-ms-invocation-id"), Some(id));

@@ -56,19 +56,38 @@ async fn line_with(host: &tablescan::host::RunningHost, needles: &[&str]) -> Opt
     }
 }
 
+/// Like [`line_with`], failing the test (with the whole log) when no such line comes.
+async fn expect_line(host: &tablescan::host::RunningHost, needles: &[&str]) -> String {
+    match line_with(host, needles).await {
+        Some(line) => line,
+        None => panic!("no line with {needles:?} in {:#?}", host.log_lines()),
+    }
+}
+
+/// Fails the test (with the whole log) if a line contains `needle`.
+fn expect_no_line(host: &tablescan::host::RunningHost, needle: &str) {
+    assert!(
+        !has_log(host, needle),
+        "{needle:?} in {:#?}",
+        host.log_lines()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_only_from_successful_answers_under_the_hosts_categories() {
     let app = App::new(json!({}), json!({})).function("Work", payload_fn());
     let host = app.start_http().await.unwrap();
     let listening = line_with(&host, &["test handler listening"]).await;
     assert!(
-        listening
-            .as_deref()
-            .is_some_and(|l| l.starts_with("INFO ") && l.contains("[Host.Function.Console] test handler listening")),
+        listening.as_deref().is_some_and(|l| l.starts_with("INFO ")
+            && l.contains("[Host.Function.Console] test handler listening")),
         "stdout is logged at Information under Host.Function.Console: {listening:?}"
     );
 
-    assert_eq!(invoke(&host, json!({"logs": ["kept: a 2xx answer"]})).await, 200);
+    assert_eq!(
+        invoke(&host, json!({"logs": ["kept: a 2xx answer"]})).await,
+        200
+    );
     let kept = line_with(&host, &["kept: a 2xx answer"]).await;
     assert!(
         kept.as_deref().is_some_and(|l| l.starts_with("INFO ")
@@ -78,23 +97,22 @@ async fn logs_only_from_successful_answers_under_the_hosts_categories() {
     );
     // A non-2xx answer fails the invocation: its Logs are never read.
     assert_eq!(
-        invoke(&host, json!({"logs": ["dropped: a 500 answer"], "status": 500})).await,
+        invoke(
+            &host,
+            json!({"logs": ["dropped: a 500 answer"], "status": 500})
+        )
+        .await,
         500
     );
-    assert!(
-        line_with(&host, &["Executed 'Work' (Failed"]).await.is_some(),
-        "{:?}",
-        host.log_lines()
-    );
-    assert!(!has_log(&host, "dropped: a 500 answer"), "{:?}", host.log_lines());
+    expect_line(&host, &["Executed 'Work' (Failed"]).await;
+    expect_no_line(&host, "dropped: a 500 answer");
 
     // stderr: Error under Host.Function.Console (the handler then exits and is restarted).
     assert_eq!(invoke(&host, json!({"crash_until": 2})).await, 500);
     let crash = line_with(&host, &["crashing on purpose"]).await;
     assert!(
-        crash
-            .as_deref()
-            .is_some_and(|l| l.starts_with("ERROR ") && l.contains("[Host.Function.Console] test handler: crashing")),
+        crash.as_deref().is_some_and(|l| l.starts_with("ERROR ")
+            && l.contains("[Host.Function.Console] test handler: crashing")),
         "{crash:?}"
     );
     host.shutdown().await;
@@ -109,23 +127,16 @@ async fn host_json_log_levels_filter_what_the_handler_says() {
     }}});
     let app = App::new(levels, json!({})).function("Work", payload_fn());
     let host = app.start_http().await.unwrap();
-    assert_eq!(invoke(&host, json!({"logs": ["an Information log"]})).await, 200);
+    assert_eq!(
+        invoke(&host, json!({"logs": ["an Information log"]})).await,
+        200
+    );
     assert_eq!(invoke(&host, json!({"crash_until": 2})).await, 500);
     // The stderr line (Error) passes the filter; the stdout line and the Logs do not.
-    assert!(
-        line_with(&host, &["[Host.Function.Console] test handler: crashing"])
-            .await
-            .is_some(),
-        "{:?}",
-        host.log_lines()
-    );
-    assert!(
-        line_with(&host, &["Executed 'Work' (Succeeded"]).await.is_some(),
-        "the host's own lines are never filtered: {:?}",
-        host.log_lines()
-    );
-    assert!(!has_log(&host, "an Information log"), "{:?}", host.log_lines());
-    assert!(!has_log(&host, "test handler listening"), "{:?}", host.log_lines());
+    expect_line(&host, &["[Host.Function.Console] test handler: crashing"]).await;
+    expect_line(&host, &["Executed 'Work' (Succeeded"]).await;
+    expect_no_line(&host, "an Information log");
+    expect_no_line(&host, "test handler listening");
     host.shutdown().await;
 }
 
@@ -153,9 +164,18 @@ fn host_json_keeps_what_operators_need() {
         .collect();
     assert_eq!(queue_functions.len(), 4, "{queue_functions:?}");
     for name in queue_functions {
-        assert!(log.enabled(&format!("Function.{name}.User"), LogLevel::Information), "{name}");
-        assert!(!log.enabled(&format!("Function.{name}"), LogLevel::Information), "{name}");
-        assert!(log.enabled(&format!("Function.{name}"), LogLevel::Warning), "{name}");
+        assert!(
+            log.enabled(&format!("Function.{name}.User"), LogLevel::Information),
+            "{name}"
+        );
+        assert!(
+            !log.enabled(&format!("Function.{name}"), LogLevel::Information),
+            "{name}"
+        );
+        assert!(
+            log.enabled(&format!("Function.{name}"), LogLevel::Warning),
+            "{name}"
+        );
     }
     for level in [LogLevel::Information, LogLevel::Warning, LogLevel::Error] {
         assert!(log.enabled("Host.Function.Console", level));
@@ -208,7 +228,9 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
         "[Host.Function.Console] tablescan event=scan-start scan={id} driver=copy strategy=prefix source=AzureWebJobsStorage/{source} destination=AzureWebJobsStorage/{destination}"
     );
     assert!(
-        start.as_deref().is_some_and(|l| l.starts_with("INFO ") && l.ends_with(&expected)),
+        start
+            .as_deref()
+            .is_some_and(|l| l.starts_with("INFO ") && l.ends_with(&expected)),
         "{start:?}"
     );
     let end = line_with(host, &["tablescan event=scan-end", &scan, "state=failed"]).await;
@@ -221,11 +243,17 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
     );
 
     // A failure: on stderr (Error), with its scan, item, attempt, outcome, duration and reason.
-    let failure = line_with(host, &["event=invocation fn=PrefixScan", &scan, "outcome=failed"]).await;
+    let failure = line_with(
+        host,
+        &["event=invocation fn=PrefixScan", &scan, "outcome=failed"],
+    )
+    .await;
     let failure = failure.unwrap_or_else(|| panic!("no failure line: {:?}", host.log_lines()));
     assert!(
         failure.starts_with("ERROR ")
-            && failure.contains("[Host.Function.Console] tablescan event=invocation fn=PrefixScan kind=scan-step ")
+            && failure.contains(
+                "[Host.Function.Console] tablescan event=invocation fn=PrefixScan kind=scan-step "
+            )
             && failure.contains(" item=s-")
             && failure.contains(" status=500 ms=")
             && failure.contains(" invocation=")
@@ -242,7 +270,15 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
         host.log_lines()
     );
     // Successes: the answer's Logs, under the function's user category (host.json keeps them).
-    let success = line_with(host, &["[Function.PrefixScan.User] tablescan event=invocation", &scan, "outcome=ok"]).await;
+    let success = line_with(
+        host,
+        &[
+            "[Function.PrefixScan.User] tablescan event=invocation",
+            &scan,
+            "outcome=ok",
+        ],
+    )
+    .await;
     assert!(
         success.as_deref().is_some_and(|l| l.starts_with("INFO ")
             && l.contains(" kind=scan-step ")

@@ -141,7 +141,9 @@ pub fn scan_started(scan_id: &str, context: Option<&ScanContext>) {
 
 /// A running scan was recorded as ended in `state` (with `reason`).
 pub fn scan_ended(scan_id: &str, state: ScanState, started: OffsetDateTime, reason: Option<&str>) {
-    let ms = (OffsetDateTime::now_utc() - started).whole_milliseconds().max(0);
+    let ms = (OffsetDateTime::now_utc() - started)
+        .whole_milliseconds()
+        .max(0);
     let mut line = format!(
         "{PREFIX} event=scan-end scan={} state={} ms={ms}",
         token(scan_id),
@@ -241,7 +243,7 @@ fn scrub(value: &str) -> String {
         while let Some(found) = out[from..].to_ascii_lowercase().find(marker) {
             let start = from + found + marker.len();
             let len = out[start..]
-                .find(|c: char| matches!(c, '&' | ';' | ' ' | '"' | '\'' | ',' | ')' | '>'))
+                .find(['&', ';', ' ', '"', '\'', ',', ')', '>'])
                 .unwrap_or(out.len() - start);
             out.replace_range(start..start + len, "***");
             from = start + 3;
@@ -345,15 +347,21 @@ mod tests {
             .logs
             .remove(0);
         assert!(
-            line.contains("fn=TableCopy kind=table-copy scan=- item=- attempt=1/5 outcome=failed status=503"),
+            line.contains(
+                "fn=TableCopy kind=table-copy scan=- item=- attempt=1/5 outcome=failed status=503"
+            ),
             "{line}"
         );
     }
 
     #[test]
     fn secrets_and_layout_breakers_never_reach_a_line() {
-        let t = text("GET https://a/t?sv=1&sig=SECRET&x=1 AccountKey=KEY==;Name=a Bearer eyJhbGc rest");
-        assert!(!t.contains("SECRET") && !t.contains("KEY==") && !t.contains("eyJ"), "{t}");
+        let t =
+            text("GET https://a/t?sv=1&sig=SECRET&x=1 AccountKey=KEY==;Name=a Bearer eyJhbGc rest");
+        assert!(
+            !t.contains("SECRET") && !t.contains("KEY==") && !t.contains("eyJ"),
+            "{t}"
+        );
         assert!(t.contains("sig=***&x=1") && t.contains("Bearer ***"), "{t}");
         assert_eq!(token("a b=c\nd"), "a_b_c_d");
         assert_eq!(token(""), "-");

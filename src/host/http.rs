@@ -389,7 +389,11 @@ fn copy_headers(from: &HeaderMap, keep: impl Fn(&str) -> bool) -> reqwest::heade
 
 /// `X-Azure-Functions-HostVersion` and `X-Azure-Functions-InvocationId`, and in proxying mode
 /// also `x-ms-invocation-id`, replacing any the caller sent.
-fn add_invocation_headers(headers: &mut reqwest::header::HeaderMap, invocation_id: &str, proxy: bool) {
+fn add_invocation_headers(
+    headers: &mut reqwest::header::HeaderMap,
+    invocation_id: &str,
+    proxy: bool,
+) {
     let id = HeaderValue::from_str(invocation_id).expect("uuid is a header value");
     headers.insert(
         "x-azure-functions-hostversion",
@@ -403,7 +407,11 @@ fn add_invocation_headers(headers: &mut reqwest::header::HeaderMap, invocation_i
 
 /// The handler's raw answer as the caller's response (any status is an answer), or the host's
 /// own 500 when the invocation failed.
-fn raw_answer(log: &HostLog, tag: &str, answer: Result<RawResponse, super::invoke::InvokeError>) -> Response {
+fn raw_answer(
+    log: &HostLog,
+    tag: &str,
+    answer: Result<RawResponse, super::invoke::InvokeError>,
+) -> Response {
     match answer {
         Ok(raw) => {
             let mut response = Response::builder().status(raw.status);

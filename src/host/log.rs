@@ -192,7 +192,11 @@ mod tests {
         let console = CONSOLE_CATEGORY.to_string();
         assert_eq!(
             line(false, "error: all fine"),
-            (LogLevel::Information, console.clone(), "error: all fine".into())
+            (
+                LogLevel::Information,
+                console.clone(),
+                "error: all fine".into()
+            )
         );
         assert_eq!(
             line(true, "something broke"),
@@ -208,7 +212,10 @@ mod tests {
             )
         );
         assert_eq!(
-            line(false, "languageworkerconsolelog[x] LanguageWorkerConsoleLog y"),
+            line(
+                false,
+                "languageworkerconsolelog[x] LanguageWorkerConsoleLog y"
+            ),
             (
                 LogLevel::Information,
                 "Worker.HttpWorkerProcess.w1".into(),
@@ -223,7 +230,10 @@ mod tests {
     fn category_lines_are_filtered_by_host_json() {
         let log = HostLog::new(
             true,
-            LogFilter::new([("default", LogLevel::Warning), ("Function.A.User", LogLevel::Information)]),
+            LogFilter::new([
+                ("default", LogLevel::Warning),
+                ("Function.A.User", LogLevel::Information),
+            ]),
         );
         log.category(LogLevel::Information, "Function.A.User", "[i0]", "kept");
         log.category(LogLevel::Information, "Function.B.User", "[i0]", "dropped");

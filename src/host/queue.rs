@@ -10,9 +10,9 @@ use rand::Rng;
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::config::LogLevel;
 use super::config::QueuesOptions;
 use super::invoke::Invoker;
-use super::config::LogLevel;
 use super::log::{user_category, HostLog};
 use super::outputs::{effective_outputs, write_queue_outputs, QueueTarget, ResolvedOutput};
 use super::payload::{queue_payload, QueueItem, SysData};

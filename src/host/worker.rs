@@ -301,10 +301,22 @@ async fn run_once(
     let pid = child.id();
     let prefix = format!("{} [handler pid {}]", spec.label, pid.unwrap_or(0));
     if let Some(out) = child.stdout.take() {
-        forward_lines(out, spec.log.clone(), prefix.clone(), worker_id.clone(), false);
+        forward_lines(
+            out,
+            spec.log.clone(),
+            prefix.clone(),
+            worker_id.clone(),
+            false,
+        );
     }
     if let Some(err) = child.stderr.take() {
-        forward_lines(err, spec.log.clone(), prefix.clone(), worker_id.clone(), true);
+        forward_lines(
+            err,
+            spec.log.clone(),
+            prefix.clone(),
+            worker_id.clone(),
+            true,
+        );
     }
     state.send_replace(WorkerState {
         generation,

@@ -33,10 +33,10 @@ use crate::storage::{QueueStore, StorageError, TableStore};
 use super::config::STORAGE_SETTING;
 use super::functions::start_scan::recorded_context;
 use super::functions::status::is_valid_scan_id;
-use super::observe;
 use super::messages::{
     self, shard_of, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
+use super::observe;
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
 use super::state::{AppState, Counted};
 use super::tracking::{Completion, Counters, NewWork, RecordError, ScanState, Tracker, WorkState};

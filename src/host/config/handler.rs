@@ -45,8 +45,7 @@ pub(super) fn parse_custom_handler(
     let (section, section_name) = handler_section(host, f)?;
     let handler = parse_description(section, section_name, root, f)?;
     let flag = |name: &str| {
-        get_bool(section, name, f, &format!("{section_name}.{name}"))
-            .map(|v| v.unwrap_or(false))
+        get_bool(section, name, f, &format!("{section_name}.{name}")).map(|v| v.unwrap_or(false))
     };
     let mode = if flag("enableProxyingHttpRequest")? {
         HttpMode::Proxy
@@ -233,8 +232,10 @@ mod tests {
     #[test]
     fn proxying_wins_over_forwarding() {
         let mode = |forward: bool, proxy: bool| {
-            parse(serde_json::json!({"customHandler": {"description": {"defaultExecutablePath": "h"},
-                "enableForwardingHttpRequest": forward, "EnableProxyingHttpRequest": proxy}}))
+            parse(
+                serde_json::json!({"customHandler": {"description": {"defaultExecutablePath": "h"},
+                "enableForwardingHttpRequest": forward, "EnableProxyingHttpRequest": proxy}}),
+            )
             .unwrap()
             .1
         };

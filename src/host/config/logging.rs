@@ -203,7 +203,8 @@ mod tests {
         assert_eq!(parse(serde_json::json!({})).unwrap(), LogFilter::default());
         let e = parse(serde_json::json!({"logging": {"logLevel": {"Host": "Loud"}}})).unwrap_err();
         assert_eq!(e.field, "logging.logLevel.Host");
-        let e = parse(serde_json::json!({"logging": {"logLevel": {"a*b*c": "Error"}}})).unwrap_err();
+        let e =
+            parse(serde_json::json!({"logging": {"logLevel": {"a*b*c": "Error"}}})).unwrap_err();
         assert!(e.message.contains("one wildcard"), "{e}");
         let e = parse(serde_json::json!({"logging": {"logLevel": []}})).unwrap_err();
         assert_eq!(e.field, "logging.logLevel");
