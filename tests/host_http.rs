@@ -480,3 +480,58 @@ async fn bad_configuration_is_refused_with_file_and_field() {
         "{error}"
     );
 }
+
+/// Proxying mode (`enableProxyingHttpRequest`, which wins over forwarding): the original path and
+/// query untouched, the body even when chunked, `Host` replaced by the handler's address with the
+/// caller's in `X-Forwarded-Host`, `X-Forwarded-For`/`-Proto` set, `X-Forwarded-Prefix` removed,
+/// the invocation id in both invocation headers, `User-Agent` left alone, any status an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxying_passes_the_request_as_it_came() {
+    let app = App::new(
+        json!({}),
+        json!({ "enableProxyingHttpRequest": true, "enableForwardingHttpRequest": true }),
+    )
+    .function("Echo", http_fn("items/{id}", json!(["post"])));
+    let host = app.start_http().await.unwrap();
+    assert!(
+        has_log(&host, "Echo: [POST]") && has_log(&host, "(proxied)"),
+        "{:?}",
+        host.log_lines()
+    );
+    let public = host.http_addr().to_string();
+    let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok("hello "), Ok("body")];
+    let response = http_client()
+        .post(format!("http://{public}/api/items/42?b=2&a=x%20y&a=z"))
+        .header("User-Agent", "tester/1")
+        .header("X-Test-Status", "418")
+        .header("X-Forwarded-Prefix", "/spoofed")
+        .header("X-Forwarded-Host", "spoofed.example")
+        .header("X-Azure-Functions-InvocationId", "spoofed")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 418);
+    let echo: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(echo["path"], "/api/items/42");
+    assert_eq!(echo["query"], "b=2&a=x%20y&a=z");
+    assert_eq!(echo["body"], "hello body", "a chunked body is proxied");
+    let handler_host = header(&echo, "host").unwrap();
+    assert!(
+        handler_host.starts_with("127.0.0.1:") && handler_host != public,
+        "{handler_host}"
+    );
+    assert_eq!(header(&echo, "x-forwarded-host"), Some(public.as_str()));
+    assert_eq!(header(&echo, "x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(header(&echo, "x-forwarded-proto"), Some("http"));
+    assert_eq!(header(&echo, "x-forwarded-prefix"), None);
+    assert_eq!(header(&echo, "user-agent"), Some("tester/1"));
+    assert_eq!(
+        header(&echo, "x-azure-functions-hostversion"),
+        Some("4.0.0.0")
+    );
+    let id = header(&echo, "x-azure-functions-invocationid").unwrap();
+    assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
+    assert_eq!(header(&echo, "x-ms-invocation-id"), Some(id));
+    host.shutdown().await;
+}

@@ -6,8 +6,8 @@
 /// How the Functions host reaches a function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
-    /// HTTP-only function, forwarded as the raw request to `/api/{route}`
-    /// (`enableForwardingHttpRequest`).
+    /// HTTP-only function, passed as the raw request to `/api/{route}`
+    /// (`enableProxyingHttpRequest`, or `enableForwardingHttpRequest` on older hosts).
     Http {
         method: &'static str,
         route: &'static str,

@@ -12,13 +12,20 @@ use super::config::{Config, STORAGE_SETTING};
 use super::server;
 use super::state::AppState;
 
-/// Logs go to stdout: the host logs a handler's stderr lines as errors.
+/// Diagnostics at `WARN` and above go to stderr, the rest to stdout: the host logs a custom
+/// handler's stdout at Information and its stderr at Error, or at Warning when the line says
+/// "warn" — which a `WARN` line does (docs/custom-handler-protocol.md §11). What operators
+/// query is written by [`super::observe`], whatever `RUST_LOG` says.
 pub fn init_logging() {
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let writer = std::io::stderr
+        .with_max_level(tracing::Level::WARN)
+        .or_else(std::io::stdout);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stdout)
+        .with_writer(writer)
         .with_ansi(false)
         .with_target(false)
         .try_init();

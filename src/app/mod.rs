@@ -8,6 +8,7 @@ pub mod error;
 pub mod functions;
 pub mod handler;
 pub mod messages;
+pub mod observe;
 pub mod package;
 pub mod protocol;
 pub mod server;

@@ -20,6 +20,7 @@ use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
 use super::functions::{cancel_scan, get_scan, list_scans, poisoned, start_scan};
 use super::messages::{CopyMessage, StepMessage};
+use super::observe;
 use super::state::AppState;
 use super::work;
 
@@ -50,6 +51,7 @@ pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, 
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_INVOCATION_BODY))
+        .layer(axum::middleware::from_fn(observe::invocation_span))
         .with_state(state)
 }
 

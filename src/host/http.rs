@@ -1,6 +1,7 @@
 //! The HTTP front: `http://127.0.0.1:{port}/{routePrefix}/{route}` for HTTP-triggered functions,
-//! in forwarding mode (§5.1) or payload mode (§3.4, §4.3). With several instances, requests are
-//! spread round-robin, like the load balancer in front of a scaled-out app.
+//! in proxying mode (§5.2), forwarding mode (§5.1) or payload mode (§3.4, §4.3). With several
+//! instances, requests are spread round-robin, like the load balancer in front of a scaled-out
+//! app.
 //!
 //! `authLevel` is not enforced: like Core Tools, every local request is accepted.
 
@@ -9,14 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 
-use super::config::FunctionConfig;
-use super::invoke::{Invoker, HOST_VERSION};
-use super::log::HostLog;
+use super::config::{FunctionConfig, HttpMode, LogLevel};
+use super::invoke::{Invoker, RawRequest, RawResponse, HOST_VERSION};
+use super::log::{user_category, HostLog};
 use super::outputs::{effective_outputs, write_queue_outputs, OutputTarget, ResolvedOutput};
 use super::payload::{http_output, http_payload, HttpRequestInfo, SysData};
 use super::route::{path_segments, RouteTemplate};
@@ -30,8 +31,9 @@ pub struct HttpRoute<S> {
     pub binding: String,
     pub template: RouteTemplate,
     pub methods: Option<Vec<String>>,
-    /// Forwarding mode applies (option on and the function is HTTP-in/HTTP-out only).
-    pub forward: bool,
+    /// How the request reaches the handler (proxied or forwarded only when the option is on and
+    /// the function is HTTP-in/HTTP-out only).
+    pub mode: HttpMode,
     pub outputs: Arc<Vec<ResolvedOutput<S>>>,
 }
 
@@ -129,6 +131,10 @@ fn plain(status: StatusCode, text: impl Into<String>) -> Response {
 }
 
 async fn handle<S: QueueStore>(State(front): State<Arc<Front<S>>>, request: Request) -> Response {
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_string();
     let method = parts.method.as_str().to_string();
@@ -166,8 +172,10 @@ async fn handle<S: QueueStore>(State(front): State<Arc<Front<S>>>, request: Requ
         .get("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok());
-    // The host only passes a body on when the request declared Content-Length > 0.
+    // Forwarding and payload mode only pass a body on when the request declared
+    // Content-Length > 0; the proxy streams whatever comes.
     let body = match content_length {
+        _ if route.mode == HttpMode::Proxy => Some(body),
         Some(n) if n > 0 => Some(body),
         _ => {
             if !body.is_empty() {
@@ -183,20 +191,29 @@ async fn handle<S: QueueStore>(State(front): State<Arc<Front<S>>>, request: Requ
         .log
         .info(format!("{tag} Executing '{function}' ({method} {path})"));
     let started = std::time::Instant::now();
-    let response = if route.forward {
-        forward(&front, &instance, route, &invocation_id, &parts, body).await
-    } else {
-        payload(
-            &front,
-            &instance,
-            route,
-            &invocation_id,
-            &parts,
-            body,
-            params,
-            &tag,
-        )
-        .await
+    let response = match route.mode {
+        HttpMode::Forward => forward(&front, &instance, route, &invocation_id, &parts, body).await,
+        HttpMode::Proxy => {
+            let request = proxied_request(&parts, body, client, &invocation_id);
+            let answer = instance
+                .invoker
+                .proxy(&route.function.name, &invocation_id, request)
+                .await;
+            raw_answer(&front.log, &tag, answer)
+        }
+        HttpMode::Payload => {
+            payload(
+                &front,
+                &instance,
+                route,
+                &invocation_id,
+                &parts,
+                body,
+                params,
+                &tag,
+            )
+            .await
+        }
     };
     let (status, failed) = (
         response.status(),
@@ -291,12 +308,7 @@ async fn forward<S: QueueStore>(
         path_and_query.push('?');
         path_and_query.push_str(&q.join("&"));
     }
-    let mut headers = reqwest::header::HeaderMap::new();
-    for (name, value) in &parts.headers {
-        if !HOP_BY_HOP.contains(&name.as_str()) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
+    let mut headers = copy_headers(&parts.headers, |_| true);
     if let Some(len) = body.as_ref().map(|b| b.len()) {
         headers.insert("content-length", HeaderValue::from(len));
     }
@@ -312,26 +324,95 @@ async fn forward<S: QueueStore>(
         "user-agent",
         HeaderValue::from_str(&agent).unwrap_or(HeaderValue::from_static("Azure-Functions-Host")),
     );
+    add_invocation_headers(&mut headers, invocation_id, false);
+    let request = RawRequest {
+        method: parts.method.clone(),
+        path_and_query,
+        headers,
+        body,
+    };
+    let answer = instance
+        .invoker
+        .forward(&route.function.name, invocation_id, request)
+        .await;
+    raw_answer(&front.log, &tag, answer)
+}
+
+/// The request the host's proxy sends (§5.2): the original path and query untouched, every
+/// header but the hop-by-hop ones and `Host`, `X-Forwarded-For`/`-Proto`/`-Host` set from the
+/// caller (`X-Forwarded-Prefix` removed: the host has no path base), the invocation headers set,
+/// and the body whatever its framing.
+fn proxied_request(
+    parts: &axum::http::request::Parts,
+    body: Option<Bytes>,
+    client: Option<std::net::IpAddr>,
+    invocation_id: &str,
+) -> RawRequest {
+    const SET_BY_PROXY: [&str; 5] = [
+        "host",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-forwarded-prefix",
+    ];
+    let mut headers = copy_headers(&parts.headers, |name| !SET_BY_PROXY.contains(&name));
+    let client = client.map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string());
+    if let Ok(v) = HeaderValue::from_str(&client) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if let Some(host) = parts.headers.get("host") {
+        headers.insert("x-forwarded-host", host.clone());
+    }
+    add_invocation_headers(&mut headers, invocation_id, true);
+    RawRequest {
+        method: parts.method.clone(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string()),
+        headers,
+        body,
+    }
+}
+
+/// The caller's headers without the hop-by-hop ones and those `keep` refuses.
+fn copy_headers(from: &HeaderMap, keep: impl Fn(&str) -> bool) -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (name, value) in from {
+        if !HOP_BY_HOP.contains(&name.as_str()) && keep(name.as_str()) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
+}
+
+/// `X-Azure-Functions-HostVersion` and `X-Azure-Functions-InvocationId`, and in proxying mode
+/// also `x-ms-invocation-id`, replacing any the caller sent.
+fn add_invocation_headers(
+    headers: &mut reqwest::header::HeaderMap,
+    invocation_id: &str,
+    proxy: bool,
+) {
+    let id = HeaderValue::from_str(invocation_id).expect("uuid is a header value");
     headers.insert(
         "x-azure-functions-hostversion",
         HeaderValue::from_static(HOST_VERSION),
     );
-    headers.insert(
-        "x-azure-functions-invocationid",
-        HeaderValue::from_str(invocation_id).expect("uuid is a header value"),
-    );
-    match instance
-        .invoker
-        .forward(
-            &route.function.name,
-            invocation_id,
-            parts.method.clone(),
-            path_and_query,
-            headers,
-            body,
-        )
-        .await
-    {
+    headers.insert("x-azure-functions-invocationid", id.clone());
+    if proxy {
+        headers.insert("x-ms-invocation-id", id);
+    }
+}
+
+/// The handler's raw answer as the caller's response (any status is an answer), or the host's
+/// own 500 when the invocation failed.
+fn raw_answer(
+    log: &HostLog,
+    tag: &str,
+    answer: Result<RawResponse, super::invoke::InvokeError>,
+) -> Response {
+    match answer {
         Ok(raw) => {
             let mut response = Response::builder().status(raw.status);
             for (name, value) in &raw.headers {
@@ -341,9 +422,9 @@ async fn forward<S: QueueStore>(
             }
             response
                 .body(Body::from(raw.body))
-                .unwrap_or_else(|e| failure(&front.log, &tag, e))
+                .unwrap_or_else(|e| failure(log, tag, e))
         }
-        Err(e) => failure(&front.log, &tag, e),
+        Err(e) => failure(log, tag, e),
     }
 }
 
@@ -421,8 +502,11 @@ async fn payload<S: QueueStore>(
         Ok(r) => r,
         Err(e) => return failure(&front.log, tag, e),
     };
+    let category = user_category(&route.function.name);
     for line in &result.logs {
-        front.log.info(format!("{tag} {line}"));
+        front
+            .log
+            .category(LogLevel::Information, &category, tag, line);
     }
     let values = effective_outputs(&route.outputs, &result);
     if let Err(e) = write_queue_outputs(&route.outputs, &values, front.encoding).await {

@@ -1,5 +1,5 @@
-//! Sending one invocation to the handler: payload mode (§3) and forwarding mode (§5.1), with the
-//! function timeout that restarts the handler (§6).
+//! Sending one invocation to the handler: payload mode (§3), forwarding mode (§5.1) and proxying
+//! mode (§5.2), with the function timeout that restarts the handler (§6).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +24,8 @@ pub enum InvokeError {
     HandlerRestarted,
     /// Connection-level failure talking to the handler.
     Transport(String),
+    /// The handler refused the connection (nothing was sent).
+    Connect(String),
     /// The handler answered, but not a result the host accepts.
     Response(ResponseProblem),
 }
@@ -36,13 +38,31 @@ impl std::fmt::Display for InvokeError {
             InvokeError::HandlerRestarted => {
                 f.write_str("the handler process was restarted during the invocation")
             }
-            InvokeError::Transport(e) => write!(f, "request to handler failed: {e}"),
+            InvokeError::Transport(e) | InvokeError::Connect(e) => {
+                write!(f, "request to handler failed: {e}")
+            }
             InvokeError::Response(p) => write!(f, "{p}"),
         }
     }
 }
 
-/// A handler's raw HTTP answer (forwarding mode).
+/// The host's proxy retries a request the handler's socket refused this many times in all
+/// (`RetryProxyHandler.MaxRetries`), waiting 50 ms, doubling up to 250 ms, in between.
+pub const PROXY_ATTEMPTS: u32 = 10;
+const PROXY_FIRST_DELAY: Duration = Duration::from_millis(50);
+const PROXY_MAX_DELAY: Duration = Duration::from_millis(250);
+
+/// An HTTP request sent to the handler as it is (forwarding and proxying modes).
+#[derive(Debug, Clone)]
+pub struct RawRequest {
+    pub method: reqwest::Method,
+    /// Path and query on the handler.
+    pub path_and_query: String,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Option<Bytes>,
+}
+
+/// A handler's raw HTTP answer (forwarding and proxying modes).
 #[derive(Debug)]
 pub struct RawResponse {
     pub status: u16,
@@ -168,17 +188,14 @@ impl Invoker {
                 .body(reqwest::Body::wrap_stream(stream))
                 .send()
                 .await
-                .map_err(|e| InvokeError::Transport(error_chain(&e)))?;
+                .map_err(transport)?;
             let status = response.status().as_u16();
             let content_type = response
                 .headers()
                 .get(reqwest::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| InvokeError::Transport(error_chain(&e)))?;
+            let bytes = response.bytes().await.map_err(transport)?;
             parse_invocation_response(status, content_type.as_deref(), &bytes)
                 .map_err(InvokeError::Response)
         })
@@ -191,35 +208,72 @@ impl Invoker {
         &self,
         function: &str,
         invocation_id: &str,
-        method: reqwest::Method,
-        path_and_query: String,
-        headers: reqwest::header::HeaderMap,
-        body: Option<Bytes>,
+        request: RawRequest,
     ) -> Result<RawResponse, InvokeError> {
-        self.run(function, invocation_id, move |client, port| async move {
-            let mut request = client
-                .request(method, format!("http://127.0.0.1:{port}{path_and_query}"))
-                .headers(headers);
-            if let Some(body) = body {
-                request = request.body(body);
-            }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| InvokeError::Transport(error_chain(&e)))?;
-            let status = response.status().as_u16();
-            let headers = response.headers().clone();
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| InvokeError::Transport(error_chain(&e)))?;
-            Ok(RawResponse {
-                status,
-                headers,
-                body,
-            })
+        self.run(function, invocation_id, move |client, port| {
+            send_raw(client, port, request)
         })
         .await
+    }
+
+    /// Proxying mode: like [`Invoker::forward`], but a refused connection is retried, as the
+    /// host's proxy does (up to [`PROXY_ATTEMPTS`] attempts).
+    pub async fn proxy(
+        &self,
+        function: &str,
+        invocation_id: &str,
+        request: RawRequest,
+    ) -> Result<RawResponse, InvokeError> {
+        self.run(function, invocation_id, move |client, port| async move {
+            let mut delay = PROXY_FIRST_DELAY;
+            let mut attempt = 1;
+            loop {
+                match send_raw(client.clone(), port, request.clone()).await {
+                    Err(InvokeError::Connect(_)) if attempt < PROXY_ATTEMPTS => {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(PROXY_MAX_DELAY);
+                        attempt += 1;
+                    }
+                    other => return other,
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Sends `request` to the handler on `port` and reads its whole answer.
+async fn send_raw(
+    client: reqwest::Client,
+    port: u16,
+    request: RawRequest,
+) -> Result<RawResponse, InvokeError> {
+    let mut outgoing = client
+        .request(
+            request.method,
+            format!("http://127.0.0.1:{port}{}", request.path_and_query),
+        )
+        .headers(request.headers);
+    if let Some(body) = request.body {
+        outgoing = outgoing.body(body);
+    }
+    let response = outgoing.send().await.map_err(transport)?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.bytes().await.map_err(transport)?;
+    Ok(RawResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A failed exchange with the handler; [`InvokeError::Connect`] when nothing could be sent.
+fn transport(e: reqwest::Error) -> InvokeError {
+    if e.is_connect() {
+        InvokeError::Connect(error_chain(&e))
+    } else {
+        InvokeError::Transport(error_chain(&e))
     }
 }
 

@@ -4,10 +4,14 @@
 //! It knows nothing about scans: it reads `host.json` and `*/function.json`, launches
 //! `customHandler.description.defaultExecutablePath`, and talks the custom-handler protocol
 //! (see `docs/custom-handler-protocol.md` §1-§7, §10; the § numbers in this module tree are that page's):
-//! - HTTP triggers on `127.0.0.1:{port}/{routePrefix}/{route}`, forwarded or wrapped in a payload;
+//! - HTTP triggers on `127.0.0.1:{port}/{routePrefix}/{route}`, proxied, forwarded or wrapped in
+//!   a payload;
 //! - queue triggers through [`QueueStore`], with the Storage Queues extension's polling, batching,
 //!   retry and poison rules;
-//! - handler supervision: readiness, restarts, function timeouts.
+//! - handler supervision: readiness, restarts, function timeouts;
+//! - logging as the host does it for a custom handler (§11): `Logs` of successful invocations,
+//!   the handler's stdout and stderr, each under the host's category and level, filtered by
+//!   host.json `logging.logLevel`.
 //!
 //! Local choices where the real host depends on the environment:
 //! - `maxPollingInterval` defaults to 2 s (Core Tools' development value; Azure uses 1 min);
@@ -15,8 +19,11 @@
 //!   multiplies by the core count on other plans; set `WEBSITE_SKU` to a non-`Dynamic` value to get that);
 //! - `functionTimeout` follows the Consumption plan: default 5 min, 1 s to 10 min;
 //! - `authLevel` is not enforced (like Core Tools, all local requests are accepted);
-//! - bindings other than httpTrigger/http/queueTrigger/queue, retry policies, proxying mode and
-//!   a fixed `customHandler.port` are rejected with a clear error.
+//! - the local host's own diagnostic lines (`Executing`/`Executed`, settlements, restarts) are
+//!   always shown, whatever host.json's `logging.logLevel` says; a proxied response is buffered,
+//!   not streamed;
+//! - bindings other than httpTrigger/http/queueTrigger/queue, retry policies and a fixed
+//!   `customHandler.port` are rejected with a clear error.
 
 pub mod config;
 pub mod http;
@@ -43,7 +50,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use self::config::{load_app, read_local_settings, AppConfig, AppSettings, ConfigError};
+use self::config::{load_app, read_local_settings, AppConfig, AppSettings, ConfigError, HttpMode};
 use self::http::Front;
 use self::instance::{start_instance, stop_instance, InstanceHandle, Shared};
 use self::log::HostLog;
@@ -160,8 +167,8 @@ impl Host {
         S: QueueStore,
         F: Fn(&ConnectionSettings) -> Result<S, String>,
     {
-        let log = HostLog::new(config.capture_logs);
         let app = Arc::new(load_app(&config.app_dir)?);
+        let log = HostLog::new(config.capture_logs, app.logging.clone());
         let settings = Arc::new(load_settings(&config, &app)?);
         let triggers = resolve_triggers(&app, &settings, connect)?;
         let (listener, addr) = bind_http(config.listen).await?;
@@ -224,7 +231,9 @@ fn serve_http(
         let shutdown = async move {
             let _ = server_stop_rx.wait_for(|s| *s).await;
         };
-        let _ = axum::serve(listener, router)
+        // The caller's address is the proxy's `X-Forwarded-For` (§5.2).
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, service)
             .with_graceful_shutdown(shutdown)
             .await;
     });
@@ -248,7 +257,11 @@ fn log_triggers<S>(log: &HostLog, addr: SocketAddr, front: &Front<S>, queues: &[
         log.info(format!(
             "{}: [{methods}] http://{addr}{prefix}/{route} ({})",
             r.function.name,
-            if r.forward { "forwarded" } else { "payload" }
+            match r.mode {
+                HttpMode::Forward => "forwarded",
+                HttpMode::Proxy => "proxied",
+                HttpMode::Payload => "payload",
+            }
         ));
     }
     for q in queues {

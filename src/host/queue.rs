@@ -10,9 +10,10 @@ use rand::Rng;
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::config::LogLevel;
 use super::config::QueuesOptions;
 use super::invoke::Invoker;
-use super::log::HostLog;
+use super::log::{user_category, HostLog};
 use super::outputs::{effective_outputs, write_queue_outputs, QueueTarget, ResolvedOutput};
 use super::payload::{queue_payload, QueueItem, SysData};
 use super::stats::InvocationStats;
@@ -299,8 +300,11 @@ impl<S: QueueStore> QueueListener<S> {
             .invoke_payload(&self.function, invocation_id, body)
             .await
             .map_err(|e| e.to_string())?;
+        // Only a successful answer's Logs are read (§4.1), under the function's user category.
+        let category = user_category(&self.function);
         for line in &result.logs {
-            self.log.info(format!("{tag} {line}"));
+            self.log
+                .category(LogLevel::Information, &category, tag, line);
         }
         let values = effective_outputs(&self.outputs, &result);
         write_queue_outputs(&self.outputs, &values, self.options.message_encoding)

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::config::{
-    resolve_queue_name, AppConfig, AppSettings, ConfigError, FunctionConfig, OutputKind,
+    resolve_queue_name, AppConfig, AppSettings, ConfigError, FunctionConfig, HttpMode, OutputKind,
     QueueTriggerConfig, TriggerConfig,
 };
 use super::http::{sort_routes, HttpRoute};
@@ -80,7 +80,11 @@ where
                     binding: h.name.clone(),
                     template,
                     methods: h.methods.clone(),
-                    forward: app.forwarding && function.http_in_out_only,
+                    mode: if function.http_in_out_only {
+                        app.http_mode
+                    } else {
+                        HttpMode::Payload
+                    },
                     outputs,
                 });
             }

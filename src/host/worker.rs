@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::config::{expand_argument, AppConfig, AppSettings};
-use super::log::HostLog;
+use super::log::{console_line, HostLog};
 
 /// `WorkerReadyCheckPollingIntervalMilliseconds`.
 pub const READY_POLL_INTERVAL: Duration = Duration::from_millis(25);
@@ -259,23 +259,20 @@ fn spawn_handler(spec: &WorkerSpec, port: u16, worker_id: &str) -> std::io::Resu
     cmd.spawn()
 }
 
+/// Logs each line of the handler's stdout or stderr under the level and category the host uses
+/// (`Host.Function.Console`; §11), through host.json's `logging.logLevel` filter.
 fn forward_lines<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
     reader: R,
     log: HostLog,
     prefix: String,
+    worker_id: String,
     stderr: bool,
 ) {
     tokio::spawn(async move {
         let mut lines = BufReader::new(reader).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            // The host logs stderr as errors (warnings if the line says "warn").
-            if !stderr {
-                log.info(format!("{prefix} {line}"));
-            } else if line.to_ascii_lowercase().contains("warn") {
-                log.warn(format!("{prefix} {line}"));
-            } else {
-                log.error(format!("{prefix} {line}"));
-            }
+            let (level, category, message) = console_line(stderr, &line, &worker_id);
+            log.category(level, &category, &prefix, &message);
         }
     });
 }
@@ -304,10 +301,22 @@ async fn run_once(
     let pid = child.id();
     let prefix = format!("{} [handler pid {}]", spec.label, pid.unwrap_or(0));
     if let Some(out) = child.stdout.take() {
-        forward_lines(out, spec.log.clone(), prefix.clone(), false);
+        forward_lines(
+            out,
+            spec.log.clone(),
+            prefix.clone(),
+            worker_id.clone(),
+            false,
+        );
     }
     if let Some(err) = child.stderr.take() {
-        forward_lines(err, spec.log.clone(), prefix.clone(), true);
+        forward_lines(
+            err,
+            spec.log.clone(),
+            prefix.clone(),
+            worker_id.clone(),
+            true,
+        );
     }
     state.send_replace(WorkerState {
         generation,

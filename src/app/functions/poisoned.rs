@@ -6,15 +6,21 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
 
 use crate::app::messages::WorkMessage;
+use crate::app::observe;
 use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
 use crate::storage::{QueueStore, TableStore};
 
 pub async fn handle<M: WorkMessage, T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> InvocationResponse {
-    state.settle_poisoned::<M>(&body).await
+    let observed =
+        observe::Invocation::start::<M>(&uri, &headers, &body, state.config.max_dequeue_count);
+    observed.finish(state.settle_poisoned::<M>(&body).await)
 }

@@ -6,6 +6,7 @@ use time::OffsetDateTime;
 use super::codec::{diagnostic, format_time, get_str, get_time, put_str, put_time};
 use super::{again, contention, Tracker};
 use crate::app::messages::ScanContext;
+use crate::app::observe;
 use crate::retry::Verdict;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
@@ -76,7 +77,7 @@ impl<T: TableStore> Tracker<'_, T> {
             let context = serde_json::to_string(context).expect("contexts serialize");
             put_str(p, "Context", &context);
         }
-        match self
+        let inserted = match self
             .store
             .submit_batch(
                 self.scans_table,
@@ -100,7 +101,11 @@ impl<T: TableStore> Tracker<'_, T> {
                 }
             }
             other => other,
+        };
+        if inserted.is_ok() {
+            observe::scan_started(&record.id, record.context.as_ref());
         }
+        inserted
     }
 
     fn parse_scan(entity: Entity, etag: String) -> Option<ScanRecord> {
@@ -200,7 +205,10 @@ impl<T: TableStore> Tracker<'_, T> {
                 .submit_batch(self.scans_table, scan_id, &[op])
                 .await
             {
-                Ok(()) => return Ok(true),
+                Ok(()) => {
+                    observe::scan_ended(scan_id, state, record.started_at, error);
+                    return Ok(true);
+                }
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
                     again(&mut schedule, Verdict::Retry, "scan record").await?
                 }

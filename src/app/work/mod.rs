@@ -23,7 +23,7 @@ use std::future::Future;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +36,7 @@ use super::functions::status::is_valid_scan_id;
 use super::messages::{
     self, shard_of, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
+use super::observe;
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
 use super::state::{AppState, Counted};
 use super::tracking::{Completion, Counters, NewWork, RecordError, ScanState, Tracker, WorkState};
@@ -128,16 +129,28 @@ pub trait Work: WorkMessage + Send + Sync {
 
 /// The one execution path of every queue function: decode and check the item ([`AppState::begin`]),
 /// execute it unless an earlier delivery recorded its outcome, then commit ([`AppState::finish`]).
+/// Its outcome is observed as one line ([`observe::Invocation`]).
 pub async fn run<M: Work, T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> InvocationResponse {
-    let begun = match state.begin::<M>(&body).await {
+    let observed =
+        observe::Invocation::start::<M>(&uri, &headers, &body, state.config.max_dequeue_count);
+    observed.finish(execute::<M, T, Q>(&state, &body).await)
+}
+
+async fn execute<M: Work, T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    body: &[u8],
+) -> InvocationResponse {
+    let begun = match state.begin::<M>(body).await {
         Ok(begun) => begun,
         Err(reply) => return reply,
     };
     let result = if begun.needs_execution() {
-        M::execute(&state, &begun).await
+        M::execute(state, &begun).await
     } else {
         Ok(WorkOutcome::default())
     };
@@ -171,12 +184,12 @@ enum ScanLookupError {
     Unusable(String),
 }
 
+/// The answer to an invocation with `line` saying what happened; the invocation's observed line
+/// carries it (see [`observe`]).
 fn reply(status: StatusCode, line: String) -> InvocationResponse {
     if status.is_success() {
-        tracing::info!("{line}");
         InvocationResponse::ok(vec![line])
     } else {
-        tracing::warn!("{line}");
         InvocationResponse::failed(status, vec![line])
     }
 }

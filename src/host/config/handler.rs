@@ -1,7 +1,8 @@
-//! host.json `customHandler`: how to launch the handler and whether HTTP requests are forwarded.
+//! host.json `customHandler`: how to launch the handler and how HTTP-only functions reach it
+//! (forwarded §5.1, proxied §5.2, or wrapped in a payload §3.4).
 //!
 //! Invariant: only the parts of `customHandler` this host implements are accepted; the legacy
-//! `httpWorker` section, proxying mode and a fixed `port` are refused with an error naming them.
+//! `httpWorker` section and a fixed `port` are refused with an error naming them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,35 +22,38 @@ pub struct HandlerConfig {
     pub working_directory: PathBuf,
 }
 
+/// How an HTTP-only function (one `httpTrigger` in, one `http` out) reaches the handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HttpMode {
+    /// Wrapped in an invocation payload, like any other function (§3.4).
+    #[default]
+    Payload,
+    /// `enableForwardingHttpRequest`: the request rebuilt and sent to its own path (§5.1).
+    Forward,
+    /// `enableProxyingHttpRequest`: the request streamed to its own path by a reverse proxy
+    /// (§5.2); it wins over forwarding when both are on.
+    Proxy,
+}
+
 /// The `customHandler` section of host.json `f`, for the app at `root`: the handler to launch
-/// and `enableForwardingHttpRequest`.
+/// and the mode of HTTP-only functions.
 pub(super) fn parse_custom_handler(
     host: &Map<String, Value>,
     root: &Path,
     f: &Path,
-) -> Result<(HandlerConfig, bool), ConfigError> {
+) -> Result<(HandlerConfig, HttpMode), ConfigError> {
     let (section, section_name) = handler_section(host, f)?;
     let handler = parse_description(section, section_name, root, f)?;
-    let forwarding = get_bool(
-        section,
-        "enableForwardingHttpRequest",
-        f,
-        &format!("{section_name}.enableForwardingHttpRequest"),
-    )?
-    .unwrap_or(false);
-    if get_bool(
-        section,
-        "enableProxyingHttpRequest",
-        f,
-        &format!("{section_name}.enableProxyingHttpRequest"),
-    )? == Some(true)
-    {
-        return Err(ConfigError::new(
-            f,
-            format!("{section_name}.enableProxyingHttpRequest"),
-            "proxying mode (2025 hosts) is not implemented by this host; use enableForwardingHttpRequest",
-        ));
-    }
+    let flag = |name: &str| {
+        get_bool(section, name, f, &format!("{section_name}.{name}")).map(|v| v.unwrap_or(false))
+    };
+    let mode = if flag("enableProxyingHttpRequest")? {
+        HttpMode::Proxy
+    } else if flag("enableForwardingHttpRequest")? {
+        HttpMode::Forward
+    } else {
+        HttpMode::Payload
+    };
     if is_set(section, "port") {
         return Err(ConfigError::new(
             f,
@@ -57,7 +61,7 @@ pub(super) fn parse_custom_handler(
             "a fixed handler port is not supported: instances need one port each",
         ));
     }
-    Ok((handler, forwarding))
+    Ok((handler, mode))
 }
 
 /// `customHandler` wins over the legacy `httpWorker` section, which is refused.
@@ -182,7 +186,7 @@ mod tests {
         assert_eq!(expand_argument("%port%", &vars), "1234");
     }
 
-    fn parse(host: Value) -> Result<(HandlerConfig, bool), ConfigError> {
+    fn parse(host: Value) -> Result<(HandlerConfig, HttpMode), ConfigError> {
         let root = std::env::temp_dir();
         parse_custom_handler(host.as_object().unwrap(), &root, Path::new("host.json"))
     }
@@ -198,7 +202,7 @@ mod tests {
         let desc = serde_json::json!({"defaultExecutablePath": "h"});
         assert_eq!(
             field(
-                serde_json::json!({"customHandler": {"description": desc, "enableProxyingHttpRequest": true}})
+                serde_json::json!({"customHandler": {"description": desc, "enableProxyingHttpRequest": 1}})
             ),
             "customHandler.enableProxyingHttpRequest"
         );
@@ -218,10 +222,26 @@ mod tests {
             ),
             "customHandler.description.workingDirectory"
         );
-        let (handler, forwarding) = parse(serde_json::json!({"CustomHandler": {"description":
+        let (handler, mode) = parse(serde_json::json!({"CustomHandler": {"description":
             {"defaultExecutablePath": "h", "arguments": ["--x", "%PORT%"]}, "port": null}}))
         .unwrap();
         assert_eq!(handler.arguments, ["--x", "%PORT%"]);
-        assert!(!forwarding);
+        assert_eq!(mode, HttpMode::Payload);
+    }
+
+    #[test]
+    fn proxying_wins_over_forwarding() {
+        let mode = |forward: bool, proxy: bool| {
+            parse(
+                serde_json::json!({"customHandler": {"description": {"defaultExecutablePath": "h"},
+                "enableForwardingHttpRequest": forward, "EnableProxyingHttpRequest": proxy}}),
+            )
+            .unwrap()
+            .1
+        };
+        assert_eq!(mode(false, false), HttpMode::Payload);
+        assert_eq!(mode(true, false), HttpMode::Forward);
+        assert_eq!(mode(false, true), HttpMode::Proxy);
+        assert_eq!(mode(true, true), HttpMode::Proxy);
     }
 }

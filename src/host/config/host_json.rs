@@ -1,16 +1,18 @@
 //! host.json, read once into [`HostJson`]: version, `customHandler`, `functionTimeout`,
-//! `extensions` and the `functions` filter.
+//! `extensions`, `logging.logLevel` and the `functions` filter.
 //!
 //! Invariant: sections are checked in a fixed order (version, customHandler, functionTimeout,
-//! extensions, functions), so a file with several problems always reports the same first one.
+//! extensions, logging, functions), so a file with several problems always reports the same
+//! first one.
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::handler::{parse_custom_handler, HandlerConfig};
+use super::handler::{parse_custom_handler, HandlerConfig, HttpMode};
 use super::json::{get_ci, get_obj, get_str, get_str_array, read_json_object};
+use super::logging::{parse_logging, LogFilter};
 use super::queues::{parse_queues, QueuesOptions};
 use super::ConfigError;
 use crate::host::timespan::parse_timespan;
@@ -19,10 +21,11 @@ use crate::host::timespan::parse_timespan;
 #[derive(Debug, Clone)]
 pub(super) struct HostJson {
     pub handler: HandlerConfig,
-    pub forwarding: bool,
+    pub http_mode: HttpMode,
     pub route_prefix: String,
     pub function_timeout: Duration,
     pub queues: QueuesOptions,
+    pub logging: LogFilter,
     /// host.json `functions`: the only functions to load (`None` = all).
     pub only: Option<Vec<String>>,
 }
@@ -38,9 +41,10 @@ pub(super) fn parse_host_json(root: &Path, f: &Path) -> Result<HostJson, ConfigE
     }
     let host = read_json_object(f)?;
     check_version(&host, f)?;
-    let (handler, forwarding) = parse_custom_handler(&host, root, f)?;
+    let (handler, http_mode) = parse_custom_handler(&host, root, f)?;
     let function_timeout = parse_function_timeout(&host, f)?;
     let (route_prefix, queues) = parse_extensions(&host, f)?;
+    let logging = parse_logging(&host, f)?;
     let only = get_str_array(
         &host,
         "functions",
@@ -50,10 +54,11 @@ pub(super) fn parse_host_json(root: &Path, f: &Path) -> Result<HostJson, ConfigE
     )?;
     Ok(HostJson {
         handler,
-        forwarding,
+        http_mode,
         route_prefix,
         function_timeout,
         queues,
+        logging,
         only,
     })
 }

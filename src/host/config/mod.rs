@@ -2,7 +2,8 @@
 //! local.settings.json) the way the Functions host v4 does, with errors that name file and field.
 //!
 //! One module per file or section it parses: [`host_json`] (with [`handler`] for
-//! `customHandler` and [`queues`] for `extensions.queues`), [`function_json`], [`settings`]
+//! `customHandler`, [`queues`] for `extensions.queues` and [`logging`] for
+//! `logging.logLevel`), [`function_json`], [`settings`]
 //! (local.settings.json and `%AppSetting%` resolution); [`names`] holds the naming rules and
 //! `json` the typed accessors they all use.
 //!
@@ -19,6 +20,7 @@ mod function_json;
 mod handler;
 mod host_json;
 mod json;
+mod logging;
 mod names;
 mod queues;
 mod settings;
@@ -31,7 +33,8 @@ pub use self::function_json::{
     parse_function, FunctionConfig, HttpTriggerConfig, OutputBinding, OutputKind,
     QueueTriggerConfig, TriggerConfig, DEFAULT_CONNECTION,
 };
-pub use self::handler::{expand_argument, HandlerConfig};
+pub use self::handler::{expand_argument, HandlerConfig, HttpMode};
+pub use self::logging::{LogFilter, LogLevel};
 pub use self::names::{is_valid_binding_name, is_valid_function_name, validate_queue_name};
 pub use self::queues::QueuesOptions;
 pub use self::settings::{read_local_settings, resolve_queue_name, AppSettings};
@@ -77,13 +80,16 @@ impl std::error::Error for ConfigError {}
 pub struct AppConfig {
     pub root: PathBuf,
     pub handler: HandlerConfig,
-    /// `customHandler.enableForwardingHttpRequest`.
-    pub forwarding: bool,
+    /// `customHandler.enableProxyingHttpRequest` / `enableForwardingHttpRequest`: the mode of
+    /// HTTP-only functions.
+    pub http_mode: HttpMode,
     /// `extensions.http.routePrefix` (default `api`), without surrounding slashes.
     pub route_prefix: String,
     /// `functionTimeout` (Consumption semantics: default 5 min, 1 s ..= 10 min).
     pub function_timeout: Duration,
     pub queues: QueuesOptions,
+    /// `logging.logLevel`.
+    pub logging: LogFilter,
     pub functions: Vec<FunctionConfig>,
 }
 
@@ -96,10 +102,11 @@ pub fn load_app(root: &Path) -> Result<AppConfig, ConfigError> {
     Ok(AppConfig {
         root,
         handler: host.handler,
-        forwarding: host.forwarding,
+        http_mode: host.http_mode,
         route_prefix: host.route_prefix,
         function_timeout: host.function_timeout,
         queues: host.queues,
+        logging: host.logging,
         functions,
     })
 }
@@ -309,7 +316,7 @@ mod tests {
             ],
         );
         let app = load_app(&dir).unwrap();
-        assert!(app.forwarding);
+        assert_eq!(app.http_mode, HttpMode::Forward);
         assert_eq!(app.route_prefix, "");
         assert_eq!(app.functions.len(), 1);
         assert!(app.functions[0].http_in_out_only);
