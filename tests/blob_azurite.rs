@@ -3,57 +3,35 @@
 //! "invocations" and committed, not-found and conflict errors; an export part through it; and a
 //! keyless (Entra ID bearer) connection on an HTTPS Azurite in OAuth mode.
 //!
-//! Every test calls [`init`] first: the keyless test needs `SSL_CERT_FILE` to trust its
-//! self-signed certificate, and it is set once, before any test of this binary builds a client
-//! (the variable is process-wide, like in `tests/keyless_azurite.rs`).
-//!
-//! The keyless part repeats, in a minimal form, what `tests/keyless_azurite.rs` sets up (a
-//! certificate made with `openssl`, a JWT Azurite's `--oauth basic` accepts, a fake App Service
-//! identity endpoint): those helpers are not shared test support yet.
+//! The keyless part uses the shared identity test support (`tests/support/identity.rs`): every
+//! test sets its process-wide settings first, before any client is built.
 
 mod support;
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use support::identity::app_service_settings;
+use support::identity::endpoints::{fakes, Identity};
 
-use base64::Engine as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tablescan::azurite::{Azurite, AzuriteOptions};
 use tablescan::storage::azure_blob::AzureBlobStore;
 use tablescan::storage::blob::{
     BlobRequestCounters, BlobStore, BlobWrite, BlockListing, WriteCondition,
 };
-use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
+use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::export_format::{
     decode_part, encode_part, part_name, DecodeLimits, ExportLayout, Manifest, ManifestPart,
     MANIFEST_CONTENT_TYPE, MAX_MANIFEST_BYTES, PART_CONTENT_TYPE,
 };
 use tablescan::storage::{Entity, StorageErrorKind};
 
-/// The HTTPS, OAuth-mode Azurite and its certificate directory; `SSL_CERT_FILE` is set first.
-fn init() -> &'static Azurite {
-    static OAUTH: OnceLock<(tempfile::TempDir, Azurite)> = OnceLock::new();
-    let (_, azurite) = OAUTH.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, key) = certificate(dir.path());
-        std::env::set_var("SSL_CERT_FILE", &cert);
-        let azurite = Azurite::start_with_blocking(&AzuriteOptions {
-            tls: Some((cert, key)),
-            oauth: true,
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
-        (dir, azurite)
-    });
-    azurite
-}
-
 /// A blob store with a key on the shared (plain http) Azurite.
 fn keyed_store() -> (AzureBlobStore, Arc<BlobRequestCounters>) {
-    init();
+    // Every client of this process trusts the OAuth Azurite's certificate (set before any is built).
+    support::identity::keyless_environment();
     let counters = Arc::new(BlobRequestCounters::new());
     let store = support::account().blob_store(counters.clone()).unwrap();
     (store, counters)
@@ -424,90 +402,11 @@ async fn an_export_part_and_its_manifest_round_trip() {
 
 // ---- keyless: an Entra ID bearer connection on HTTPS + OAuth Azurite -------------------------
 
-const IDENTITY_HEADER: &str = "YmxvYi10ZXN0LWlkZW50aXR5LWhlYWRlcg";
-
-/// A self-signed server certificate for 127.0.0.1 (not a CA: rustls refuses those as servers).
-fn certificate(dir: &std::path::Path) -> (PathBuf, PathBuf) {
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let output = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
-        .args([
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-addext",
-            "basicConstraints=critical,CA:FALSE",
-        ])
-        .args(["-addext", "extendedKeyUsage=serverAuth", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl is installed");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (cert, key)
-}
-
-/// A fake App Service identity endpoint issuing JWTs for `audience` (`--oauth basic` checks
-/// audience, issuer and lifetime, not the signature); counts the tokens issued.
-async fn identity_endpoint(issued: Arc<AtomicUsize>, audience: &'static str) -> String {
-    let route = move |headers: axum::http::HeaderMap| {
-        let issued = issued.clone();
-        async move {
-            assert_eq!(headers["x-identity-header"], IDENTITY_HEADER);
-            issued.fetch_add(1, Ordering::SeqCst);
-            let exp = time::OffsetDateTime::now_utc().unix_timestamp() + 3600;
-            let part = |v: serde_json::Value| {
-                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
-            };
-            let jwt = format!(
-                "{}.{}.c2ln",
-                part(json!({"alg": "RS256", "typ": "JWT"})),
-                part(json!({"aud": audience,
-                    "iss": "https://sts.windows.net/ab1f708d-50f6-404c-a006-d71b2ac7a606/",
-                    "iat": exp - 3660, "nbf": exp - 3660, "exp": exp}))
-            );
-            axum::Json(json!({"access_token": jwt, "expires_on": exp.to_string(),
-                "resource": "https://storage.azure.com/", "token_type": "Bearer"}))
-        }
-    };
-    let app = axum::Router::new().route("/msi/token", axum::routing::get(route));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{address}/msi/token")
-}
-
 /// A blob store on the OAuth Azurite from identity-based settings only (no key anywhere), its
-/// tokens for `audience` from a fake identity endpoint counting them in `issued`.
-async fn keyless_store(issued: Arc<AtomicUsize>, audience: &'static str) -> AzureBlobStore {
-    let azurite = init();
-    let url = identity_endpoint(issued, audience).await;
-    let settings: HashMap<String, String> = [
-        ("Backup__tableServiceUri", azurite.table_endpoint()),
-        ("Backup__queueServiceUri", azurite.queue_endpoint()),
-        ("Backup__blobServiceUri", azurite.blob_endpoint()),
-        ("Backup__credential", "managedidentity".into()),
-        ("IDENTITY_ENDPOINT", url),
-        ("IDENTITY_HEADER", IDENTITY_HEADER.into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let settings =
-        ConnectionSettings::from_app_settings("Backup", |k| settings.get(k).cloned()).unwrap();
-    let account = StorageAccount::new(settings);
+/// tokens from a fake App Service identity endpoint answering for `identity`.
+fn keyless_store(identity: &Identity) -> AzureBlobStore {
+    let url = fakes().app_service(identity);
+    let account = StorageAccount::new(app_service_settings("Backup", &url));
     assert_eq!(account.auth_kind(), "token");
     account
         .blob_store(Arc::new(BlobRequestCounters::new()))
@@ -518,8 +417,8 @@ async fn keyless_store(issued: Arc<AtomicUsize>, audience: &'static str) -> Azur
 /// request; a token for another audience is refused with a clear 403 that carries no token.
 #[tokio::test]
 async fn a_keyless_connection_uses_blobs_with_bearer_tokens() {
-    let issued = Arc::new(AtomicUsize::new(0));
-    let store = keyless_store(issued.clone(), "https://storage.azure.com").await;
+    let identity = Identity::default();
+    let store = keyless_store(&identity);
     let c = support::unique_name("keyless");
     assert!(store.create_container(&c).await.unwrap());
     let write = BlobWrite::new(PART_CONTENT_TYPE);
@@ -560,14 +459,12 @@ async fn a_keyless_connection_uses_blobs_with_bearer_tokens() {
         store.block_list(&c, "m.json").await.unwrap().committed,
         vec!["b1", "b2"]
     );
-    assert_eq!(
-        issued.load(Ordering::SeqCst),
-        1,
-        "one token served every request"
-    );
+    assert_eq!(identity.issued(), 1, "one token served every request");
 
     // The same blob with a token for another audience.
-    let refused = keyless_store(Arc::new(AtomicUsize::new(0)), "https://vault.azure.net").await;
+    let other = Identity::default();
+    other.wrong_audience.store(true, Ordering::SeqCst);
+    let refused = keyless_store(&other);
     let e = refused.download(&c, "p/a.jsonl.gz", 3).await.unwrap_err();
     assert_eq!(e.status, Some(403), "{e}");
     assert_eq!(e.code.as_deref(), Some("AuthenticationFailed"), "{e}");

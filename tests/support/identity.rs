@@ -215,6 +215,7 @@ pub fn identity_settings(name: &str, pairs: &[(&str, &str)]) -> ConnectionSettin
         .collect();
     settings.insert(format!("{name}__tableServiceUri"), azurite.table_endpoint());
     settings.insert(format!("{name}__queueServiceUri"), azurite.queue_endpoint());
+    settings.insert(format!("{name}__blobServiceUri"), azurite.blob_endpoint());
     ConnectionSettings::from_app_settings(name, |k| settings.get(k).cloned())
         .unwrap_or_else(|e| panic!("{e}"))
 }
