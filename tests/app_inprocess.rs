@@ -486,14 +486,24 @@ async fn forged_scan_context_in_a_message_changes_nothing() {
     forged_context["p"]["take"] = json!(1);
     // Steps run until copy items are queued; then forge a pending step and pending copy items:
     // as v1 messages with a whole forged context, and as v2 messages with extra context fields.
+    // A work item's text is its identity: a re-sent item keeps it byte for byte (only the
+    // envelope around it is forged).
     let forge = |decoded: &str| -> Vec<String> {
-        let mut v1: Value = serde_json::from_str(decoded).unwrap();
-        v1["v"] = json!(1);
-        v1["d"]["s"] = forged_context.clone();
-        let mut v2: Value = serde_json::from_str(decoded).unwrap();
-        v2["d"]["dst"] = json!({"t": "Hijack3"});
-        v2["d"]["dr"] = json!("count");
-        vec![v1.to_string(), v2.to_string()]
+        #[derive(serde::Deserialize)]
+        struct Data {
+            w: Box<serde_json::value::RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            n: String,
+            d: Data,
+        }
+        let envelope: Envelope = serde_json::from_str(decoded).unwrap();
+        let (n, w) = (json!(envelope.n), envelope.d.w.get());
+        let v1 = format!(r#"{{"n":{n},"v":1,"d":{{"s":{forged_context},"w":{w}}}}}"#);
+        let v2 = decoded.replacen(r#""d":{"#, r#""d":{"dst":{"t":"Hijack3"},"dr":"count","#, 1);
+        assert_ne!(v2, decoded);
+        vec![v1, v2]
     };
     pump_some(&state, &queues, &WORK_QUEUES[..1], false, 5, 2).await;
     let copies = peek_all(&queues, "tablescan-tablecopy").await;

@@ -1000,7 +1000,7 @@ mod fuzz {
     use tower::ServiceExt;
 
     use tablescan::app::config::Config;
-    use tablescan::app::messages::{self, CopyMessage, StepMessage};
+    use tablescan::app::messages::{self, ItemMessage, StepMessage};
     use tablescan::app::protocol::InvocationRequest;
     use tablescan::app::server::app;
     use tablescan::app::state::AppState;
@@ -1074,7 +1074,7 @@ mod fuzz {
         #[test]
         fn message_decoders_never_panic(text in prop_oneof![".{0,200}", envelope()]) {
             let _ = messages::decode::<StepMessage>(&text);
-            let _ = messages::decode::<CopyMessage>(&text);
+            let _ = messages::decode::<ItemMessage>(&text);
         }
 
         #[test]
