@@ -745,7 +745,7 @@ async fn bad_requests_get_4xx_naming_the_field_and_write_nothing() {
         (with("takeCount", json!(0)), "takeCount"),
         (with("takeCount", json!(1001)), "takeCount"),
         (with("takeCount", json!("ten")), "takeCount"),
-        (with("driver", json!("delete")), "driver"),
+        (with("driver", json!("drop")), "driver"),
         (without("driver"), "driver"),
         (without("sourceTable"), "sourceTable"),
         (without("destinationTable"), "destinationTable"),

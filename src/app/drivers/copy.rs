@@ -17,7 +17,7 @@ use crate::app::validate;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{batches, page_items, read_item, unaddressable_error, RangeWork, ReadSpec};
+use super::range::{batches, page_items, read_item, unaddressable_error, RangeWork};
 use super::{check_connection, check_table, item_child, Driver, Segment, Setup};
 
 pub struct CopyDriver;
@@ -119,10 +119,7 @@ impl Driver for CopyDriver {
             .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
         let target = state.counted_table(&destination.connection, &begun.requests)?;
-        let spec = ReadSpec {
-            select: None,
-            fail_prefix: state.config.test_fail_prefix.clone(),
-        };
+        let spec = super::read_spec(state, scan, None);
         let read = read_item(&source, &scan.source.table, &item, &spec).await?;
         let mut outcome = WorkOutcome::default();
         if let Some(next) = &read.next {

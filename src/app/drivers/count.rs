@@ -11,7 +11,7 @@ use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{read_item, unaddressable_error, RangeWork, ReadSpec};
+use super::range::{read_item, unaddressable_error, RangeWork};
 use super::{item_child, Driver, Segment, Setup};
 
 pub struct CountDriver;
@@ -48,10 +48,7 @@ impl Driver for CountDriver {
     ) -> Result<WorkOutcome, WorkError> {
         let scan = &*begun.scan;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let spec = ReadSpec {
-            select: Some(Vec::new()),
-            fail_prefix: state.config.test_fail_prefix.clone(),
-        };
+        let spec = super::read_spec(state, scan, Some(Vec::new()));
         let read = read_item(&source, &scan.source.table, &item, &spec).await?;
         let mut outcome = WorkOutcome::default();
         if let Some(next) = &read.next {

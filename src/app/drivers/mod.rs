@@ -29,6 +29,7 @@
 
 pub mod copy;
 pub mod count;
+pub mod delete;
 pub mod range;
 
 use std::future::Future;
@@ -191,6 +192,7 @@ macro_rules! drivers {
 drivers! {
     Copy => copy::CopyDriver,
     Count => count::CountDriver,
+    Delete => delete::DeleteDriver,
 }
 
 impl DriverId {
@@ -246,6 +248,20 @@ pub fn check_table(
         ));
     }
     Ok(())
+}
+
+/// How a range item of `scan` is re-read: `select` (`None`: every column; `Some(vec![])`: keys
+/// only), the scan's filter, and the test-only failure switch.
+pub fn read_spec<T, Q>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    select: Option<Vec<String>>,
+) -> range::ReadSpec {
+    let _ = scan;
+    range::ReadSpec {
+        select,
+        fail_prefix: state.config.test_fail_prefix.clone(),
+    }
 }
 
 /// A driver's item as a child of an outcome (or a scan's root).
