@@ -42,6 +42,8 @@ pub struct CopyFields {
 
 impl Driver for CopyDriver {
     const NAME: &'static str = "copy";
+    const FILTER: bool = true;
+    const SELECT: bool = true;
     type Fields = CopyFields;
     type Item = RangeWork;
 
@@ -52,6 +54,19 @@ impl Driver for CopyDriver {
     ) -> Result<(), ApiError> {
         validate::table_name(&fields.destination_table)
             .map_err(|m| ApiError::field("destinationTable", m))?;
+        if fields.work_split == WorkSplit::PartitionKey {
+            for (field, given) in [
+                ("filter", request.filter.is_some()),
+                ("select", request.select.is_some()),
+            ] {
+                if given {
+                    return Err(ApiError::field(
+                        field,
+                        "cannot be combined with workSplit \"partitionKey\" (the reference design's split, kept for comparison only)",
+                    ));
+                }
+            }
+        }
         check_connection(
             config,
             "destinationConnection",
@@ -119,8 +134,13 @@ impl Driver for CopyDriver {
             .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
         let target = state.counted_table(&destination.connection, &begun.requests)?;
-        let spec = super::read_spec(state, scan, None);
-        let read = read_item(&source, &scan.source.table, &item, &spec).await?;
+        let spec = super::read_spec(state, scan, scan.select.clone())?;
+        let mut read = read_item(&source, &scan.source.table, &item, &spec).await?;
+        if scan.select.is_some() {
+            // The service answers a selected property an entity lacks as null; it stores no
+            // nulls, so writing one back would be refused or invent a property.
+            read.rows.iter_mut().for_each(drop_nulls);
+        }
         let mut outcome = WorkOutcome::default();
         if let Some(next) = &read.next {
             outcome.children.push(item_child::<Self>(next)?);
@@ -141,5 +161,19 @@ impl Driver for CopyDriver {
         outcome.delta.rows_written = written;
         outcome.delta.rows_matched = written;
         Ok(outcome)
+    }
+}
+
+/// Removes the properties whose value is `null` (and their annotations).
+fn drop_nulls(row: &mut Entity) {
+    let nulls: Vec<String> = row
+        .properties
+        .iter()
+        .filter(|(_, value)| value.get() == "null")
+        .map(|(name, _)| name.to_string())
+        .collect();
+    for name in nulls {
+        row.properties.remove(&name);
+        row.properties.remove(&format!("{name}@odata.type"));
     }
 }

@@ -1,17 +1,19 @@
 //! The count driver (`"driver": "count"`): counts the rows the scan finds. Without a filter the
-//! scan's own discovery counts them (no work items: `rowsScanned`).
+//! scan's own discovery counts them (no work items: `rowsScanned` = `rowsMatched`); with a
+//! filter, each scanned page becomes an item that re-reads its keys with the filter, so
+//! `rowsMatched` counts the matching rows (one more query per page than an unfiltered count).
 
 use serde::{Deserialize, Serialize};
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ItemMessage, ScanContext};
+use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
 use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{read_item, unaddressable_error, RangeWork};
+use super::range::{page_items, read_item, unaddressable_error, RangeWork};
 use super::{item_child, Driver, Segment, Setup};
 
 pub struct CountDriver;
@@ -23,6 +25,7 @@ pub struct NoFields {}
 
 impl Driver for CountDriver {
     const NAME: &'static str = "count";
+    const FILTER: bool = true;
     type Fields = NoFields;
     type Item = RangeWork;
 
@@ -34,13 +37,20 @@ impl Driver for CountDriver {
         Setup::default()
     }
 
-    fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
+    /// Without a filter, every scanned row matches: counted here. With one, discovery still
+    /// sees every key (it must, to find the ranges), and each page becomes an item that counts
+    /// the rows of its range the filter lets through.
+    fn segment(context: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
         let mut segment = Segment::default();
-        segment.delta.rows_matched = rows.len() as i64;
+        if context.filter.is_some() {
+            segment.items = page_items(WorkSplit::Page, rows);
+        } else {
+            segment.delta.rows_matched = rows.len() as i64;
+        }
         segment
     }
 
-    /// Counts the rows of one range (keys only).
+    /// Counts the rows of one range that match the scan's filter (keys only).
     async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         begun: &Begun<ItemMessage>,
@@ -48,7 +58,7 @@ impl Driver for CountDriver {
     ) -> Result<WorkOutcome, WorkError> {
         let scan = &*begun.scan;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let spec = super::read_spec(state, scan, Some(Vec::new()));
+        let spec = super::read_spec(state, scan, Some(Vec::new()))?;
         let read = read_item(&source, &scan.source.table, &item, &spec).await?;
         let mut outcome = WorkOutcome::default();
         if let Some(next) = &read.next {

@@ -89,7 +89,7 @@ impl Driver for DeleteDriver {
         let scan = &*begun.scan;
         let table = &scan.source.table;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let spec = super::read_spec(state, scan, Some(Vec::new()));
+        let spec = super::read_spec(state, scan, Some(Vec::new()))?;
         let read = read_item(&source, table, &item, &spec).await?;
         let mut outcome = WorkOutcome::default();
         if let Some(next) = &read.next {

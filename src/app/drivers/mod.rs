@@ -46,7 +46,9 @@ use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanState, Tracker};
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::Scanner;
-use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore, MAX_TAKE};
+use crate::storage::{
+    odata, Entity, QueueStore, StorageError, StorageErrorKind, TableStore, MAX_TAKE,
+};
 
 /// Most queries one work item that reads a key range sends.
 pub const MAX_ITEM_QUERIES: usize = 16;
@@ -256,12 +258,12 @@ pub fn read_spec<T, Q>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
     select: Option<Vec<String>>,
-) -> range::ReadSpec {
-    let _ = scan;
-    range::ReadSpec {
+) -> Result<range::ReadSpec, WorkError> {
+    Ok(range::ReadSpec {
         select,
+        filter: scan.row_filter()?,
         fail_prefix: state.config.test_fail_prefix.clone(),
-    }
+    })
 }
 
 /// A driver's item as a child of an outcome (or a scan's root).
@@ -270,6 +272,17 @@ pub fn item_child<D: Driver>(item: &D::Item) -> Result<ChildSpec, WorkError> {
 }
 
 impl ScanContext {
+    /// The scan's `filter`, parsed (it was checked at start: failing now is permanent).
+    pub fn row_filter(&self) -> Result<Option<odata::Expr>, WorkError> {
+        self.filter
+            .as_deref()
+            .map(odata::parse)
+            .transpose()
+            .map_err(|e| {
+                WorkError::Permanent(format!("scan {} has an unusable filter: {e}", self.scan_id))
+            })
+    }
+
     /// The driver's own settings recorded at start ([`Setup::options`]).
     pub fn options<O: DeserializeOwned>(&self) -> Result<O, WorkError> {
         serde_json::from_value(self.options.clone().unwrap_or(Value::Null)).map_err(|e| {

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::app::messages::WorkSplit;
 use crate::app::work::WorkError;
 use crate::storage::{
-    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
-    UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS, MAX_MESSAGE_TEXT, MAX_TAKE,
+    odata, BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind,
+    TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS, MAX_MESSAGE_TEXT,
+    MAX_TAKE,
 };
 
 use super::{MAX_ITEM_QUERIES, MAX_ITEM_ROWS};
@@ -218,6 +219,8 @@ fn plan(work: &RangeWork) -> Option<Plan<'_>> {
 pub struct ReadSpec {
     /// `$select`: `None` reads every column, `Some(vec![])` the keys only.
     pub select: Option<Vec<String>>,
+    /// The scan's row filter, applied by the service inside the item's key range.
+    pub filter: Option<odata::Expr>,
     /// `TABLESCAN_TEST_FAIL_PREFIX`: items starting in a partition with this prefix fail.
     pub fail_prefix: Option<String>,
 }
@@ -254,8 +257,13 @@ pub async fn read_item<S: TableStore>(
             )));
         }
     }
+    // `(<key range>) and (<filter>)`, both rendered from their parsed forms.
+    let filter = match &spec.filter {
+        Some(expr) => Filter::and(vec![plan.filter, Filter::Where(expr.clone())]),
+        None => plan.filter,
+    };
     let mut query = Query {
-        filter: Some(plan.filter),
+        filter: Some(filter),
         top: Some(MAX_TAKE),
         select: spec.select.clone(),
         continuation: None,

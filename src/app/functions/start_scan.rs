@@ -30,7 +30,7 @@ use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanRecord, ScanState};
 use crate::app::validate;
 use crate::scan::{ScanParameters, Strategy};
-use crate::storage::{Query, QueueStore, TableStore, MAX_TAKE};
+use crate::storage::{odata, Query, QueueStore, TableStore, MAX_TAKE};
 
 use super::status::status_json;
 
@@ -77,6 +77,13 @@ pub struct ScanRequest {
     /// App-setting name of the source's connection (must be allowed by `TABLESCAN_CONNECTIONS`).
     #[serde(default = "default_connection")]
     pub source_connection: String,
+    /// An OData condition on non-key properties, for drivers that take one ([`Driver::FILTER`]);
+    /// recorded in its canonical form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Properties a driver's re-read asks for besides the keys ([`Driver::SELECT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<Vec<String>>,
     /// The driver's own fields.
     #[serde(flatten)]
     pub fields: Map<String, Value>,
@@ -131,7 +138,9 @@ impl ScanRequest {
     }
 
     /// Checks the common fields for driver `D`, without storage; returns the scan parameters.
-    pub fn validate<D: Driver>(&self, config: &Config) -> Result<ScanParameters, ApiError> {
+    /// `filter` is replaced by its canonical form.
+    pub fn validate<D: Driver>(&mut self, config: &Config) -> Result<ScanParameters, ApiError> {
+        self.check_filter_and_select::<D>()?;
         let params = self.params();
         if !D::SCANS_TABLE {
             self.refuse_scan_fields(D::NAME)?;
@@ -159,6 +168,32 @@ impl ScanRequest {
             .validate()
             .map_err(|e| ApiError::field(e.field, e.message))?;
         Ok(params)
+    }
+
+    /// `filter` parsed and re-rendered canonically, `select` checked; each only for a driver
+    /// that takes it.
+    fn check_filter_and_select<D: Driver>(&mut self) -> Result<(), ApiError> {
+        if let Some(filter) = &self.filter {
+            if !D::FILTER {
+                return Err(ApiError::field(
+                    "filter",
+                    format!("is not used by the {} driver", D::NAME),
+                ));
+            }
+            let expr =
+                odata::parse(filter).map_err(|e| ApiError::field("filter", e.to_string()))?;
+            self.filter = Some(expr.render());
+        }
+        if let Some(select) = &self.select {
+            if !D::SELECT {
+                return Err(ApiError::field(
+                    "select",
+                    format!("is not used by the {} driver", D::NAME),
+                ));
+            }
+            validate::select(select).map_err(|m| ApiError::field("select", m))?;
+        }
+        Ok(())
     }
 
     /// A driver that scans no table takes none of the scan's fields.
@@ -223,8 +258,8 @@ impl ScanRequest {
             destination: setup.destination,
             params: self.params(),
             work_split: setup.work_split,
-            filter: None,
-            select: None,
+            filter: self.filter.clone(),
+            select: self.select.clone(),
             options: setup.options,
         }
     }
