@@ -17,8 +17,8 @@ use crate::app::validate;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{batches, page_items, read_item, unaddressable_error, RangeWork};
-use super::{check_connection, check_table, item_child, Driver, Segment, Setup};
+use super::range::{batches, begin_range_item, page_items, unaddressable_error, RangeWork};
+use super::{check_connection, check_table, Driver, Segment, Setup};
 
 pub struct CopyDriver;
 
@@ -132,18 +132,13 @@ impl Driver for CopyDriver {
             .destination
             .as_ref()
             .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
-        let source = state.counted_table(&scan.source.connection, &begun.requests)?;
         let target = state.counted_table(&destination.connection, &begun.requests)?;
-        let spec = super::read_spec(state, scan, scan.select.clone())?;
-        let mut read = read_item(&source, &scan.source.table, &item, &spec).await?;
+        let (_, mut read, mut outcome) =
+            begin_range_item::<Self, T, Q>(state, begun, &item, scan.select.clone()).await?;
         if scan.select.is_some() {
             // The service answers a selected property an entity lacks as null; it stores no
             // nulls, so writing one back would be refused or invent a property.
             read.rows.iter_mut().for_each(drop_nulls);
-        }
-        let mut outcome = WorkOutcome::default();
-        if let Some(next) = &read.next {
-            outcome.children.push(item_child::<Self>(next)?);
         }
         let written = read.rows.len() as i64;
         let target = &target;
@@ -159,7 +154,6 @@ impl Driver for CopyDriver {
             return Err(e);
         }
         outcome.delta.rows_written = written;
-        outcome.delta.rows_matched = written;
         Ok(outcome)
     }
 }

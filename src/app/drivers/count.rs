@@ -13,8 +13,8 @@ use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{page_items, read_item, unaddressable_error, RangeWork};
-use super::{item_child, Driver, Segment, Setup};
+use super::range::{begin_range_item, page_items, unaddressable_error, RangeWork};
+use super::{Driver, Segment, Setup};
 
 pub struct CountDriver;
 
@@ -56,18 +56,11 @@ impl Driver for CountDriver {
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
-        let scan = &*begun.scan;
-        let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let spec = super::read_spec(state, scan, Some(Vec::new()))?;
-        let read = read_item(&source, &scan.source.table, &item, &spec).await?;
-        let mut outcome = WorkOutcome::default();
-        if let Some(next) = &read.next {
-            outcome.children.push(item_child::<Self>(next)?);
-        }
+        let (_, read, outcome) =
+            begin_range_item::<Self, T, Q>(state, begun, &item, Some(Vec::new())).await?;
         if let Some(e) = unaddressable_error("counted", &read.unaddressable) {
             return Err(e);
         }
-        outcome.delta.rows_matched = read.rows.len() as i64;
         Ok(outcome)
     }
 }

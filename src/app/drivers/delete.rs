@@ -29,8 +29,8 @@ use crate::storage::{
     TableStore, MAX_TAKE,
 };
 
-use super::range::{batches_of, page_items, read_item, unaddressable_error, RangeWork};
-use super::{item_child, Driver, Segment, Setup};
+use super::range::{batches_of, begin_range_item, page_items, unaddressable_error, RangeWork};
+use super::{Driver, Segment, Setup};
 
 /// Transactions tried per batch before the item gives up for this delivery (each after the
 /// first re-reads which of the batch's rows are still there).
@@ -86,16 +86,9 @@ impl Driver for DeleteDriver {
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
-        let scan = &*begun.scan;
-        let table = &scan.source.table;
-        let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let spec = super::read_spec(state, scan, Some(Vec::new()))?;
-        let read = read_item(&source, table, &item, &spec).await?;
-        let mut outcome = WorkOutcome::default();
-        if let Some(next) = &read.next {
-            outcome.children.push(item_child::<Self>(next)?);
-        }
-        let matched = read.rows.len() as i64;
+        let table = &begun.scan.source.table;
+        let (source, read, mut outcome) =
+            begin_range_item::<Self, T, Q>(state, begun, &item, Some(Vec::new())).await?;
         let source = &source;
         let deleted: Vec<usize> = stream::iter(batches_of(read.rows, delete_op))
             .map(|(pk, ops)| async move { delete_batch(source, table, &pk, ops).await })
@@ -106,7 +99,6 @@ impl Driver for DeleteDriver {
             return Err(e);
         }
         outcome.delta.rows_written = deleted.iter().sum::<usize>() as i64;
-        outcome.delta.rows_matched = matched;
         Ok(outcome)
     }
 }

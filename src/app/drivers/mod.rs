@@ -18,6 +18,9 @@
 //! - an optional step once every work item has finished, before the scan is recorded
 //!   `completed` ([`Driver::complete`]).
 //!
+//! A driver keeps what it reuses across invocations (clients of another service) in its own
+//! module, through `AppState::driver_state`.
+//!
 //! Invariants:
 //! - Work items are the driver's own serde type ([`Driver::Item`]). Its JSON text is the item's
 //!   identity (the work row id hashes it), so serialization must be deterministic (structs and

@@ -11,15 +11,16 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::app::messages::WorkSplit;
-use crate::app::work::WorkError;
+use crate::app::messages::{ItemMessage, WorkSplit};
+use crate::app::state::{AppState, Counted};
+use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{
-    odata, BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind,
-    TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS, MAX_MESSAGE_TEXT,
-    MAX_TAKE,
+    odata, BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError,
+    StorageErrorKind, TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS,
+    MAX_MESSAGE_TEXT, MAX_TAKE,
 };
 
-use super::{MAX_ITEM_QUERIES, MAX_ITEM_ROWS};
+use super::{item_child, Driver, MAX_ITEM_QUERIES, MAX_ITEM_ROWS};
 
 /// The rows one range work item covers. Serialized as `{"kind": …}` (copy items of earlier
 /// versions are read unchanged: this is their format).
@@ -307,6 +308,31 @@ pub async fn read_item<S: TableStore>(
         });
     }
     Ok(read)
+}
+
+/// What a driver's range item starts with: its source table (counted for the item), its rows
+/// (read by [`read_item`] with `select` and the scan's filter), and its outcome so far — the
+/// rest of a range that grew handed on as a child of driver `D`, `rowsMatched` counted.
+pub async fn begin_range_item<D: Driver<Item = RangeWork>, T, Q>(
+    state: &AppState<T, Q>,
+    begun: &Begun<ItemMessage>,
+    item: &RangeWork,
+    select: Option<Vec<String>>,
+) -> Result<(Counted<T>, ItemRows, WorkOutcome), WorkError>
+where
+    T: TableStore + Clone,
+    Q: QueueStore + Clone,
+{
+    let scan = &*begun.scan;
+    let source = state.counted_table(&scan.source.connection, &begun.requests)?;
+    let spec = super::read_spec(state, scan, select)?;
+    let read = read_item(&source, &scan.source.table, item, &spec).await?;
+    let mut outcome = WorkOutcome::default();
+    if let Some(next) = &read.next {
+        outcome.children.push(item_child::<D>(next)?);
+    }
+    outcome.delta.rows_matched = read.rows.len() as i64;
+    Ok((source, read, outcome))
 }
 
 /// The error of an item whose other rows were handled but some could not be addressed.
