@@ -34,6 +34,8 @@ pub mod copy;
 pub mod count;
 pub mod delete;
 pub mod range;
+#[cfg(all(test, feature = "lab"))]
+mod tests;
 
 use std::future::Future;
 
@@ -340,16 +342,21 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         scan: &ScanContext,
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
-        let completes = with_driver!(scan.driver, D => D::COMPLETES);
-        if completes && self.drained_without_failures(tracker, scan).await? {
-            let result = with_driver!(scan.driver, D => D::complete(self, scan).await);
-            match result {
+        with_driver!(scan.driver, D => self.complete_drained_as::<D, S>(tracker, scan, shard).await)
+    }
+
+    /// [`AppState::complete_if_drained`] for a scan of driver `D`.
+    async fn complete_drained_as<D: Driver, S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        shard: Option<u32>,
+    ) -> Result<bool, StorageError> {
+        if D::COMPLETES && self.drained_without_failures(tracker, scan).await? {
+            match D::complete(self, scan).await {
                 Ok(()) => {}
                 Err(e) if e.is_permanent() => {
-                    let reason = format!(
-                        "the {} driver's completion step failed: {e}",
-                        scan.driver.name()
-                    );
+                    let reason = format!("the {} driver's completion step failed: {e}", D::NAME);
                     return tracker
                         .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
                         .await;
@@ -358,7 +365,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 Err(e) => {
                     return Err(StorageError::new(
                         StorageErrorKind::Transient,
-                        format!("the {} driver's completion step: {e}", scan.driver.name()),
+                        format!("the {} driver's completion step: {e}", D::NAME),
                     ))
                 }
             }
