@@ -264,6 +264,61 @@ fn source_rows() -> Vec<Entity> {
     rows
 }
 
+/// Delete scans (optionally filtered) under concurrent duplicate deliveries and adversarial
+/// pages: the rows in range (and matching) are gone, every other row is left, the scan completes.
+/// The expected rows come from the test's own key and value checks.
+#[tokio::test]
+async fn delete_scans_complete_with_duplicate_deliveries() {
+    type Keep = fn(&Entity) -> bool;
+    let in_prefix: Keep = |e| e.partition_key.starts_with("Microsoft.");
+    let cases: [(Value, Keep); 3] = [
+        (json!({"partitionKeyPrefix": "Microsoft."}), |e| {
+            !e.partition_key.starts_with("Microsoft.")
+        }),
+        (json!({"partitionKeyUpperBound": "Microsoft.AspNet"}), |e| {
+            e.partition_key
+                .encode_utf16()
+                .cmp("Microsoft.AspNet".encode_utf16())
+                .is_ge()
+        }),
+        (
+            json!({"partitionKeyPrefix": "Microsoft.", "filter": "Listed eq true and Downloads ge 2000L"}),
+            |e| {
+                // Row keys are "{v}.0.{i}"; Listed is v even, Downloads v * 1000.
+                let v: u32 = e.row_key.split('.').next().unwrap().parse().unwrap();
+                !(e.partition_key.starts_with("Microsoft.") && v % 2 == 0 && v >= 2)
+            },
+        ),
+    ];
+    assert!(source_rows().iter().any(in_prefix));
+    for (extra, keep) in cases {
+        let tables = MemoryTableStore::new(Pagination::adversarial(11, 0.2));
+        tables.load("Source", source_rows());
+        let (state, queues) = state_with(tables.clone(), &[]);
+        let mut body = json!({"driver": "delete", "sourceTable": "Source", "confirm": "Source", "takeCount": 3});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{reply}");
+        let id = reply["id"].as_str().unwrap().to_string();
+        pump(&state, &queues, true, 5).await;
+        let (_, status) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+        assert_eq!(status["state"], "completed", "{body} → {status}");
+        let expected: Vec<Entity> = source_rows().into_iter().filter(keep).collect();
+        let left = tables.rows("Source");
+        let key = |e: &Entity| (e.partition_key.clone(), e.row_key.clone());
+        let mut want: Vec<_> = expected.iter().map(key).collect();
+        let mut got: Vec<_> = left.iter().map(key).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{body}");
+        let deleted = (source_rows().len() - expected.len()) as i64;
+        assert!(status["rowsWritten"].as_i64() <= Some(deleted), "{status}");
+        assert_eq!(status["failedWorkItems"], 0, "{status}");
+    }
+}
+
 #[tokio::test]
 async fn copy_scan_completes_exactly_with_duplicate_deliveries() {
     for (duplicates, strategy, take, split) in [
@@ -486,14 +541,24 @@ async fn forged_scan_context_in_a_message_changes_nothing() {
     forged_context["p"]["take"] = json!(1);
     // Steps run until copy items are queued; then forge a pending step and pending copy items:
     // as v1 messages with a whole forged context, and as v2 messages with extra context fields.
+    // A work item's text is its identity: a re-sent item keeps it byte for byte (only the
+    // envelope around it is forged).
     let forge = |decoded: &str| -> Vec<String> {
-        let mut v1: Value = serde_json::from_str(decoded).unwrap();
-        v1["v"] = json!(1);
-        v1["d"]["s"] = forged_context.clone();
-        let mut v2: Value = serde_json::from_str(decoded).unwrap();
-        v2["d"]["dst"] = json!({"t": "Hijack3"});
-        v2["d"]["dr"] = json!("count");
-        vec![v1.to_string(), v2.to_string()]
+        #[derive(serde::Deserialize)]
+        struct Data {
+            w: Box<serde_json::value::RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            n: String,
+            d: Data,
+        }
+        let envelope: Envelope = serde_json::from_str(decoded).unwrap();
+        let (n, w) = (json!(envelope.n), envelope.d.w.get());
+        let v1 = format!(r#"{{"n":{n},"v":1,"d":{{"s":{forged_context},"w":{w}}}}}"#);
+        let v2 = decoded.replacen(r#""d":{"#, r#""d":{"dst":{"t":"Hijack3"},"dr":"count","#, 1);
+        assert_ne!(v2, decoded);
+        vec![v1, v2]
     };
     pump_some(&state, &queues, &WORK_QUEUES[..1], false, 5, 2).await;
     let copies = peek_all(&queues, "tablescan-tablecopy").await;
@@ -735,7 +800,7 @@ async fn bad_requests_get_4xx_naming_the_field_and_write_nothing() {
         (with("takeCount", json!(0)), "takeCount"),
         (with("takeCount", json!(1001)), "takeCount"),
         (with("takeCount", json!("ten")), "takeCount"),
-        (with("driver", json!("delete")), "driver"),
+        (with("driver", json!("drop")), "driver"),
         (without("driver"), "driver"),
         (without("sourceTable"), "sourceTable"),
         (without("destinationTable"), "destinationTable"),

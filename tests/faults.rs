@@ -45,6 +45,23 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 21)).await;
     let destination = unique_name("Dest");
     let id = start_copy(&app, &source, &destination, take).await;
+    let kills = kill_while_running(&app, &id, instances, per_instance).await;
+    summary.faults = kills.iter().sum::<usize>() as u64;
+    let verdict = verify_copy(&app, &id, &source_rows, &destination, timeout).await;
+    summary.add(&verdict);
+    summary.report(&[&verdict]);
+    check_kills(&app, &kills).await;
+    app.shutdown().await;
+}
+
+/// Kills handlers (at most `per_instance` times each, at most 4 in all) while scan `id` runs;
+/// returns the kills per instance.
+async fn kill_while_running(
+    app: &TestApp,
+    id: &str,
+    instances: usize,
+    per_instance: usize,
+) -> Vec<usize> {
     let mut kills = vec![0usize; instances];
     // Each kill fails at most one delivery of each message in flight, and kills chase the newest
     // invocation, so five kills can fail one message on all of host.json's 5 deliveries: it is
@@ -54,7 +71,7 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
     while kills.iter().sum::<usize>() < budget {
         let pause = rand::thread_rng().gen_range(200..900);
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        if support::faults::recorded_state(&app, &id).await.as_deref() != Some("running") {
+        if support::faults::recorded_state(app, id).await.as_deref() != Some("running") {
             break;
         }
         let pids = app.host().handler_pids();
@@ -81,9 +98,12 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
         sigkill(pid);
         kills[i] += 1;
     }
-    summary.faults = kills.iter().sum::<usize>() as u64;
-    let verdict = verify_copy(&app, &id, &source_rows, &destination, timeout).await;
-    summary.add(&verdict);
+    kills
+}
+
+/// After a crash run: every killed handler was restarted once per kill, there were at least
+/// two kills, and some hit an invocation in flight (so redelivery was exercised).
+async fn check_kills(app: &TestApp, kills: &[usize]) {
     let host = app.host();
     host.wait_ready(Duration::from_secs(60))
         .await
@@ -103,7 +123,6 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
     eprintln!(
         "handler-crash: kills per instance {kills:?}, generations {generations:?}, invocations failed by kills {failed_by_kill}"
     );
-    summary.report(&[&verdict]);
     for (i, k) in kills.iter().enumerate() {
         assert_eq!(
             generations[i],
@@ -112,14 +131,13 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
         );
     }
     assert!(
-        summary.faults >= 2,
+        kills.iter().sum::<usize>() >= 2,
         "the scan ended before the handlers could be killed twice; make it longer"
     );
     assert!(
         failed_by_kill > 0,
         "no kill hit an invocation in flight; the test did not exercise redelivery"
     );
-    app.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +254,184 @@ async fn storage_faults_through_the_proxy() {
 #[ignore = "soak: run with --ignored"]
 async fn soak_storage_faults() {
     storage_fault_run(0.06, 2000, 4, 3, SOAK_SCAN_TIMEOUT).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delete scans under the same faults: every row in range gone, every row outside untouched
+// (byte for byte), the scan completed by the workers with nothing left in bookkeeping.
+
+/// The faults a delete scan is run under.
+#[derive(Debug, Clone, Copy)]
+enum DeleteFault {
+    /// Handlers SIGKILLed mid-scan (3 instances, up to 4 kills).
+    Crash,
+    /// Every queue put stored two or three times, two instances.
+    Duplicates,
+    /// Throttling, timeouts, resets and delays on every kind of request, two instances.
+    Storage,
+}
+
+async fn delete_fault_run(fault: DeleteFault, rows: u64, take: u32) {
+    let (kind, instances) = match fault {
+        DeleteFault::Crash => ("delete-handler-crash", 3),
+        DeleteFault::Duplicates => ("delete-duplicate-delivery", 2),
+        DeleteFault::Storage => ("delete-storage-faults", 2),
+    };
+    let mut summary = Summary::new(kind);
+    let proxy = match fault {
+        DeleteFault::Crash => None,
+        DeleteFault::Duplicates => Some(
+            proxy(
+                FaultPolicy {
+                    duplicate_puts: 1.0,
+                    extra_copies: 2,
+                    kinds: vec![RequestKind::QueuePut],
+                    ..FaultPolicy::default()
+                },
+                17,
+            )
+            .await,
+        ),
+        DeleteFault::Storage => Some(proxy(storage_faults(0.04), 19).await),
+    };
+    let connection = proxy.as_ref().map(|p| p.connection_string());
+    let settings: Vec<(&str, &str)> = connection
+        .iter()
+        .map(|c| ("AzureWebJobsStorage", c.as_str()))
+        .collect();
+    let app = TestApp::start(instances, &settings).await;
+    let (source, source_rows) = seeded_source(&app, source_entities(rows, 81)).await;
+    // Bounds that are partition keys of the table, so rows equal to each (exclusive) bound and
+    // right next to it exist.
+    let mut keys: Vec<String> = source_rows.iter().map(|e| e.partition_key()).collect();
+    keys.dedup();
+    let (lower, upper) = (
+        keys[keys.len() / 5].clone(),
+        keys[keys.len() * 4 / 5].clone(),
+    );
+    let body = json!({
+        "driver": "delete", "sourceTable": source, "confirm": source, "takeCount": take,
+        "partitionKeyLowerBound": lower, "partitionKeyUpperBound": upper,
+    });
+    let (status, reply, _) = app.post_scan(&body).await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let kills = match fault {
+        DeleteFault::Crash => Some(kill_while_running(&app, &id, instances, 2).await),
+        _ => None,
+    };
+    let in_range = |pk: &str| {
+        let cmp = |a: &str, b: &str| a.encode_utf16().cmp(b.encode_utf16());
+        cmp(pk, &lower).is_gt() && cmp(pk, &upper).is_lt()
+    };
+    let verdict = verify_delete(&app, &id, &source_rows, &source, in_range).await;
+    summary.faults = match (&kills, &proxy) {
+        (Some(kills), _) => kills.iter().sum::<usize>() as u64,
+        (None, Some(p)) if matches!(fault, DeleteFault::Duplicates) => p.duplicates_put(),
+        (None, Some(p)) => p.faults_injected(),
+        (None, None) => 0,
+    };
+    summary.add(&verdict);
+    summary.report(&[&verdict]);
+    if let Some(kills) = &kills {
+        check_kills(&app, kills).await;
+    }
+    assert!(summary.faults > 0, "no fault was injected");
+    app.shutdown().await;
+}
+
+/// Every check of a faulted delete scan: completed by the workers; the table holds exactly the
+/// rows outside the range, unchanged (raw texts); `rowsScanned` is exact (discovery) and
+/// `rowsWritten` (rows deleted by committing executions) never more than the range held; no
+/// work left in bookkeeping or queues. `rows_copied` counts the rows deleted, `lost` the rows
+/// outside the range that are missing or changed.
+async fn verify_delete(
+    app: &TestApp,
+    id: &str,
+    before: &[support::raw::RawEntity],
+    table: &str,
+    in_range: impl Fn(&str) -> bool,
+) -> support::faults::Verdict {
+    let mut v = support::faults::Verdict::default();
+    let state = wait_recorded_end(app, id, SCAN_TIMEOUT).await;
+    if state != "completed" {
+        v.problems.push(format!("scan {id} ended {state}"));
+    }
+    let (inside, outside): (Vec<_>, Vec<_>) = before
+        .iter()
+        .cloned()
+        .partition(|e| in_range(&e.partition_key()));
+    assert!(!inside.is_empty() && !outside.is_empty());
+    let (_, status) = app.get(&format!("/api/scans/{id}")).await;
+    let n = inside.len() as i64;
+    for (field, ok) in [
+        ("rowsScanned", status["rowsScanned"].as_i64() == Some(n)),
+        (
+            "rowsWritten",
+            status["rowsWritten"].as_i64().is_some_and(|w| w <= n),
+        ),
+        (
+            "rowsMatched",
+            status["rowsMatched"].as_i64().is_some_and(|m| m <= n),
+        ),
+        ("failedWorkItems", status["failedWorkItems"] == 0),
+        ("pendingWorkItems", status["pendingWorkItems"] == 0),
+    ] {
+        if !ok {
+            v.mismatches += 1;
+            v.problems
+                .push(format!("{field}: {status} (range held {n} rows)"));
+        }
+    }
+    let after = support::raw::RawClient::azurite().rows(table).await;
+    let differences = support::raw::diff(&outside, &after);
+    let left_inside = after
+        .iter()
+        .filter(|e| in_range(&e.partition_key()))
+        .count();
+    v.lost = outside.len() - outside.len().min(after.len() - left_inside);
+    v.rows_copied = inside.len() - left_inside.min(inside.len());
+    if !differences.is_empty() {
+        v.lost = v.lost.max(1);
+        v.problems
+            .push(format!("rows outside the range changed: {differences:?}"));
+    }
+    if left_inside > 0 {
+        v.mismatches += 1;
+        v.problems
+            .push(format!("{left_inside} rows in range were not deleted"));
+    }
+    let (unfinished, pending) = support::faults::unfinished_bookkeeping(app, id).await;
+    if !unfinished.is_empty() || pending != 0 {
+        v.problems.push(format!(
+            "bookkeeping not empty: {pending} pending, unfinished rows {unfinished:?}"
+        ));
+    }
+    let left = support::faults::wait_queues_settle(app, 0, Duration::from_secs(90)).await;
+    if left != 0 {
+        v.problems
+            .push(format!("{left} message(s) left in the queues"));
+    }
+    eprintln!(
+        "{id}: deleted {} of {n} rows in range, status {status}",
+        v.rows_copied
+    );
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_with_handler_crashes() {
+    delete_fault_run(DeleteFault::Crash, 500, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_with_duplicate_delivery() {
+    delete_fault_run(DeleteFault::Duplicates, 300, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_with_storage_faults() {
+    delete_fault_run(DeleteFault::Storage, 300, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,12 +696,7 @@ async fn hostile_http_requests_get_4xx_and_write_nothing() {
     // (body, expected status, error code, text the error must contain)
     let json_cases: Vec<(Value, u16, &str, &str)> = vec![
         (with("driver", json!(5)), 400, "InvalidField", "driver"),
-        (
-            with("driver", json!("delete")),
-            400,
-            "InvalidField",
-            "driver",
-        ),
+        (with("driver", json!("drop")), 400, "InvalidField", "driver"),
         (without("sourceTable"), 400, "InvalidField", "sourceTable"),
         (
             without("destinationTable"),
@@ -1010,7 +1201,7 @@ mod fuzz {
     use tower::ServiceExt;
 
     use tablescan::app::config::Config;
-    use tablescan::app::messages::{self, CopyMessage, StepMessage};
+    use tablescan::app::messages::{self, ItemMessage, StepMessage};
     use tablescan::app::protocol::InvocationRequest;
     use tablescan::app::server::app;
     use tablescan::app::state::AppState;
@@ -1084,7 +1275,7 @@ mod fuzz {
         #[test]
         fn message_decoders_never_panic(text in prop_oneof![".{0,200}", envelope()]) {
             let _ = messages::decode::<StepMessage>(&text);
-            let _ = messages::decode::<CopyMessage>(&text);
+            let _ = messages::decode::<ItemMessage>(&text);
         }
 
         #[test]

@@ -39,7 +39,8 @@ pub enum Handler {
 pub enum WorkKind {
     /// Scan steps (`StepMessage`).
     Step,
-    /// Copy items (`CopyMessage`).
+    /// Driver work items (`ItemMessage`): copy items and every other driver's work, run by
+    /// `TableCopy` (named for the first driver; deployments depend on the name).
     Copy,
 }
 

@@ -6,24 +6,23 @@
 //! from there, so a forged or stale message cannot redirect a scan. v1 messages (queued by
 //! earlier versions) carried the whole context; they are still accepted, but only their scan id
 //! is used.
+//!
+//! A driver's work item (the `w` of a `table-copy` message, a [`ChildSpec::Item`]) is opaque
+//! here: [`ItemJson`], the JSON text its driver wrote, kept byte for byte, because that text is
+//! the item's identity ([`work_id`]). Only the scan's driver (from the recorded context) reads it.
+
+use std::fmt;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub use crate::app::drivers::range::RangeWork as CopyWork;
+pub use crate::app::drivers::DriverId as Driver;
 use crate::scan::{ScanParameters, Step, Strategy};
 use crate::storage::{MessageEncoding, MAX_MESSAGE_TEXT};
-
-/// What a scan does with the rows it finds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Driver {
-    /// Copy every row to the destination table (upsert-replace).
-    Copy,
-    /// Count rows without copying.
-    Count,
-}
 
 /// A table in one of the allowed storage connections.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +56,15 @@ pub struct ScanContext {
     /// How copy work is split (copy driver only).
     #[serde(rename = "ws", default, skip_serializing_if = "is_default_split")]
     pub work_split: WorkSplit,
+    /// The request's `filter`, in canonical form (re-rendered from its parsed form).
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// The request's `select`: properties a driver's re-read asks for (besides the keys).
+    #[serde(rename = "sel", default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<Vec<String>>,
+    /// The driver's own recorded settings (its `Driver::setup`), read only by that driver.
+    #[serde(rename = "o", default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Value>,
 }
 
 fn is_default_split(split: &WorkSplit) -> bool {
@@ -97,34 +105,51 @@ impl WorkMessage for StepMessage {
     }
 }
 
-/// One unit of copy work (TableCopy function).
+/// One work item of the scan's driver (TableCopy function, which runs any driver's items; the
+/// envelope keeps its historical name `table-copy`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CopyMessage {
+pub struct ItemMessage {
     #[serde(rename = "s")]
     pub scan_id: String,
     #[serde(rename = "w")]
-    pub work: CopyWork,
+    pub work: ItemJson,
 }
 
-/// The rows one copy work item covers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum CopyWork {
-    /// Every row from `from` to `to` inclusive in (PartitionKey, RowKey) order: one scanned page,
-    /// re-read once with all columns.
-    Range {
-        from: (String, String),
-        to: (String, String),
-    },
-    /// Every row after `after` (exclusive) up to `to` inclusive: the rest of a range that grew
-    /// past what one copy invocation reads (rows inserted since it was scanned).
-    After {
-        after: (String, String),
-        to: (String, String),
-    },
-    /// The reference design's split (kept for honest comparison): named rows of one partition,
-    /// re-read with `PK eq pk and RK between first and last` and checked to all be there.
-    Rows { pk: String, row_keys: Vec<String> },
+/// A driver's work item as JSON text, exactly as written (its identity: see [`work_id`]).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ItemJson(Box<RawValue>);
+
+impl ItemJson {
+    /// The item's JSON text (compact, as its driver serialized it).
+    pub fn from_item<I: Serialize>(item: &I) -> Result<Self, MessageError> {
+        let text =
+            serde_json::to_string(item).map_err(|e| MessageError::Malformed(e.to_string()))?;
+        RawValue::from_string(text)
+            .map(ItemJson)
+            .map_err(|e| MessageError::Malformed(e.to_string()))
+    }
+
+    /// Reads the item as its driver's type.
+    pub fn parse<I: DeserializeOwned>(&self) -> Result<I, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for ItemJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl fmt::Debug for ItemJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.get())
+    }
 }
 
 /// How the copy driver splits work into TableCopy messages.
@@ -143,18 +168,17 @@ pub enum WorkSplit {
 pub enum ChildSpec {
     #[serde(rename = "s")]
     Step(Step),
+    /// A driver's work item (recorded as `"c"`: copy items were the first kind).
     #[serde(rename = "c")]
-    Copy(CopyWork),
+    Item(ItemJson),
 }
 
-impl WorkMessage for CopyMessage {
+impl WorkMessage for ItemMessage {
     const NAME: &'static str = "table-copy";
     const VERSION: u32 = 2;
     fn work_key(&self) -> String {
-        format!(
-            "copy:{}",
-            serde_json::to_string(&self.work).expect("copy work serializes")
-        )
+        // The text as written: the same as earlier versions' serialized copy work.
+        format!("copy:{}", self.work.as_str())
     }
     fn scan_id(&self) -> &str {
         &self.scan_id
@@ -165,7 +189,7 @@ impl WorkMessage for CopyMessage {
 #[derive(Deserialize)]
 struct LegacyData {
     s: ScanContext,
-    w: Value,
+    w: Box<RawValue>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -233,18 +257,21 @@ pub fn decode_with_legacy_context<M: WorkMessage>(
     if json.len() > MAX_MESSAGE_TEXT {
         return Err(MessageError::TooLarge(json.len()));
     }
-    let header: Envelope<Value> =
+    // The data stays raw text: a driver's work item is kept byte for byte (its identity).
+    let header: Envelope<Box<RawValue>> =
         serde_json::from_str(json).map_err(|e| MessageError::Malformed(e.to_string()))?;
     let malformed = |e: serde_json::Error| MessageError::Malformed(e.to_string());
     match header.v {
-        v if header.n == M::NAME && v == M::VERSION => {
-            Ok((serde_json::from_value(header.d).map_err(malformed)?, None))
-        }
+        v if header.n == M::NAME && v == M::VERSION => Ok((
+            serde_json::from_str(header.d.get()).map_err(malformed)?,
+            None,
+        )),
         1 if header.n == M::NAME => {
-            let legacy: LegacyData = serde_json::from_value(header.d).map_err(malformed)?;
-            let data = serde_json::json!({ "s": legacy.s.scan_id, "w": legacy.w });
+            let legacy: LegacyData = serde_json::from_str(header.d.get()).map_err(malformed)?;
+            let scan_id = serde_json::to_string(&legacy.s.scan_id).map_err(malformed)?;
+            let data = format!(r#"{{"s":{scan_id},"w":{}}}"#, legacy.w.get());
             Ok((
-                serde_json::from_value(data).map_err(malformed)?,
+                serde_json::from_str(&data).map_err(malformed)?,
                 Some(legacy.s),
             ))
         }
@@ -277,6 +304,9 @@ mod tests {
             }),
             params: ScanParameters::default(),
             work_split: WorkSplit::Page,
+            filter: None,
+            select: None,
+            options: None,
         }
     }
 
@@ -294,7 +324,7 @@ mod tests {
         );
         assert_eq!(decode::<StepMessage>(&json).unwrap(), m);
         assert!(matches!(
-            decode::<CopyMessage>(&json),
+            decode::<ItemMessage>(&json),
             Err(MessageError::WrongKind { .. })
         ));
         assert!(matches!(
@@ -329,24 +359,34 @@ mod tests {
             from: ("a".into(), "1".into()),
             to: ("b".into(), "2".into()),
         };
-        let v1 = serde_json::json!({"n": "table-copy", "v": 1, "d": {"s": context(), "w": work}})
-            .to_string();
-        let (m, legacy) = decode_with_legacy_context::<CopyMessage>(&v1).unwrap();
+        // As earlier versions wrote it: serde's compact output, fields in declaration order.
+        let v1 = format!(
+            r#"{{"n":"table-copy","v":1,"d":{{"s":{},"w":{}}}}}"#,
+            serde_json::to_string(&context()).unwrap(),
+            serde_json::to_string(&work).unwrap()
+        );
+        let (m, legacy) = decode_with_legacy_context::<ItemMessage>(&v1).unwrap();
         assert_eq!(
             m,
-            CopyMessage {
+            ItemMessage {
                 scan_id: "s1".into(),
-                work: work.clone()
+                work: ItemJson::from_item(&work).unwrap()
             }
         );
+        assert_eq!(m.work.parse::<CopyWork>().unwrap(), work);
         assert_eq!(legacy, Some(context()));
-        assert_eq!(work_id(&m), work_id(&decode::<CopyMessage>(&v1).unwrap()));
+        assert_eq!(work_id(&m), work_id(&decode::<ItemMessage>(&v1).unwrap()));
+        // The identity of a copy item is what earlier versions computed from the same work.
+        assert_eq!(
+            m.work_key(),
+            format!("copy:{}", serde_json::to_string(&work).unwrap())
+        );
         for bad in [
             r#"{"n":"table-copy","v":1,"d":{"s":42,"w":{}}}"#,
             r#"{"n":"table-copy","v":1,"d":{"s":"s1","w":{"kind":"range","from":["a","1"],"to":["b","2"]}}}"#,
         ] {
             assert!(
-                matches!(decode::<CopyMessage>(bad), Err(MessageError::Malformed(_))),
+                matches!(decode::<ItemMessage>(bad), Err(MessageError::Malformed(_))),
                 "{bad}"
             );
         }

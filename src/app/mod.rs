@@ -4,6 +4,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod drivers;
 pub mod error;
 pub mod functions;
 pub mod handler;

@@ -333,7 +333,7 @@ mod tests {
                 && line.contains(" invocation=- msg=invalid invocation payload"),
             "{line}"
         );
-        let copy = Invocation::start::<crate::app::messages::CopyMessage>(
+        let copy = Invocation::start::<crate::app::messages::ItemMessage>(
             &"/TableCopy".parse().unwrap(),
             &HeaderMap::new(),
             &payload("{}", "1"),

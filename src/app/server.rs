@@ -19,7 +19,7 @@ use crate::storage::{QueueStore, TableStore};
 use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
 use super::functions::{cancel_scan, get_scan, list_scans, poisoned, start_scan};
-use super::messages::{CopyMessage, StepMessage};
+use super::messages::{ItemMessage, StepMessage};
 use super::observe;
 use super::state::AppState;
 use super::work;
@@ -66,9 +66,9 @@ fn route<T: TableStore + Clone, Q: QueueStore + Clone>(
         Handler::GetScan => on(filter, get_scan::handle::<T, Q>),
         Handler::CancelScan => on(filter, cancel_scan::handle::<T, Q>),
         Handler::Work(WorkKind::Step) => on(filter, work::run::<StepMessage, T, Q>),
-        Handler::Work(WorkKind::Copy) => on(filter, work::run::<CopyMessage, T, Q>),
+        Handler::Work(WorkKind::Copy) => on(filter, work::run::<ItemMessage, T, Q>),
         Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, T, Q>),
-        Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<CopyMessage, T, Q>),
+        Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<ItemMessage, T, Q>),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Shared handler state: configuration and storage clients, generic over the storage traits so
 //! in-process tests can use any implementation.
 
+use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,6 +72,9 @@ pub struct AppState<T, Q> {
     /// Queues of the function app's own storage account.
     pub queues: Q,
     pub scan_states: ScanStateCache,
+    /// Per-app state of drivers (e.g. clients they reuse across invocations), one value per
+    /// type: see [`AppState::driver_state`].
+    driver_states: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
@@ -84,7 +88,18 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             tables,
             queues,
             scan_states: ScanStateCache::default(),
+            driver_states: Mutex::default(),
         })
+    }
+
+    /// The app's one value of type `S`, made by `make` on first use: lets a driver keep what it
+    /// reuses across invocations (clients of another service, caches) in its own module.
+    pub fn driver_state<S: Send + Sync + 'static>(&self, make: impl FnOnce() -> S) -> Arc<S> {
+        let mut states = self.driver_states.lock().unwrap();
+        let state = states
+            .entry(TypeId::of::<S>())
+            .or_insert_with(|| Arc::new(make()));
+        state.clone().downcast().expect("keyed by its type")
     }
 
     /// The store holding the bookkeeping tables.
@@ -202,5 +217,31 @@ impl<S: QueueStore> QueueStore for Counted<S> {
     async fn approximate_count(&self, queue: &str) -> StorageResult<u64> {
         self.tick();
         self.inner.approximate_count(queue).await
+    }
+}
+
+#[cfg(all(test, feature = "lab"))]
+mod tests {
+    use super::*;
+    use crate::storage::memory::MemoryTableStore;
+    use crate::storage::memory_queue::MemoryQueueStore;
+
+    #[test]
+    fn a_driver_state_is_made_once_per_type() {
+        let config = Config::from_lookup(|name| {
+            (name == STORAGE_SETTING).then(|| "UseDevelopmentStorage=true".to_string())
+        })
+        .unwrap();
+        let tables = [(STORAGE_SETTING.to_string(), MemoryTableStore::default())].into();
+        let state = AppState::new(config, tables, MemoryQueueStore::default());
+        let made = AtomicU64::new(0);
+        let make = || {
+            made.fetch_add(1, Ordering::Relaxed);
+            String::from("clients")
+        };
+        assert_eq!(*state.driver_state(make), "clients");
+        assert_eq!(*state.driver_state(make), "clients");
+        assert_eq!(*state.driver_state(|| 7u32), 7);
+        assert_eq!(made.load(Ordering::Relaxed), 1);
     }
 }

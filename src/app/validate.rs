@@ -51,6 +51,38 @@ pub fn key(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Most properties `select` may name (an entity has at most 252 besides the keys and Timestamp).
+pub const MAX_SELECT: usize = 252;
+
+/// A `select` list: 1 to [`MAX_SELECT`] distinct property names, each a valid property name
+/// (a letter or `_`, then letters, digits or `_`; at most 255 characters), none a key (keys are
+/// always read).
+pub fn select(names: &[String]) -> Result<(), String> {
+    if names.is_empty() || names.len() > MAX_SELECT {
+        return Err(format!(
+            "must name 1 to {MAX_SELECT} properties, got {}",
+            names.len()
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        let mut chars = name.chars();
+        let valid = chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+            && chars.all(|c| c.is_alphanumeric() || c == '_')
+            && name.chars().count() <= 255;
+        if !valid {
+            return Err(format!("{name:?} is not a property name (a letter or _, then letters, digits or _; at most 255 characters)"));
+        }
+        if name == "PartitionKey" || name == "RowKey" {
+            return Err(format!("{name} is always read; name the other properties"));
+        }
+        if !seen.insert(name) {
+            return Err(format!("{name:?} is named twice"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +102,19 @@ mod tests {
         assert!(key("tab\there").is_err());
         assert!(key("\u{7F}").is_err());
         assert!(key(&"x".repeat(600)).is_err());
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(select(&names(&["Downloads", "_x1", "Ünï"])).is_ok());
+        for bad in [
+            names(&[]),
+            names(&["A", "A"]),
+            names(&["1A"]),
+            names(&["A B"]),
+            names(&["A@odata.type"]),
+            names(&["RowKey"]),
+            names(&[&"x".repeat(256)]),
+            (0..253).map(|i| format!("P{i}")).collect(),
+        ] {
+            assert!(select(&bad).is_err(), "{bad:?}");
+        }
     }
 }

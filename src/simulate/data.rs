@@ -274,6 +274,8 @@ impl SyntheticTable {
                 }
                 Some(union(all))
             }
+            // Row filters on other properties: the simulated tables have none.
+            Filter::Where(_) => None,
         }
     }
 

@@ -207,12 +207,9 @@ impl TableStore for MemoryTableStore {
             }
         };
 
-        let mut iter = rows.range((start, Bound::Unbounded)).filter(|(_, (e, _))| {
-            query
-                .filter
-                .as_ref()
-                .map_or(true, |f| f.matches(&e.partition_key, &e.row_key))
-        });
+        let mut iter = rows
+            .range((start, Bound::Unbounded))
+            .filter(|(_, (e, _))| query.filter.as_ref().map_or(true, |f| f.matches_entity(e)));
 
         let peek_first = iter.clone().next().map(|(_, (e, _))| e);
         if let Some(first) = peek_first {

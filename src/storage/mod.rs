@@ -42,6 +42,7 @@ pub mod memory;
 pub mod memory_blob;
 #[cfg(feature = "lab")]
 pub mod memory_queue;
+pub mod odata;
 pub mod retry;
 mod settings;
 mod signed;
@@ -103,13 +104,16 @@ impl CompareOp {
     }
 }
 
-/// A `$filter` over the key columns. Built as a tree so the in-memory table can evaluate exactly
-/// what the Azure adapter renders (with `'` doubled), and comparisons are UTF-16 ordinal.
+/// A `$filter` over the key columns, optionally with a condition on other properties. Built as
+/// a tree so the in-memory table can evaluate exactly what the Azure adapter renders (with `'`
+/// doubled), and comparisons are UTF-16 ordinal.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Filter {
     Compare(KeyColumn, CompareOp, String),
     And(Vec<Filter>),
     Or(Vec<Filter>),
+    /// A parsed row filter over non-key properties ([`odata::Expr`]), rendered canonically.
+    Where(odata::Expr),
 }
 
 impl Filter {
@@ -139,7 +143,19 @@ impl Filter {
         }
     }
 
-    /// Evaluates the filter on a row's keys with the service's ordering (UTF-16 code units).
+    /// Evaluates the filter on an entity: keys with the service's ordering (UTF-16 code units),
+    /// other properties as [`odata::Expr::matches`].
+    pub fn matches_entity(&self, entity: &Entity) -> bool {
+        match self {
+            Filter::Where(expr) => expr.matches(entity),
+            Filter::And(parts) => parts.iter().all(|f| f.matches_entity(entity)),
+            Filter::Or(parts) => parts.iter().any(|f| f.matches_entity(entity)),
+            key => key.matches(&entity.partition_key, &entity.row_key),
+        }
+    }
+
+    /// Evaluates the filter on a row's keys with the service's ordering (UTF-16 code units); a
+    /// condition on other properties ([`Filter::Where`]) counts as met.
     pub fn matches(&self, partition_key: &str, row_key: &str) -> bool {
         match self {
             Filter::Compare(column, op, value) => {
@@ -158,6 +174,7 @@ impl Filter {
             }
             Filter::And(parts) => parts.iter().all(|f| f.matches(partition_key, row_key)),
             Filter::Or(parts) => parts.iter().any(|f| f.matches(partition_key, row_key)),
+            Filter::Where(_) => true,
         }
     }
 
@@ -175,6 +192,7 @@ impl Filter {
             }
             Filter::And(parts) => join_odata(parts, "and"),
             Filter::Or(parts) => join_odata(parts, "or"),
+            Filter::Where(expr) => expr.render(),
         }
     }
 }

@@ -1,10 +1,13 @@
 //! `StartScan`: `POST /api/scans` — validates a scan request, records the scan, queues its root
 //! step and answers `202 Accepted` with `Location: /api/scans/{id}`.
 //!
-//! Nothing is written before the whole request is valid. Order of writes: counters + root work
-//! row, then the root message, then the scan record with the scan's context (what every work
-//! item reads and writes) — so a visible scan always has its work, and work never runs before
-//! its context is recorded.
+//! The common fields (source, key range, scan shape) are checked here; the driver named by
+//! `driver` checks its own fields and prepares its destination (`drivers::Driver`).
+//!
+//! Nothing is written before the whole request is valid. Order of writes: the driver's
+//! preparation (e.g. the destination table), counters + root work row, then the root message,
+//! then the scan record with the scan's context (what every work item reads and writes) — so a
+//! visible scan always has its work, and work never runs before its context is recorded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,16 +20,17 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::app::config::STORAGE_SETTING;
+use serde_json::{Map, Value};
+
+use crate::app::config::{Config, STORAGE_SETTING};
+use crate::app::drivers::{check_connection, check_table, with_driver, Driver, DriverId, Setup};
 use crate::app::error::ApiError;
-use crate::app::messages::{
-    self, Driver, ScanContext, StepMessage, TableRef, WorkMessage, WorkSplit,
-};
+use crate::app::messages::{ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
-use crate::app::tracking::{Counters, NewWork, ScanRecord, ScanState};
+use crate::app::tracking::{Counters, ScanRecord, ScanState};
 use crate::app::validate;
-use crate::scan::{ScanParameters, Scanner, Strategy};
-use crate::storage::{Query, QueueStore, TableStore, MAX_TAKE};
+use crate::scan::{ScanParameters, Strategy};
+use crate::storage::{odata, Query, QueueStore, TableStore, MAX_TAKE};
 
 use super::status::status_json;
 
@@ -43,14 +47,17 @@ fn default_one() -> u32 {
     1
 }
 
-/// The request body, camelCase. Unknown fields are rejected.
+/// The request body's common fields, camelCase. Every other field belongs to the driver: they
+/// are collected in `fields` and read by the driver as its [`Driver::Fields`] (which refuses
+/// unknown ones); once validated, `fields` holds them as the driver read them (defaults
+/// included), which is what the scan records.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ScanRequest {
-    pub driver: Driver,
-    pub source_table: String,
+    pub driver: DriverId,
+    /// Required by drivers that scan a table ([`Driver::SCANS_TABLE`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destination_table: Option<String>,
+    pub source_table: Option<String>,
     #[serde(default)]
     pub strategy: Strategy,
     #[serde(default)]
@@ -67,24 +74,38 @@ pub struct ScanRequest {
     pub segments_per_first_prefix: u32,
     #[serde(default = "default_one")]
     pub segments_per_subsequent_prefix: u32,
-    /// How copy work is split: `page` (default) or `partitionKey` (the reference design).
-    #[serde(default)]
-    pub work_split: WorkSplit,
     /// App-setting name of the source's connection (must be allowed by `TABLESCAN_CONNECTIONS`).
     #[serde(default = "default_connection")]
     pub source_connection: String,
-    /// App-setting name of the destination's connection.
-    #[serde(default = "default_connection")]
-    pub destination_connection: String,
+    /// An OData condition on non-key properties, for drivers that take one ([`Driver::FILTER`]);
+    /// recorded in its canonical form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Properties a driver's re-read asks for besides the keys ([`Driver::SELECT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select: Option<Vec<String>>,
+    /// The driver's own fields.
+    #[serde(flatten)]
+    pub fields: Map<String, Value>,
 }
 
 fn default_connection() -> String {
     STORAGE_SETTING.to_string()
 }
 
+/// The field named by a serde error at `path` (missing and unknown fields are reported at the
+/// object itself: the name is taken from the message).
+fn error_field(path: String, message: &str) -> String {
+    if path == "." {
+        message.split('`').nth(1).unwrap_or("body").to_string()
+    } else {
+        path
+    }
+}
+
 /// Parses the body, naming the offending field on error.
 pub fn parse_request(body: &[u8]) -> Result<ScanRequest, ApiError> {
-    let value: serde_json::Value =
+    let value: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     if !value.is_object() {
         return Err(ApiError::InvalidJson("expected a JSON object".into()));
@@ -92,91 +113,47 @@ pub fn parse_request(body: &[u8]) -> Result<ScanRequest, ApiError> {
     serde_path_to_error::deserialize::<_, ScanRequest>(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
-        // Missing and unknown fields are reported at the object itself; take the name from the message.
-        let field = if path == "." {
-            inner.split('`').nth(1).unwrap_or("body").to_string()
-        } else {
-            path
-        };
-        ApiError::field(field, inner)
+        ApiError::field(error_field(path, &inner), inner)
     })
 }
 
+/// The driver's own fields of a request, naming the offending field on error.
+fn driver_fields<D: Driver>(request: &ScanRequest) -> Result<D::Fields, ApiError> {
+    serde_path_to_error::deserialize::<_, D::Fields>(Value::Object(request.fields.clone())).map_err(
+        |e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            ApiError::field(
+                error_field(path, &inner),
+                format!("{inner} (the {} driver)", D::NAME),
+            )
+        },
+    )
+}
+
 impl ScanRequest {
-    /// Checks everything that does not need storage; returns the scan parameters.
-    pub fn validate<T, Q>(&self, state: &AppState<T, Q>) -> Result<ScanParameters, ApiError> {
-        validate::table_name(&self.source_table).map_err(|m| ApiError::field("sourceTable", m))?;
-        match (self.driver, &self.destination_table) {
-            (Driver::Copy, None) => {
-                return Err(ApiError::field(
-                    "destinationTable",
-                    "is required for the copy driver",
-                ))
-            }
-            (Driver::Count, Some(_)) => {
-                return Err(ApiError::field(
-                    "destinationTable",
-                    "is only used by the copy driver",
-                ))
-            }
-            (Driver::Copy, Some(dst)) => {
-                validate::table_name(dst).map_err(|m| ApiError::field("destinationTable", m))?;
-            }
-            (Driver::Count, None) => {
-                if self.work_split != WorkSplit::Page {
-                    return Err(ApiError::field(
-                        "workSplit",
-                        "is only used by the copy driver",
-                    ));
-                }
-            }
+    /// The source table (empty for drivers that scan none).
+    pub fn source_table(&self) -> &str {
+        self.source_table.as_deref().unwrap_or_default()
+    }
+
+    /// Checks the common fields for driver `D`, without storage; returns the scan parameters.
+    /// `filter` is replaced by its canonical form.
+    pub fn validate<D: Driver>(&mut self, config: &Config) -> Result<ScanParameters, ApiError> {
+        self.check_filter_and_select::<D>()?;
+        let params = self.params();
+        if !D::SCANS_TABLE {
+            self.refuse_scan_fields(D::NAME)?;
+            check_connection(config, "sourceConnection", &self.source_connection)?;
+            return Ok(params);
         }
-        for (field, name) in [
-            ("sourceConnection", &self.source_connection),
-            ("destinationConnection", &self.destination_connection),
-        ] {
-            if !state.config.connections.contains_key(name) {
-                return Err(ApiError::field(
-                    field,
-                    format!("{name:?} is not an allowed connection; name an app setting listed in TABLESCAN_CONNECTIONS"),
-                ));
-            }
-        }
-        // Compared by the table service the connections resolve to, not by setting name, and
-        // by table name up to case (Azure table names are case-insensitive).
-        let config = &state.config;
-        for (field, connection, table) in [
-            (
-                "sourceTable",
-                &self.source_connection,
-                Some(&self.source_table),
-            ),
-            (
-                "destinationTable",
-                &self.destination_connection,
-                self.destination_table.as_ref(),
-            ),
-        ] {
-            if let Some(table) = table {
-                if config.is_bookkeeping_table(connection, table) {
-                    return Err(ApiError::field(
-                        field,
-                        format!("{table} is one of tablescan's bookkeeping tables on the app's own storage account"),
-                    ));
-                }
-            }
-        }
-        if let Some(dst) = &self.destination_table {
-            if config.same_table(
-                (&self.source_connection, &self.source_table),
-                (&self.destination_connection, dst),
-            ) {
-                return Err(ApiError::field(
-                    "destinationTable",
-                    "must differ from the source table (the two connections reach the same storage account, and table names are case-insensitive)",
-                ));
-            }
-        }
+        let source = self
+            .source_table
+            .as_deref()
+            .ok_or_else(|| ApiError::field("sourceTable", "missing field `sourceTable`"))?;
+        validate::table_name(source).map_err(|m| ApiError::field("sourceTable", m))?;
+        check_connection(config, "sourceConnection", &self.source_connection)?;
+        check_table(config, "sourceTable", &self.source_connection, source)?;
         validate::key(&self.partition_key_prefix)
             .map_err(|m| ApiError::field("partitionKeyPrefix", m))?;
         for (field, bound) in [
@@ -187,11 +164,69 @@ impl ScanRequest {
                 validate::key(b).map_err(|m| ApiError::field(field, m))?;
             }
         }
-        let params = self.params();
         params
             .validate()
             .map_err(|e| ApiError::field(e.field, e.message))?;
         Ok(params)
+    }
+
+    /// `filter` parsed and re-rendered canonically, `select` checked; each only for a driver
+    /// that takes it.
+    fn check_filter_and_select<D: Driver>(&mut self) -> Result<(), ApiError> {
+        if let Some(filter) = &self.filter {
+            if !D::FILTER {
+                return Err(ApiError::field(
+                    "filter",
+                    format!("is not used by the {} driver", D::NAME),
+                ));
+            }
+            let expr =
+                odata::parse(filter).map_err(|e| ApiError::field("filter", e.to_string()))?;
+            self.filter = Some(expr.render());
+        }
+        if let Some(select) = &self.select {
+            if !D::SELECT {
+                return Err(ApiError::field(
+                    "select",
+                    format!("is not used by the {} driver", D::NAME),
+                ));
+            }
+            validate::select(select).map_err(|m| ApiError::field("select", m))?;
+        }
+        Ok(())
+    }
+
+    /// A driver that scans no table takes none of the scan's fields.
+    fn refuse_scan_fields(&self, driver: &str) -> Result<(), ApiError> {
+        let defaults = ScanParameters {
+            select: Some(Vec::new()),
+            ..ScanParameters::default()
+        };
+        let params = self.params();
+        let given = [
+            ("sourceTable", self.source_table.is_some()),
+            ("strategy", self.strategy != Strategy::default()),
+            ("partitionKeyPrefix", params.prefix != defaults.prefix),
+            ("partitionKeyLowerBound", params.lower.is_some()),
+            ("partitionKeyUpperBound", params.upper.is_some()),
+            ("takeCount", params.take != default_take()),
+            ("expandPartitionKeys", !params.expand_partition_keys),
+            (
+                "segmentsPerFirstPrefix",
+                params.segments_per_first_prefix != 1,
+            ),
+            (
+                "segmentsPerSubsequentPrefix",
+                params.segments_per_subsequent_prefix != 1,
+            ),
+        ];
+        match given.iter().find(|(_, given)| *given) {
+            Some((field, _)) => Err(ApiError::field(
+                *field,
+                format!("is not used by the {driver} driver, which scans no table"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The scan parameters this request asks for (unchecked: see [`ScanRequest::validate`]).
@@ -201,7 +236,7 @@ impl ScanRequest {
             lower: self.partition_key_lower_bound.clone(),
             upper: self.partition_key_upper_bound.clone(),
             take: self.take_count,
-            // Copy and count read keys only while scanning; copy re-reads each page's rows once.
+            // Every driver reads keys only while scanning; items re-read what they need.
             select: Some(Vec::new()),
             expand_partition_keys: self.expand_partition_keys,
             segments_per_first_prefix: self.segments_per_first_prefix,
@@ -210,7 +245,7 @@ impl ScanRequest {
     }
 
     /// The context every work item of scan `scan_id` runs with.
-    fn context(&self, scan_id: &str, shards: u32) -> ScanContext {
+    fn context(&self, scan_id: &str, shards: u32, setup: Setup) -> ScanContext {
         ScanContext {
             scan_id: scan_id.to_string(),
             shards,
@@ -218,16 +253,31 @@ impl ScanRequest {
             strategy: self.strategy,
             source: TableRef {
                 connection: self.source_connection.clone(),
-                table: self.source_table.clone(),
+                table: self.source_table().to_string(),
             },
-            destination: self.destination_table.clone().map(|table| TableRef {
-                connection: self.destination_connection.clone(),
-                table,
-            }),
+            destination: setup.destination,
             params: self.params(),
-            work_split: self.work_split,
+            work_split: setup.work_split,
+            filter: self.filter.clone(),
+            select: self.select.clone(),
+            options: setup.options,
         }
     }
+}
+
+/// The request of a scan recorded before scans recorded their context (copy and count only):
+/// its context is derived as that version put it into its messages.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LegacyRequest {
+    #[serde(flatten)]
+    common: ScanRequest,
+    #[serde(default)]
+    destination_table: Option<String>,
+    #[serde(default)]
+    work_split: WorkSplit,
+    #[serde(default = "default_connection")]
+    destination_connection: String,
 }
 
 /// The context a scan's work items run with: the one recorded at start, or for a record written
@@ -239,9 +289,17 @@ pub fn recorded_context(record: &ScanRecord) -> Result<ScanContext, String> {
             return Ok(context.clone());
         }
     }
-    let request: ScanRequest = serde_json::from_value(record.request.clone())
+    let legacy: LegacyRequest = serde_json::from_value(record.request.clone())
         .map_err(|e| format!("scan {} has an unreadable recorded request: {e}", record.id))?;
-    Ok(request.context(&record.id, record.shards))
+    let setup = Setup {
+        destination: legacy.destination_table.map(|table| TableRef {
+            connection: legacy.destination_connection,
+            table,
+        }),
+        work_split: legacy.work_split,
+        options: None,
+    };
+    Ok(legacy.common.context(&record.id, record.shards, setup))
 }
 
 /// A new scan id: inverted milliseconds so ids sort newest first, plus randomness.
@@ -276,65 +334,54 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         .await
         .map_err(|_| ApiError::PayloadTooLarge(MAX_BODY))?;
     let request = parse_request(&body)?;
-    request.validate(&state)?;
+    with_driver!(request.driver, D => start::<D, T, Q>(&state, request).await)
+}
 
-    let source = &state.tables[&request.source_connection];
-    let probe = Query {
-        filter: None,
-        top: Some(1),
-        select: Some(vec!["PartitionKey".into()]),
-        continuation: None,
+/// Starts a scan of driver `D`: validates, prepares, records the root work and the scan.
+async fn start<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    mut request: ScanRequest,
+) -> Result<Response, ApiError> {
+    let fields = driver_fields::<D>(&request)?;
+    request.validate::<D>(&state.config)?;
+    D::validate(&fields, &request, &state.config)?;
+    let setup = D::setup(&fields, &request);
+    request.fields = match serde_json::to_value(&fields).expect("driver fields serialize") {
+        Value::Object(map) => map,
+        _ => Map::new(),
     };
-    match source.query_page(&request.source_table, &probe).await {
-        Err(e) if e.is_not_found() => {
-            return Err(ApiError::field(
-                "sourceTable",
-                format!("table {} does not exist", request.source_table),
-            ))
-        }
-        other => {
-            other?;
-        }
+    if D::SCANS_TABLE {
+        source_must_exist(state, &request).await?;
     }
-    if let (Driver::Copy, Some(dst)) = (request.driver, &request.destination_table) {
-        state.tables[&request.destination_connection]
-            .create_table(dst)
-            .await?;
-    }
-
-    let tracker = state.tracker_on(state.bookkeeping());
-    tracker.ensure_tables().await?;
-    state
-        .queues
-        .create_queue(&state.config.prefix_scan_queue)
-        .await?;
-    state
-        .queues
-        .create_queue(&state.config.table_copy_queue)
-        .await?;
 
     let scan_id = new_scan_id();
-    let root = StepMessage {
-        scan_id: scan_id.clone(),
-        step: Scanner::<T>::root(request.strategy),
-    };
-    let text = messages::encode(&root).map_err(|e| ApiError::field("body", e.to_string()))?;
-    let root_work = NewWork {
-        id: messages::work_id(&root),
-        kind: StepMessage::NAME,
-    };
+    let context = request.context(&scan_id, state.config.counter_shards, setup);
+    D::prepare(state, &context).await?;
+    let tracker = state.tracker_on(state.bookkeeping());
+    tracker.ensure_tables().await?;
+    for queue in [
+        &state.config.prefix_scan_queue,
+        &state.config.table_copy_queue,
+    ] {
+        state.queues.create_queue(queue).await?;
+    }
+
+    let root = D::root::<T>(&context).map_err(|e| ApiError::field("driver", e.to_string()))?;
+    let root = state
+        .child_message(&context, &root)
+        .map_err(|e| ApiError::field("body", e.to_string()))?;
     tracker
-        .create_scan_work(&scan_id, state.config.counter_shards, &root_work)
+        .create_scan_work(&scan_id, state.config.counter_shards, &root.work)
         .await?;
     state
         .queues
-        .put_message(&state.config.prefix_scan_queue, &text, Duration::ZERO)
+        .put_message(&root.queue, &root.text, Duration::ZERO)
         .await?;
     let record = ScanRecord {
         id: scan_id.clone(),
         state: ScanState::Running,
         request: serde_json::to_value(&request).expect("requests serialize"),
-        context: Some(request.context(&scan_id, state.config.counter_shards)),
+        context: Some(context),
         shards: state.config.counter_shards,
         started_at: OffsetDateTime::now_utc(),
         completed_at: None,
@@ -342,7 +389,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         etag: String::new(),
     };
     tracker.insert_scan(&record).await?;
-    tracing::info!(scan = %scan_id, driver = ?request.driver, strategy = ?request.strategy, source = %request.source_table, "scan started");
+    tracing::info!(scan = %scan_id, driver = D::NAME, strategy = ?request.strategy, source = %request.source_table(), "scan started");
     let counters = Counters {
         created: 1,
         ..Counters::default()
@@ -354,4 +401,27 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         Json(status_json(&record, &counters)),
     )
         .into_response())
+}
+
+/// A 4xx naming `sourceTable` if the source table does not exist.
+async fn source_must_exist<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    request: &ScanRequest,
+) -> Result<(), ApiError> {
+    let probe = Query {
+        filter: None,
+        top: Some(1),
+        select: Some(vec!["PartitionKey".into()]),
+        continuation: None,
+    };
+    match state.tables[&request.source_connection]
+        .query_page(request.source_table(), &probe)
+        .await
+    {
+        Err(e) if e.is_not_found() => Err(ApiError::field(
+            "sourceTable",
+            format!("table {} does not exist", request.source_table()),
+        )),
+        other => other.map(|_| ()).map_err(ApiError::from),
+    }
 }

@@ -22,6 +22,7 @@ pub fn status_json(record: &ScanRecord, counters: &Counters) -> Value {
         "parameters": record.request,
         "rowsScanned": counters.rows_scanned,
         "rowsWritten": counters.rows_written,
+        "rowsMatched": counters.rows_matched,
         "storageRequests": counters.storage_requests,
         "messagesProcessed": counters.messages,
         "pendingWorkItems": pending,

@@ -30,9 +30,13 @@ pub struct Counters {
     /// Absent from counters and outcomes recorded by earlier versions: 0.
     #[serde(default)]
     pub dropped: i64,
+    /// Rows a scan's filter let through (every row read, without a filter). Absent from
+    /// counters and outcomes recorded by earlier versions: 0.
+    #[serde(default)]
+    pub rows_matched: i64,
 }
 
-const COUNTER_FIELDS: [&str; 8] = [
+const COUNTER_FIELDS: [&str; 9] = [
     "Created",
     "Completed",
     "Failed",
@@ -41,10 +45,11 @@ const COUNTER_FIELDS: [&str; 8] = [
     "StorageRequests",
     "Messages",
     "Dropped",
+    "RowsMatched",
 ];
 
 impl Counters {
-    fn values(&self) -> [i64; 8] {
+    fn values(&self) -> [i64; 9] {
         [
             self.created,
             self.completed,
@@ -54,10 +59,11 @@ impl Counters {
             self.storage_requests,
             self.messages,
             self.dropped,
+            self.rows_matched,
         ]
     }
 
-    fn from_values(v: [i64; 8]) -> Counters {
+    fn from_values(v: [i64; 9]) -> Counters {
         Counters {
             created: v[0],
             completed: v[1],
@@ -67,6 +73,7 @@ impl Counters {
             storage_requests: v[5],
             messages: v[6],
             dropped: v[7],
+            rows_matched: v[8],
         }
     }
 

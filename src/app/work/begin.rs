@@ -73,7 +73,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         if sent_context.is_some_and(|sent| sent != *scan) {
             tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
         }
-        let progress = progress_of(&tracker, &scan, &work_id, last_attempt).await?;
+        let progress = progress_of(self, &tracker, &scan, &work_id, last_attempt).await?;
         Ok(Begun {
             message,
             scan,
@@ -170,7 +170,8 @@ fn storage_failure(work_id: &str, e: StorageError) -> InvocationResponse {
 
 /// Where the item's row stands: to execute, or with an outcome recorded by an earlier delivery.
 /// A finished item (a duplicate delivery) and an item with no row are answered right away.
-async fn progress_of<S: TableStore>(
+async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
+    app: &AppState<T, Q>,
     tracker: &Tracker<'_, S>,
     scan: &ScanContext,
     work_id: &str,
@@ -191,12 +192,8 @@ async fn progress_of<S: TableStore>(
         Some(WorkState::Finished) => {
             // The delivery that finished it may have died before checking for the end of the
             // scan (handler killed between the two): check on its behalf.
-            let completed = tracker
-                .complete_if_drained(
-                    &scan.scan_id,
-                    scan.shards,
-                    Some(shard_of(work_id, scan.shards)),
-                )
+            let completed = app
+                .complete_if_drained(tracker, scan, Some(shard_of(work_id, scan.shards)))
                 .await
                 .map_err(|e| storage_failure(work_id, e))?;
             Err(reply(

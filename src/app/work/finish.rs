@@ -127,18 +127,15 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let scan_completed = match completion {
             Completion::Committed { shard_idle: false } => false,
             Completion::Committed { shard_idle: true } => {
-                tracker
-                    .complete_if_drained(&scan.scan_id, scan.shards, None)
-                    .await?
+                self.complete_if_drained(&tracker, scan, None).await?
             }
             Completion::Duplicate => {
-                tracker
-                    .complete_if_drained(
-                        &scan.scan_id,
-                        scan.shards,
-                        Some(shard_of(&begun.work_id, scan.shards)),
-                    )
-                    .await?
+                self.complete_if_drained(
+                    &tracker,
+                    scan,
+                    Some(shard_of(&begun.work_id, scan.shards)),
+                )
+                .await?
             }
         };
         if scan_completed {

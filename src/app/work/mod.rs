@@ -34,7 +34,7 @@ use super::config::STORAGE_SETTING;
 use super::functions::start_scan::recorded_context;
 use super::functions::status::is_valid_scan_id;
 use super::messages::{
-    self, shard_of, ChildSpec, CopyMessage, MessageError, ScanContext, StepMessage, WorkMessage,
+    self, shard_of, ChildSpec, ItemMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
 use super::observe;
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
@@ -118,7 +118,7 @@ impl<M> Begun<M> {
 
 /// Messages that belong to a scan.
 /// A unit of queue work that knows how to run itself: one module per kind (scan steps in
-/// `functions/prefix_scan.rs`, copy items in `functions/table_copy.rs`), all run by [`run`].
+/// `functions/prefix_scan.rs`, driver work items in `functions/table_copy.rs`), all run by [`run`].
 pub trait Work: WorkMessage + Send + Sync {
     /// Does the work of one begun item; its outcome is committed by [`AppState::finish`].
     fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
@@ -158,10 +158,10 @@ async fn execute<M: Work, T: TableStore + Clone, Q: QueueStore + Clone>(
 }
 
 /// A child work item ready to be registered and queued.
-struct ChildMessage {
-    work: NewWork,
-    queue: String,
-    text: String,
+pub(crate) struct ChildMessage {
+    pub(crate) work: NewWork,
+    pub(crate) queue: String,
+    pub(crate) text: String,
 }
 
 impl ChildMessage {
@@ -251,8 +251,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         Ok(Counted::new(store.clone(), requests.clone()))
     }
 
-    /// The queue message of a child of `scan`: its scan id and its work, nothing else.
-    fn child_message(
+    /// The queue message of a child of `scan`: its scan id and its work, nothing else. Scan
+    /// steps go to the PrefixScan queue, driver work items to the TableCopy queue.
+    pub(crate) fn child_message(
         &self,
         scan: &ScanContext,
         child: &ChildSpec,
@@ -266,8 +267,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 },
                 &self.config.prefix_scan_queue,
             ),
-            ChildSpec::Copy(work) => ChildMessage::new(
-                &CopyMessage {
+            ChildSpec::Item(work) => ChildMessage::new(
+                &ItemMessage {
                     scan_id,
                     work: work.clone(),
                 },

@@ -1,0 +1,173 @@
+//! The copy driver (`"driver": "copy"`): every scanned page becomes one [`RangeWork`] item; an
+//! item re-reads its key range with every column (bounded: see [`read_item`]) and upserts the
+//! rows into `destinationTable` in same-partition entity group transactions (≤ 100 operations,
+//! < 4 MiB), several in flight. Typed properties travel with their `@odata.type`, as the
+//! service's JSON text; read-only metadata is dropped. Re-running an item rewrites the same
+//! rows, so duplicates are harmless.
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use crate::app::config::{Config, STORAGE_SETTING};
+use crate::app::error::ApiError;
+use crate::app::functions::start_scan::ScanRequest;
+use crate::app::messages::{ItemMessage, ScanContext, TableRef, WorkSplit};
+use crate::app::state::AppState;
+use crate::app::validate;
+use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::storage::{Entity, QueueStore, TableStore};
+
+use super::range::{batches, begin_range_item, page_items, unaddressable_error, RangeWork};
+use super::{check_connection, check_table, Driver, Segment, Setup};
+
+pub struct CopyDriver;
+
+fn default_connection() -> String {
+    STORAGE_SETTING.to_string()
+}
+
+/// The copy driver's request fields.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CopyFields {
+    /// Created if missing; rows are upserted (replace).
+    pub destination_table: String,
+    /// App-setting name of the destination's connection.
+    #[serde(default = "default_connection")]
+    pub destination_connection: String,
+    /// How copy work is split: `page` (default) or `partitionKey` (the reference design).
+    #[serde(default)]
+    pub work_split: WorkSplit,
+}
+
+impl Driver for CopyDriver {
+    const NAME: &'static str = "copy";
+    const FILTER: bool = true;
+    const SELECT: bool = true;
+    type Fields = CopyFields;
+    type Item = RangeWork;
+
+    fn validate(
+        fields: &CopyFields,
+        request: &ScanRequest,
+        config: &Config,
+    ) -> Result<(), ApiError> {
+        validate::table_name(&fields.destination_table)
+            .map_err(|m| ApiError::field("destinationTable", m))?;
+        if fields.work_split == WorkSplit::PartitionKey {
+            for (field, given) in [
+                ("filter", request.filter.is_some()),
+                ("select", request.select.is_some()),
+            ] {
+                if given {
+                    return Err(ApiError::field(
+                        field,
+                        "cannot be combined with workSplit \"partitionKey\" (the reference design's split, kept for comparison only)",
+                    ));
+                }
+            }
+        }
+        check_connection(
+            config,
+            "destinationConnection",
+            &fields.destination_connection,
+        )?;
+        check_table(
+            config,
+            "destinationTable",
+            &fields.destination_connection,
+            &fields.destination_table,
+        )?;
+        // Compared by the table service the connections resolve to, not by setting name, and
+        // by table name up to case (Azure table names are case-insensitive).
+        if config.same_table(
+            (&request.source_connection, request.source_table()),
+            (&fields.destination_connection, &fields.destination_table),
+        ) {
+            return Err(ApiError::field(
+                "destinationTable",
+                "must differ from the source table (the two connections reach the same storage account, and table names are case-insensitive)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn setup(fields: &CopyFields, _request: &ScanRequest) -> Setup {
+        Setup {
+            destination: Some(TableRef {
+                connection: fields.destination_connection.clone(),
+                table: fields.destination_table.clone(),
+            }),
+            work_split: fields.work_split,
+            options: None,
+        }
+    }
+
+    async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        context: &ScanContext,
+    ) -> Result<(), ApiError> {
+        if let Some(dst) = &context.destination {
+            state.tables[&dst.connection]
+                .create_table(&dst.table)
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn segment(context: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
+        Segment {
+            items: page_items(context.work_split, rows),
+            ..Segment::default()
+        }
+    }
+
+    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<ItemMessage>,
+        item: RangeWork,
+    ) -> Result<WorkOutcome, WorkError> {
+        let scan = &*begun.scan;
+        let destination = scan
+            .destination
+            .as_ref()
+            .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
+        let target = state.counted_table(&destination.connection, &begun.requests)?;
+        let (_, mut read, mut outcome) =
+            begin_range_item::<Self, T, Q>(state, begun, &item, scan.select.clone()).await?;
+        if scan.select.is_some() {
+            // The service answers a selected property an entity lacks as null; it stores no
+            // nulls, so writing one back would be refused or invent a property.
+            read.rows.iter_mut().for_each(drop_nulls);
+        }
+        let written = read.rows.len() as i64;
+        let target = &target;
+        stream::iter(batches(read.rows))
+            .map(
+                |(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await },
+            )
+            .buffer_unordered(state.config.copy_concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        // Every other row is written; a row that cannot be addressed fails the item, named exactly.
+        if let Some(e) = unaddressable_error("copied", &read.unaddressable) {
+            return Err(e);
+        }
+        outcome.delta.rows_written = written;
+        Ok(outcome)
+    }
+}
+
+/// Removes the properties whose value is `null` (and their annotations).
+fn drop_nulls(row: &mut Entity) {
+    let nulls: Vec<String> = row
+        .properties
+        .iter()
+        .filter(|(_, value)| value.get() == "null")
+        .map(|(name, _)| name.to_string())
+        .collect();
+    for name in nulls {
+        row.properties.remove(&name);
+        row.properties.remove(&format!("{name}@odata.type"));
+    }
+}

@@ -1,0 +1,187 @@
+//! The delete driver (`"driver": "delete"`): deletes every row of `sourceTable` in the scan's
+//! key range (and matching its `filter`). Every scanned page becomes one [`RangeWork`] item;
+//! an item re-reads its key range (keys only, with the filter: bounded like every range item)
+//! and deletes the rows it finds with same-partition entity group transactions of deletes with
+//! `If-Match: *`.
+//!
+//! Safety rules (README "Delete safety rules"):
+//! - The request must carry `"confirm"` equal to `sourceTable`, or nothing is written.
+//! - Only rows the item's own re-read returned are deleted, and that read's filter covers
+//!   exactly the item's key range ([`super::range`]); rows outside it are never named.
+//! - Delivery is at-least-once: rows already gone (an earlier or concurrent delivery deleted
+//!   them) are tolerated. A transaction fails whole when one of its deletes finds no row (404);
+//!   the batch's rows are then read again and only those still there are deleted, at most
+//!   [`MAX_DELETE_ROUNDS`] times per batch (then the message is retried).
+//! - `rowsWritten` counts the rows deleted by the execution that committed each item; a row
+//!   deleted by an execution that died or lost the race is gone but not counted (a lower bound).
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::functions::start_scan::ScanRequest;
+use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
+use crate::app::state::AppState;
+use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::storage::{
+    BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError, StorageErrorKind,
+    TableStore, MAX_TAKE,
+};
+
+use super::range::{batches_of, begin_range_item, page_items, unaddressable_error, RangeWork};
+use super::{Driver, Segment, Setup};
+
+/// Transactions tried per batch before the item gives up for this delivery (each after the
+/// first re-reads which of the batch's rows are still there).
+pub const MAX_DELETE_ROUNDS: usize = 3;
+
+pub struct DeleteDriver;
+
+/// The delete driver's request fields.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteFields {
+    /// Must equal `sourceTable`: the caller says which table it means to empty (in range).
+    pub confirm: String,
+}
+
+impl Driver for DeleteDriver {
+    const NAME: &'static str = "delete";
+    const FILTER: bool = true;
+    type Fields = DeleteFields;
+    type Item = RangeWork;
+
+    fn validate(
+        fields: &DeleteFields,
+        request: &ScanRequest,
+        _config: &Config,
+    ) -> Result<(), ApiError> {
+        if fields.confirm != request.source_table() {
+            return Err(ApiError::field(
+                "confirm",
+                format!(
+                    "must equal sourceTable ({:?}) to delete rows from it, got {:?}",
+                    request.source_table(),
+                    fields.confirm
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn setup(_: &DeleteFields, _: &ScanRequest) -> Setup {
+        Setup::default()
+    }
+
+    fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
+        Segment {
+            items: page_items(WorkSplit::Page, rows),
+            ..Segment::default()
+        }
+    }
+
+    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<ItemMessage>,
+        item: RangeWork,
+    ) -> Result<WorkOutcome, WorkError> {
+        let table = &begun.scan.source.table;
+        let (source, read, mut outcome) =
+            begin_range_item::<Self, T, Q>(state, begun, &item, Some(Vec::new())).await?;
+        let source = &source;
+        let deleted: Vec<usize> = stream::iter(batches_of(read.rows, delete_op))
+            .map(|(pk, ops)| async move { delete_batch(source, table, &pk, ops).await })
+            .buffer_unordered(state.config.copy_concurrency)
+            .try_collect()
+            .await?;
+        if let Some(e) = unaddressable_error("deleted", &read.unaddressable) {
+            return Err(e);
+        }
+        outcome.delta.rows_written = deleted.iter().sum::<usize>() as i64;
+        Ok(outcome)
+    }
+}
+
+fn delete_op(row: Entity) -> BatchOperation {
+    BatchOperation::Delete {
+        row_key: row.row_key,
+        etag: None,
+    }
+}
+
+/// Whether a failed transaction failed because a row it deletes is already gone (and not,
+/// say, because the table is).
+fn row_gone(e: &StorageError) -> bool {
+    e.kind == StorageErrorKind::NotFound && e.code.as_deref() != Some("TableNotFound")
+}
+
+/// Deletes one same-partition batch of deletes, tolerating rows already gone; returns how many
+/// it deleted.
+pub async fn delete_batch<S: TableStore>(
+    store: &S,
+    table: &str,
+    pk: &str,
+    mut ops: Vec<BatchOperation>,
+) -> Result<usize, WorkError> {
+    for round in 0..MAX_DELETE_ROUNDS {
+        if round > 0 {
+            ops = still_there(store, table, pk, ops).await?;
+        }
+        if ops.is_empty() {
+            return Ok(0);
+        }
+        match store.submit_batch(table, pk, &ops).await {
+            Ok(()) => return Ok(ops.len()),
+            Err(e) if row_gone(&e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(WorkError::Storage(StorageError::new(
+        StorageErrorKind::Transient,
+        format!(
+            "rows of partition {pk:?} kept vanishing under {MAX_DELETE_ROUNDS} delete transactions (another deleter?); trying again later"
+        ),
+    )))
+}
+
+/// The operations of `ops` whose rows still exist: one keys-only query over the batch's
+/// row-key span, within [`super::MAX_ITEM_QUERIES`] pages.
+async fn still_there<S: TableStore>(
+    store: &S,
+    table: &str,
+    pk: &str,
+    ops: Vec<BatchOperation>,
+) -> Result<Vec<BatchOperation>, WorkError> {
+    let (Some(first), Some(last)) = (ops.first(), ops.last()) else {
+        return Ok(ops);
+    };
+    let mut query = Query {
+        filter: Some(Filter::and(vec![
+            Filter::pk(CompareOp::Eq, pk),
+            Filter::rk(CompareOp::Ge, first.row_key()),
+            Filter::rk(CompareOp::Le, last.row_key()),
+        ])),
+        top: Some(MAX_TAKE),
+        select: Some(Vec::new()),
+        continuation: None,
+    };
+    let mut present = std::collections::HashSet::new();
+    for _ in 0..super::MAX_ITEM_QUERIES {
+        let page = store.query_page(table, &query).await?;
+        present.extend(page.entities.into_iter().map(|e| e.row_key));
+        match page.continuation {
+            Some(c) => query.continuation = Some(c),
+            None => {
+                return Ok(ops
+                    .into_iter()
+                    .filter(|op| present.contains(op.row_key()))
+                    .collect())
+            }
+        }
+    }
+    Err(WorkError::Storage(StorageError::new(
+        StorageErrorKind::Transient,
+        format!("re-reading partition {pk:?} took too many pages; trying again later"),
+    )))
+}

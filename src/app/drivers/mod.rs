@@ -1,0 +1,388 @@
+//! Drivers: what a scan does with the rows it finds. The scan engine finds the work (the
+//! `PrefixScan` function runs scan steps); the scan's driver says what becomes of it (the
+//! reference design's `TableScanDriver`). Each driver is one module implementing [`Driver`] and
+//! one line of [`drivers!`] below; nothing else names it.
+//!
+//! A driver decides, through its trait methods:
+//! - its part of a start request: its own fields ([`Driver::Fields`], camelCase, unknown fields
+//!   refused), checked with a 4xx naming the field ([`Driver::validate`]), what the scan records
+//!   for it ([`Driver::setup`]), and storage to prepare before the scan starts
+//!   ([`Driver::prepare`], e.g. the destination table);
+//! - what the scan's root work is ([`Driver::root`]: the scan engine's root step, or the
+//!   driver's own item for drivers that scan no table);
+//! - what one scanned segment becomes ([`Driver::segment`]: counters and/or work items);
+//! - how one work item runs ([`Driver::run`], in the `TableCopy` function, which runs every
+//!   driver's items): bounded like every invocation (at most [`MAX_ITEM_QUERIES`] queries and
+//!   [`MAX_ITEM_ROWS`] rows for items that read a key range); the rest is handed on as new items
+//!   (children of the outcome);
+//! - an optional step once every work item has finished, before the scan is recorded
+//!   `completed` ([`Driver::complete`]).
+//!
+//! A driver keeps what it reuses across invocations (clients of another service) in its own
+//! module, through `AppState::driver_state`.
+//!
+//! Invariants:
+//! - Work items are the driver's own serde type ([`Driver::Item`]). Its JSON text is the item's
+//!   identity (the work row id hashes it), so serialization must be deterministic (structs and
+//!   enums, no maps with unordered keys) and must never change for an item already queued.
+//! - Every method runs under at-least-once delivery: [`Driver::run`] may run twice, or
+//!   concurrently, for one item (only one execution's outcome counts), and
+//!   [`Driver::complete`] may run more than once: both must be idempotent.
+//! - A driver reads what to do from the scan's recorded [`ScanContext`] (never from a message).
+
+pub mod copy;
+pub mod count;
+pub mod delete;
+pub mod range;
+#[cfg(all(test, feature = "lab"))]
+mod tests;
+
+use std::future::Future;
+
+use serde::de::{self, DeserializeOwned};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::functions::start_scan::ScanRequest;
+use crate::app::messages::{ChildSpec, ItemJson, ItemMessage, ScanContext, TableRef, WorkSplit};
+use crate::app::state::AppState;
+use crate::app::tracking::{Counters, ScanState, Tracker};
+use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::scan::Scanner;
+use crate::storage::{
+    odata, Entity, QueueStore, StorageError, StorageErrorKind, TableStore, MAX_TAKE,
+};
+
+/// Most queries one work item that reads a key range sends.
+pub const MAX_ITEM_QUERIES: usize = 16;
+/// Most rows one work item that reads a key range reads and writes (two pages: see
+/// `range::read_item`).
+pub const MAX_ITEM_ROWS: usize = 2 * MAX_TAKE as usize;
+
+/// What a driver records on its scan at start (part of the [`ScanContext`]).
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// The table the driver writes, if any.
+    pub destination: Option<TableRef>,
+    /// How copy work is split (the copy driver's `workSplit`).
+    pub work_split: WorkSplit,
+    /// The driver's own settings, read back with [`ScanContext::options`].
+    pub options: Option<Value>,
+}
+
+/// What one scanned segment becomes: counters to add and work items to queue.
+#[derive(Debug)]
+pub struct Segment<I> {
+    pub delta: Counters,
+    pub items: Vec<I>,
+}
+
+impl<I> Default for Segment<I> {
+    fn default() -> Self {
+        Segment {
+            delta: Counters::default(),
+            items: Vec::new(),
+        }
+    }
+}
+
+/// One kind of work a scan can do. See the module documentation.
+pub trait Driver: Send + Sync + 'static {
+    /// The request's `"driver"` value, and how the scan records it.
+    const NAME: &'static str;
+    /// Whether the scan engine scans `sourceTable` for this driver. `false`: the request has no
+    /// `sourceTable` nor any scan field, and [`Driver::root`] must give the driver's own item.
+    const SCANS_TABLE: bool = true;
+    /// Whether the driver accepts `filter` (applied in the key ranges it re-reads).
+    const FILTER: bool = false;
+    /// Whether the driver accepts `select` (the properties its re-read asks for).
+    const SELECT: bool = false;
+    /// Whether [`Driver::complete`] does anything (saves the drained checks it needs otherwise).
+    const COMPLETES: bool = false;
+
+    /// The driver's own request fields; `#[serde(rename_all = "camelCase",
+    /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.
+    type Fields: Serialize + DeserializeOwned + Send + Sync;
+    /// One unit of this driver's work (deterministic serialization: it is the item's identity).
+    type Item: Serialize + DeserializeOwned + Send + Sync;
+
+    /// Checks the driver's fields against the rest of the request, without storage; a 4xx names
+    /// the field ([`ApiError::field`]).
+    fn validate(
+        fields: &Self::Fields,
+        request: &ScanRequest,
+        config: &Config,
+    ) -> Result<(), ApiError>;
+
+    /// What the scan records for this driver (after [`Driver::validate`] accepted it).
+    fn setup(fields: &Self::Fields, request: &ScanRequest) -> Setup;
+
+    /// Storage to prepare before the scan is recorded (idempotent), e.g. the destination table.
+    fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        context: &ScanContext,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send {
+        let _ = (state, context);
+        async { Ok(()) }
+    }
+
+    /// The scan's root work item: by default the scan engine's root step (`T`: the store the
+    /// scan will read).
+    fn root<T: TableStore>(context: &ScanContext) -> Result<ChildSpec, WorkError> {
+        Ok(ChildSpec::Step(Scanner::<T>::root(context.strategy)))
+    }
+
+    /// What one scanned segment (rows with keys only, in key order) becomes. The scan counts
+    /// `rowsScanned` itself.
+    fn segment(context: &ScanContext, rows: &[Entity]) -> Segment<Self::Item>;
+
+    /// Runs one work item of this driver (bounded; hands the rest on as children).
+    fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<ItemMessage>,
+        item: Self::Item,
+    ) -> impl Future<Output = Result<WorkOutcome, WorkError>> + Send;
+
+    /// Runs once every work item of the scan has finished (none failed), before the scan is
+    /// recorded `completed`; may run more than once. An error leaves the scan running (the next
+    /// drained check, e.g. a status read, tries again); a permanent one fails it.
+    fn complete<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        context: &ScanContext,
+    ) -> impl Future<Output = Result<(), WorkError>> + Send {
+        let _ = (state, context);
+        async { Ok(()) }
+    }
+}
+
+/// The registration list: one line per driver (`Variant => module::Type`). It defines
+/// [`DriverId`] (how scans name their driver) and `with_driver!` (static dispatch on it).
+macro_rules! drivers {
+    ($($variant:ident => $module:ident :: $ty:ident),* $(,)?) => {
+        /// A registered driver, as named in requests (`"driver"`) and recorded on scans.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DriverId {
+            $($variant),*
+        }
+
+        impl DriverId {
+            /// Every registered driver.
+            pub const ALL: &'static [DriverId] = &[$(DriverId::$variant),*];
+
+            /// The driver's name (`Driver::NAME`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DriverId::$variant => <$module::$ty as Driver>::NAME),*
+                }
+            }
+        }
+
+        /// `with_driver!(id, D => expr)`: evaluates `expr` with the type `D` bound to the
+        /// driver type registered for `id`.
+        macro_rules! with_driver {
+            ($id:expr, $D:ident => $body:expr) => {
+                match $id {
+                    $($crate::app::drivers::DriverId::$variant => {
+                        #[allow(dead_code)]
+                        type $D = $crate::app::drivers::$module::$ty;
+                        $body
+                    })*
+                }
+            };
+        }
+        pub(crate) use with_driver;
+    };
+}
+
+drivers! {
+    Copy => copy::CopyDriver,
+    Count => count::CountDriver,
+    Delete => delete::DeleteDriver,
+}
+
+impl DriverId {
+    pub fn from_name(name: &str) -> Option<DriverId> {
+        DriverId::ALL.iter().copied().find(|d| d.name() == name)
+    }
+}
+
+impl Serialize for DriverId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for DriverId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        DriverId::from_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = DriverId::ALL.iter().map(|d| d.name()).collect();
+            de::Error::custom(format!(
+                "unknown driver {name:?}, expected one of: {}",
+                known.join(", ")
+            ))
+        })
+    }
+}
+
+/// Refuses a connection name that is not an allowed app setting (`TABLESCAN_CONNECTIONS`).
+pub fn check_connection(config: &Config, field: &str, name: &str) -> Result<(), ApiError> {
+    if config.connections.contains_key(name) {
+        return Ok(());
+    }
+    Err(ApiError::field(
+        field,
+        format!("{name:?} is not an allowed connection; name an app setting listed in TABLESCAN_CONNECTIONS"),
+    ))
+}
+
+/// Refuses tablescan's own bookkeeping tables on the app's own account (by the table service
+/// the connection resolves to, and table names up to case).
+pub fn check_table(
+    config: &Config,
+    field: &str,
+    connection: &str,
+    table: &str,
+) -> Result<(), ApiError> {
+    if config.is_bookkeeping_table(connection, table) {
+        return Err(ApiError::field(
+            field,
+            format!(
+                "{table} is one of tablescan's bookkeeping tables on the app's own storage account"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How a range item of `scan` is re-read: `select` (`None`: every column; `Some(vec![])`: keys
+/// only), the scan's filter, and the test-only failure switch.
+pub fn read_spec<T, Q>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    select: Option<Vec<String>>,
+) -> Result<range::ReadSpec, WorkError> {
+    Ok(range::ReadSpec {
+        select,
+        filter: scan.row_filter()?,
+        fail_prefix: state.config.test_fail_prefix.clone(),
+    })
+}
+
+/// A driver's item as a child of an outcome (or a scan's root).
+pub fn item_child<D: Driver>(item: &D::Item) -> Result<ChildSpec, WorkError> {
+    Ok(ChildSpec::Item(ItemJson::from_item(item)?))
+}
+
+impl ScanContext {
+    /// The scan's `filter`, parsed (it was checked at start: failing now is permanent).
+    pub fn row_filter(&self) -> Result<Option<odata::Expr>, WorkError> {
+        self.filter
+            .as_deref()
+            .map(odata::parse)
+            .transpose()
+            .map_err(|e| {
+                WorkError::Permanent(format!("scan {} has an unusable filter: {e}", self.scan_id))
+            })
+    }
+
+    /// The driver's own settings recorded at start ([`Setup::options`]).
+    pub fn options<O: DeserializeOwned>(&self) -> Result<O, WorkError> {
+        serde_json::from_value(self.options.clone().unwrap_or(Value::Null)).map_err(|e| {
+            WorkError::Permanent(format!(
+                "scan {} has unreadable {} driver settings: {e}",
+                self.scan_id,
+                self.driver.name()
+            ))
+        })
+    }
+}
+
+/// What one scanned segment becomes under the scan's driver, as an outcome to add to.
+pub fn segment_outcome(
+    context: &ScanContext,
+    rows: &[Entity],
+    outcome: &mut WorkOutcome,
+) -> Result<(), WorkError> {
+    with_driver!(context.driver, D => {
+        let segment = D::segment(context, rows);
+        outcome.delta = outcome.delta.plus(&segment.delta);
+        for item in &segment.items {
+            outcome.children.push(item_child::<D>(item)?);
+        }
+        Ok(())
+    })
+}
+
+/// Runs one work item with the scan's driver.
+pub async fn run_item<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    begun: &Begun<ItemMessage>,
+) -> Result<WorkOutcome, WorkError> {
+    with_driver!(begun.scan.driver, D => {
+        let item = begun.message.work.parse().map_err(|e| {
+            WorkError::Permanent(format!(
+                "not a work item of the {} driver ({e}): {:?}",
+                D::NAME,
+                begun.message.work
+            ))
+        })?;
+        D::run(state, begun, item).await
+    })
+}
+
+impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+    /// Ends the scan if all its work has finished (see `Tracker::complete_if_drained`; `shard`:
+    /// check that shard first), running its driver's completion step first when it has one.
+    pub(crate) async fn complete_if_drained<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        shard: Option<u32>,
+    ) -> Result<bool, StorageError> {
+        with_driver!(scan.driver, D => self.complete_drained_as::<D, S>(tracker, scan, shard).await)
+    }
+
+    /// [`AppState::complete_if_drained`] for a scan of driver `D`.
+    async fn complete_drained_as<D: Driver, S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        shard: Option<u32>,
+    ) -> Result<bool, StorageError> {
+        if D::COMPLETES && self.drained_without_failures(tracker, scan).await? {
+            match D::complete(self, scan).await {
+                Ok(()) => {}
+                Err(e) if e.is_permanent() => {
+                    let reason = format!("the {} driver's completion step failed: {e}", D::NAME);
+                    return tracker
+                        .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
+                        .await;
+                }
+                Err(WorkError::Storage(e)) => return Err(e),
+                Err(e) => {
+                    return Err(StorageError::new(
+                        StorageErrorKind::Transient,
+                        format!("the {} driver's completion step: {e}", D::NAME),
+                    ))
+                }
+            }
+        }
+        tracker
+            .complete_if_drained(&scan.scan_id, scan.shards, shard)
+            .await
+    }
+
+    async fn drained_without_failures<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+    ) -> Result<bool, StorageError> {
+        let totals = tracker.totals(&scan.scan_id, scan.shards).await?;
+        Ok(totals.pending() == 0
+            && totals.failed == 0
+            && tracker.is_drained(&scan.scan_id, scan.shards).await?)
+    }
+}
