@@ -255,12 +255,17 @@ fn tablescan_runs_with_the_settings_it_ships() {
         d.new_batch_threshold as u64,
         queues["newBatchThreshold"].as_u64().unwrap()
     );
-    let polling = queues["maxPollingInterval"].as_str().unwrap();
-    let secs: Vec<f64> = polling.split(':').map(|p| p.parse().unwrap()).collect();
-    assert_eq!(
-        d.max_polling_ms,
+    let ms = |key: &str| {
+        let secs: Vec<f64> = queues[key]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .map(|p| p.parse().unwrap())
+            .collect();
         ((secs[0] * 60.0 + secs[1]) * 60.0 + secs[2]) * 1000.0
-    );
+    };
+    assert_eq!(d.max_polling_ms, ms("maxPollingInterval"));
+    assert_eq!(d.visibility_timeout_ms, ms("visibilityTimeout"));
     let params = ScanParameters::default();
     assert_eq!(
         (d.segments_first, d.segments_subsequent),

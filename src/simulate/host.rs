@@ -371,10 +371,12 @@ impl Host {
                 Ok(ok) if ok || m.dequeue_count >= model.max_dequeue_count => {
                     let _ = queues.delete_message(queue, &m.id, &m.pop_receipt).await;
                 }
-                // A failure: the host releases the message for another attempt at once.
+                // A failure: the host releases the message for another attempt after
+                // host.json's visibilityTimeout (default: at once).
                 Ok(_) => {
+                    let delay = Model::ms(model.failed_visibility_ms);
                     let _ = queues
-                        .update_message(queue, &m.id, &m.pop_receipt, Duration::ZERO, None)
+                        .update_message(queue, &m.id, &m.pop_receipt, delay, None)
                         .await;
                 }
                 // Past the execution limit the invocation is abandoned; the message reappears

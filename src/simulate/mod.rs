@@ -149,6 +149,7 @@ pub fn run_scenario(
     model.batch_size = scenario.design.batch_size;
     model.new_batch_threshold = scenario.design.new_batch_threshold;
     model.max_polling_ms = scenario.design.max_polling_ms;
+    model.failed_visibility_ms = scenario.design.visibility_timeout_ms;
     model.target_messages_per_instance =
         (model.batch_size as usize + model.new_batch_threshold) as f64;
     let mut result = runtime.block_on(simulate(

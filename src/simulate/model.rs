@@ -162,6 +162,8 @@ pub struct Model {
     pub new_batch_threshold: usize,
     pub min_polling_ms: f64,
     pub max_polling_ms: f64,
+    /// host.json `visibilityTimeout`: how long a failed execution's message stays invisible.
+    pub failed_visibility_ms: f64,
     pub function_timeout_s: f64,
     pub max_dequeue_count: u64,
     pub max_instances: usize,
@@ -222,6 +224,7 @@ impl Default for Model {
             new_batch_threshold: 8,
             min_polling_ms: 100.0,
             max_polling_ms: 60_000.0,
+            failed_visibility_ms: 0.0,
             function_timeout_s: 600.0,
             max_dequeue_count: 5,
             max_instances: 200,

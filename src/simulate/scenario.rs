@@ -180,11 +180,12 @@ pub struct Design {
     pub budget_queries: usize,
     pub counter_shards: u32,
     pub copy_concurrency: usize,
-    /// host.json `extensions.queues.batchSize` / `newBatchThreshold` / `maxPollingInterval` of
-    /// the function app.
+    /// host.json `extensions.queues.batchSize` / `newBatchThreshold` / `maxPollingInterval` /
+    /// `visibilityTimeout` of the function app.
     pub batch_size: u8,
     pub new_batch_threshold: usize,
     pub max_polling_ms: f64,
+    pub visibility_timeout_ms: f64,
 }
 
 /// One scenario to run.
@@ -200,9 +201,18 @@ pub struct Scenario {
     pub label: Option<String>,
 }
 
-/// The queue settings of the host.json tablescan ships: (batchSize, newBatchThreshold,
-/// maxPollingInterval in ms), each falling back to the extension's default when absent.
-pub fn shipped_queue_settings() -> (u8, usize, f64) {
+/// Queue settings of a host.json (`extensions.queues`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueSettings {
+    pub batch_size: u8,
+    pub new_batch_threshold: usize,
+    pub max_polling_ms: f64,
+    pub visibility_timeout_ms: f64,
+}
+
+/// The queue settings of the host.json tablescan ships, each falling back to the extension's
+/// default when absent.
+pub fn shipped_queue_settings() -> QueueSettings {
     let host: serde_json::Value =
         serde_json::from_str(crate::app::stage::HOST_JSON).expect("the shipped host.json parses");
     let queues = &host["extensions"]["queues"];
@@ -210,11 +220,18 @@ pub fn shipped_queue_settings() -> (u8, usize, f64) {
     let threshold = queues["newBatchThreshold"]
         .as_u64()
         .map_or(batch as usize / 2, |n| n as usize);
-    let polling = queues["maxPollingInterval"]
-        .as_str()
-        .and_then(timespan_ms)
-        .unwrap_or(60_000.0);
-    (batch, threshold, polling)
+    let timespan = |key: &str, default: f64| {
+        queues[key]
+            .as_str()
+            .and_then(timespan_ms)
+            .unwrap_or(default)
+    };
+    QueueSettings {
+        batch_size: batch,
+        new_batch_threshold: threshold,
+        max_polling_ms: timespan("maxPollingInterval", 60_000.0),
+        visibility_timeout_ms: timespan("visibilityTimeout", 0.0),
+    }
 }
 
 /// `hh:mm:ss` (optionally with fractional seconds) in milliseconds.
@@ -250,6 +267,7 @@ impl Scenario {
             batch_size: model.batch_size,
             new_batch_threshold: model.new_batch_threshold,
             max_polling_ms: model.max_polling_ms,
+            visibility_timeout_ms: model.failed_visibility_ms,
         };
         let design = match variant {
             Variant::Serial => Design {
@@ -293,7 +311,7 @@ impl Scenario {
 fn tablescan_design(args: &SimulateArgs) -> Design {
     let budget = StepBudget::default();
     let params = ScanParameters::default();
-    let (batch, threshold, polling) = shipped_queue_settings();
+    let shipped = shipped_queue_settings();
     Design {
         app: "tablescan",
         strategy: "prefix",
@@ -309,9 +327,12 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
         budget_queries: args.budget_queries.unwrap_or(budget.max_queries),
         counter_shards: args.counter_shards,
         copy_concurrency: args.copy_concurrency,
-        batch_size: args.batch_size.unwrap_or(batch),
-        new_batch_threshold: args.new_batch_threshold.unwrap_or(threshold),
-        max_polling_ms: polling,
+        batch_size: args.batch_size.unwrap_or(shipped.batch_size),
+        new_batch_threshold: args
+            .new_batch_threshold
+            .unwrap_or(shipped.new_batch_threshold),
+        max_polling_ms: shipped.max_polling_ms,
+        visibility_timeout_ms: shipped.visibility_timeout_ms,
     }
 }
 
@@ -428,7 +449,7 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
         s
     };
     let mut out = Vec::new();
-    let intervals: &[f64] = if short { &[2.0, 30.0] } else { &[2.0, 5.0, 20.0, 30.0] };
+    let intervals: &[f64] = if short { &[30.0] } else { &[2.0, 5.0, 20.0, 30.0] };
     for &v in intervals {
         out.push(vary(format!("scale interval {v} s"), &|f| f.scale_interval_s = v));
     }
@@ -447,7 +468,7 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
     for v in [512u32, 4096] {
         out.push(vary(format!("{v} MB"), &|f| f.instance_memory_mb = v));
     }
-    let caps: &[usize] = if short { &[40] } else { &[40, 200] };
+    let caps: &[usize] = if short { &[40, 60] } else { &[40, 200] };
     for &v in caps {
         out.push(vary(format!("max {v} instances"), &|f| f.max_instances = v));
     }

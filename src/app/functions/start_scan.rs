@@ -39,8 +39,11 @@ fn default_take() -> u32 {
 fn default_true() -> bool {
     true
 }
-fn default_one() -> u32 {
-    1
+fn default_segments_first() -> u32 {
+    ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX
+}
+fn default_segments_subsequent() -> u32 {
+    ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX
 }
 
 /// The request body, camelCase. Unknown fields are rejected.
@@ -63,9 +66,9 @@ pub struct ScanRequest {
     pub take_count: u32,
     #[serde(default = "default_true")]
     pub expand_partition_keys: bool,
-    #[serde(default = "default_one")]
+    #[serde(default = "default_segments_first")]
     pub segments_per_first_prefix: u32,
-    #[serde(default = "default_one")]
+    #[serde(default = "default_segments_subsequent")]
     pub segments_per_subsequent_prefix: u32,
     /// How copy work is split: `page` (default) or `partitionKey` (the reference design).
     #[serde(default)]
