@@ -115,8 +115,11 @@ fn blog_worked_example_step_by_step() {
         inner: table_with(&blog_rows(), Pagination::default()),
         filters: Default::default(),
     };
+    // The blog's example reads one page per prefix.
     let params = ScanParameters {
         take: 2,
+        segments_per_first_prefix: 1,
+        segments_per_subsequent_prefix: 1,
         ..ScanParameters::default()
     };
     let scanner = Scanner::new(&store, TABLE, &params, StepBudget::UNLIMITED);

@@ -1,10 +1,19 @@
 //! The simulator on tiny tables: deterministic for a seed, the copy verified row by row, the
-//! JSON contract, and the model's calibration anchors. All figures here are simulated.
+//! JSON contract and report, the Flex Consumption model (per-function scaling, the scale-out
+//! step, the instance cap, instance sizes, billing), the storage floor, and the model's
+//! calibration anchors. All figures here are simulated.
 
 use clap::Parser;
 use serde_json::Value;
 
-use tablescan::simulate::model::Model;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tablescan::scan::ScanParameters;
+use tablescan::simulate::cloud::{charge_cpu, Cpu, CPU};
+use tablescan::simulate::data::SyntheticTable;
+use tablescan::simulate::model::{Flex, Model, Plan};
+use tablescan::simulate::summary::floor;
 use tablescan::simulate::{
     run_scenario, run_scenarios, run_simulate, scenarios, Scenario, ScenarioResult, SimulateArgs,
     Variant,
@@ -99,7 +108,7 @@ fn serial_cannot_outlive_the_execution_limit() {
 }
 
 #[test]
-fn json_contract_and_chart() {
+fn json_contract_chart_and_report() {
     let dir = std::env::temp_dir().join(format!("tablescan-sim-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("sim.json");
@@ -108,6 +117,8 @@ fn json_contract_and_chart() {
         "5000",
         "--variant",
         "prefix,reference-prefix,serial",
+        "--plan",
+        "consumption,flex",
     ]);
     a.out = out.clone();
     run_simulate(a).unwrap();
@@ -116,12 +127,15 @@ fn json_contract_and_chart() {
     assert_eq!(json["simulated"], true);
     assert!(json["note"].as_str().unwrap().contains("simulated"));
     let scenarios = json["scenarios"].as_array().unwrap();
-    assert_eq!(scenarios.len(), 3);
-    for (s, variant) in scenarios
-        .iter()
-        .zip(["prefix", "reference-prefix", "serial"])
-    {
+    assert_eq!(scenarios.len(), 4);
+    for (s, (variant, plan)) in scenarios.iter().zip([
+        ("prefix", "consumption"),
+        ("prefix", "flex"),
+        ("reference-prefix", "consumption"),
+        ("serial", "consumption"),
+    ]) {
         assert_eq!(s["variant"], variant);
+        assert_eq!(s["plan"], plan);
         assert_eq!(s["rows"], 5000);
         assert_eq!(s["completed"], true);
         assert_eq!(s["simulated"], true);
@@ -132,6 +146,7 @@ fn json_contract_and_chart() {
             "blog"
         };
         assert_eq!(s["design"]["app"], app);
+        assert_eq!(s["flex"].is_object(), plan == "flex");
         for field in [
             "duration_seconds",
             "max_executions_per_30s",
@@ -140,13 +155,20 @@ fn json_contract_and_chart() {
             "storage_requests_per_1000_rows",
             "queue_messages_per_1000_rows",
             "estimated_cost_usd",
+            "requests",
+            "peak_requests_per_second",
         ] {
             assert!(s[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {s}");
         }
+        // The storage floor is printed beside every result.
+        let floor = &s["floor"];
+        assert!(floor["seconds"].as_f64().unwrap() > 0.0);
+        assert!(floor["minimum_requests"].as_u64().unwrap() >= 5);
+        assert!(floor["run_requests_seconds"].as_f64().unwrap() >= floor["account_seconds"].as_f64().unwrap());
     }
     // The reference split queues a message per partition key; ours one per page.
     assert!(
-        scenarios[1]["queue_messages_per_1000_rows"]
+        scenarios[2]["queue_messages_per_1000_rows"]
             .as_f64()
             .unwrap()
             > 5.0
@@ -156,43 +178,248 @@ fn json_contract_and_chart() {
     );
     let svg = std::fs::read_to_string(dir.join("sim.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("SIMULATED") && svg.contains("polyline"));
+    let report = std::fs::read_to_string(dir.join("sim.md")).unwrap();
+    assert!(report.starts_with("# SIMULATED"));
+    assert!(report.contains("| 5000 | prefix | flex |"), "{report}");
+    assert!(report.contains("storage floor"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
-fn default_scenarios_are_the_published_rows_then_tablescan() {
+fn default_scenarios_are_the_published_rows_then_the_goals() {
     let a = args(&[]);
-    let got: Vec<(u64, &str)> = scenarios(&a)
+    let got: Vec<(u64, &str, &str)> = scenarios(&a)
         .iter()
-        .map(|s| (s.rows, s.variant.name()))
+        .map(|s| (s.rows, s.variant.name(), s.plan.name()))
         .collect();
     assert_eq!(
         got,
         [
-            (3_558_594, "serial"),
-            (3_558_594, "reference-prefix"),
-            (7_000_000, "serial"),
-            (7_000_000, "reference-prefix"),
-            (35_000_000, "reference-prefix"),
-            (3_558_594, "prefix"),
-            (7_000_000, "prefix"),
-            (35_000_000, "prefix"),
+            (3_558_594, "serial", "consumption"),
+            (3_558_594, "reference-prefix", "consumption"),
+            (7_000_000, "serial", "consumption"),
+            (7_000_000, "reference-prefix", "consumption"),
+            (35_000_000, "reference-prefix", "consumption"),
+            (3_558_594, "prefix", "consumption"),
+            (3_558_594, "prefix", "flex"),
+            (35_000_000, "prefix", "consumption"),
+            (35_000_000, "prefix", "flex"),
         ]
     );
-    // Design options apply to tablescan's design only, never to the blog's calibration rows.
-    let tuned = args(&["--batch-size", "32", "--take", "500", "--budget-pages", "2"]);
+    // Design options apply to tablescan's design only, never to the blog's calibration rows,
+    // and the blog rows stay on Consumption whatever --plan says.
+    let tuned = args(&[
+        "--batch-size",
+        "32",
+        "--take",
+        "500",
+        "--budget-pages",
+        "2",
+        "--rows",
+        "1000",
+        "--plan",
+        "flex",
+    ]);
     for s in scenarios(&tuned) {
         match s.variant {
-            Variant::Prefix => assert_eq!(
-                (s.design.take, s.design.budget_pages, s.design.batch_size),
-                (500, 2, 32)
-            ),
-            _ => assert_eq!(
-                (s.design.take, s.design.app, s.design.batch_size),
-                (1000, "blog", 16)
-            ),
+            Variant::Prefix => {
+                assert_eq!(
+                    (s.design.take, s.design.budget_pages, s.design.batch_size),
+                    (500, 2, 32)
+                );
+                assert_eq!(s.plan, Plan::Flex);
+            }
+            _ => {
+                assert_eq!(
+                    (s.design.take, s.design.app, s.design.batch_size),
+                    (1000, "blog", 16)
+                );
+                assert_eq!(s.plan, Plan::Consumption);
+            }
         }
     }
+}
+
+#[test]
+fn tablescan_runs_with_the_settings_it_ships() {
+    // The scan parameters are tablescan's defaults and the queue settings come from the
+    // host.json that `stage` and `package` ship (read here from the file on disk).
+    let shipped: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/host.json")).unwrap(),
+    )
+    .unwrap();
+    let queues = &shipped["extensions"]["queues"];
+    let d = Scenario::new(1000, Variant::Prefix, &args(&[])).design;
+    assert_eq!(d.batch_size as u64, queues["batchSize"].as_u64().unwrap());
+    assert_eq!(
+        d.new_batch_threshold as u64,
+        queues["newBatchThreshold"].as_u64().unwrap()
+    );
+    let ms = |key: &str| {
+        let secs: Vec<f64> = queues[key]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        ((secs[0] * 60.0 + secs[1]) * 60.0 + secs[2]) * 1000.0
+    };
+    assert_eq!(d.max_polling_ms, ms("maxPollingInterval"));
+    assert_eq!(d.visibility_timeout_ms, ms("visibilityTimeout"));
+    let params = ScanParameters::default();
+    assert_eq!(
+        (d.segments_first, d.segments_subsequent),
+        (
+            params.segments_per_first_prefix,
+            params.segments_per_subsequent_prefix
+        )
+    );
+    // The blog's design keeps its own (calibrated) settings.
+    let blog = Scenario::new(1000, Variant::ReferencePrefix, &args(&[])).design;
+    assert_eq!(
+        (blog.batch_size, blog.new_batch_threshold, blog.segments_first),
+        (16, 8, 1)
+    );
+}
+
+#[test]
+fn flex_scales_each_function_on_its_own_instances_within_the_cap() {
+    let a = args(&["--plan", "flex", "--max-instances", "3"]);
+    let model = Model::default();
+    let scenario = Scenario::new(60_000, Variant::Prefix, &a).on(Plan::Flex);
+    assert_eq!(scenario.flex.max_instances, 3);
+    let first = run_scenario(&scenario, &model, 4, 30.0).unwrap();
+    let second = run_scenario(&scenario, &model, 4, 30.0).unwrap();
+    assert!(first.completed && first.copy_verified, "{first:?}");
+    assert_eq!(first.plan, "flex");
+    assert_eq!(first.duration_seconds, second.duration_seconds);
+    assert_eq!(first.instances_over_time, second.instances_over_time);
+    // Per-function scaling: each queue function had instances of its own, and the app never
+    // had more than its maximum instance count.
+    assert!(first.peak_instances["PrefixScan"] >= 1);
+    assert!(first.peak_instances["TableCopy"] >= 1);
+    assert!(first.max_instances <= 3, "{:?}", first.peak_instances);
+    assert!(first.instances_over_time.iter().all(|&(_, n)| n <= 3));
+    // Flex bills provisioned memory (2 GB) at the on-demand rate, no baseline.
+    assert!(first.cost.compute_usd > 0.0);
+    assert_eq!(first.cost.always_ready_baseline_usd, 0.0);
+}
+
+#[test]
+fn flex_adds_at_most_the_published_step_per_decision() {
+    // A table big enough that the copy queue wants many instances at once; one scale decision
+    // a minute, so the steps are visible: each decision adds at most 4 instances per function.
+    let a = args(&["--plan", "flex", "--flex-scale-interval", "60"]);
+    let scenario = Scenario::new(200_000, Variant::Prefix, &a).on(Plan::Flex);
+    let r = run_scenario(&scenario, &Model::default(), 2, 30.0).unwrap();
+    assert!(r.completed && r.copy_verified);
+    let mut by_time: std::collections::BTreeMap<u64, (usize, usize)> = Default::default();
+    let mut previous = 0;
+    for &(t, n) in &r.instances_over_time {
+        let e = by_time.entry(t.round() as u64).or_insert((previous, n));
+        e.1 = n;
+        previous = n;
+    }
+    for (t, (before, after)) in by_time {
+        assert!(after <= before + 8, "at {t} s: {before} -> {after}");
+        assert_eq!(t % 60, 0, "instances change only at decisions");
+    }
+    assert!(r.max_instances > 2, "the copy scaled out: {:?}", r.peak_instances);
+}
+
+#[test]
+fn flex_always_ready_instances_bill_a_baseline() {
+    let a = args(&["--plan", "flex", "--always-ready", "1"]);
+    let scenario = Scenario::new(20_000, Variant::Prefix, &a).on(Plan::Flex);
+    let r = run_scenario(&scenario, &Model::default(), 3, 30.0).unwrap();
+    assert!(r.completed && r.copy_verified);
+    // Two functions, one always-ready 2 GB instance each, for the whole run.
+    let expected = 2.0 * 2.0 * r.duration_seconds * 0.000004;
+    assert!(
+        (r.cost.always_ready_baseline_usd - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        r.cost.always_ready_baseline_usd
+    );
+    assert!(r.peak_instances["PrefixScan"] >= 1 && r.peak_instances["TableCopy"] >= 1);
+}
+
+#[test]
+fn flex_instance_sizes_billing_and_cpu() {
+    let sized = |mb| Flex {
+        instance_memory_mb: mb,
+        ..Flex::default()
+    };
+    assert_eq!(
+        Flex::MEMORY_SIZES_MB.map(|mb| sized(mb).cores()),
+        [0.25, 1.0, 2.0]
+    );
+    assert_eq!(sized(2048).memory_gb(), 2.0);
+    assert_eq!(Flex::default().max_instances, 100);
+    // The regional quota (250 cores) caps 4,096 MB instances at 125 whatever the maximum.
+    let big = Flex {
+        max_instances: 1000,
+        ..sized(4096)
+    };
+    assert_eq!(big.instance_cap(), 125);
+    assert!(sized(1024).validate().is_err());
+    assert!(Flex {
+        max_instances: 1001,
+        ..Flex::default()
+    }
+    .validate()
+    .is_err());
+    // Billing: at least 1 s per activity period, then rounded up to 100 ms.
+    for (active_ms, billed_ms) in [(1, 1000), (200, 1000), (1000, 1000), (1001, 1100), (2350, 2400)] {
+        assert_eq!(
+            Flex::billed_period(Duration::from_millis(active_ms)),
+            Duration::from_millis(billed_ms),
+            "{active_ms} ms"
+        );
+    }
+    // A quarter core runs 1 ms of CPU in 4 ms; two cores run two slices at once.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (cores, slices, expected_ms) in [(0.25, 1, 4), (1.0, 2, 2), (2.0, 2, 1)] {
+            let cpu = Arc::new(Cpu::with_cores(cores));
+            let start = tokio::time::Instant::now();
+            let work = (0..slices).map(|_| CPU.scope(cpu.clone(), charge_cpu(1.0)));
+            futures::future::join_all(work).await;
+            assert_eq!(
+                start.elapsed(),
+                Duration::from_millis(expected_ms),
+                "{cores} cores"
+            );
+        }
+    });
+}
+
+#[test]
+fn the_storage_floor_counts_the_fewest_requests_and_the_largest_partition() {
+    let model = Model::default();
+    // 2,500 rows in 3 partitions: 3 queries to read, 1 + 2 + 20 batches to write.
+    let table = SyntheticTable::new(vec![
+        ("a".into(), 100),
+        ("b".into(), 101),
+        ("c".into(), 1999),
+        ("d".into(), 300),
+    ]);
+    let f = floor(&table, &model, 40_000);
+    assert_eq!(f.minimum_requests, 3 + 1 + 2 + 20 + 3);
+    assert_eq!(f.largest_partition_rows, 1999);
+    assert_eq!(f.partition_seconds, 1999.0 / 2000.0);
+    assert_eq!(f.binding, "partition entity rate");
+    assert_eq!(f.seconds, f.partition_seconds);
+    assert_eq!(f.run_requests_seconds, 2.0);
+    // Many small partitions: the account's request rate binds.
+    let wide = SyntheticTable::new((0..50_000).map(|i| (format!("k{i:05}"), 2)).collect());
+    let f = floor(&wide, &model, 0);
+    assert_eq!(f.minimum_requests, 100 + 50_000);
+    assert_eq!(f.binding, "account request rate");
+    assert_eq!(f.seconds, 50_100.0 / 20_000.0);
 }
 
 #[test]

@@ -49,6 +49,15 @@ pub struct ScanParameters {
     pub segments_per_subsequent_prefix: u32,
 }
 
+impl ScanParameters {
+    /// Default `segmentsPerFirstPrefix`. 4 (with 2 below) rather than 1/1: fewer discovery
+    /// queries and work items per row, so a copy finishes sooner and cheaper in the simulator on
+    /// both plans and sizes (docs/simulator.md, "Defaults").
+    pub const DEFAULT_SEGMENTS_PER_FIRST_PREFIX: u32 = 4;
+    /// Default `segmentsPerSubsequentPrefix` (see above).
+    pub const DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX: u32 = 2;
+}
+
 impl Default for ScanParameters {
     fn default() -> Self {
         ScanParameters {
@@ -58,8 +67,8 @@ impl Default for ScanParameters {
             take: MAX_TAKE,
             select: None,
             expand_partition_keys: true,
-            segments_per_first_prefix: 1,
-            segments_per_subsequent_prefix: 1,
+            segments_per_first_prefix: Self::DEFAULT_SEGMENTS_PER_FIRST_PREFIX,
+            segments_per_subsequent_prefix: Self::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX,
         }
     }
 }

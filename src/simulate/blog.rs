@@ -77,9 +77,13 @@ impl Blog {
             queue: "work".into(),
             source: "Source".into(),
             destination: "Dest".into(),
+            // The blog's parameters, fixed here so that tablescan's defaults never move them.
             params: ScanParameters {
                 take,
                 select: Some(Vec::new()),
+                expand_partition_keys: true,
+                segments_per_first_prefix: 1,
+                segments_per_subsequent_prefix: 1,
                 ..ScanParameters::default()
             },
         }

@@ -24,7 +24,8 @@ fn label(r: &ScenarioResult) -> String {
     } else {
         "did not finish".into()
     };
-    format!("{rows} {} ({end})", r.variant)
+    let varied = r.label.as_ref().map_or(String::new(), |l| format!(", {l}"));
+    format!("{rows} {} on {}{varied} ({end})", r.variant, r.plan)
 }
 
 /// One panel: lines of (x seconds, y) per scenario.
@@ -91,7 +92,7 @@ pub fn render(results: &[ScenarioResult]) -> String {
     );
     let _ = writeln!(
         svg,
-        r#"<text x="20" y="24" font-size="16" font-weight="bold">SIMULATED table copy on Azure Functions Consumption (model, not measurements)</text>"#
+        r#"<text x="20" y="24" font-size="16" font-weight="bold">SIMULATED table copy on Azure Functions Consumption / Flex Consumption (model, not measurements)</text>"#
     );
     let rows: Vec<Series> = results
         .iter()

@@ -25,16 +25,25 @@ use crate::storage::{
 use super::data::SyntheticStore;
 use super::model::Model;
 
-/// One instance's single vCPU: work on it is serialized.
+/// One instance's CPU: `ceil(cores)` slices of work run at once, each slowed down by
+/// `ceil(cores) / cores` (a quarter core runs a 1 ms slice in 4 ms).
 pub struct Cpu {
     lock: Semaphore,
+    slowdown: f64,
     busy_us: AtomicU64,
 }
 
 impl Cpu {
+    /// One vCPU (a Consumption instance).
     pub fn new() -> Self {
+        Self::with_cores(1.0)
+    }
+
+    pub fn with_cores(cores: f64) -> Self {
+        let slots = cores.max(0.01).ceil();
         Cpu {
-            lock: Semaphore::new(1),
+            lock: Semaphore::new(slots as usize),
+            slowdown: slots / cores.max(0.01),
             busy_us: AtomicU64::new(0),
         }
     }
@@ -64,6 +73,7 @@ pub async fn charge_cpu(ms: f64) {
         return;
     };
     let _permit = cpu.lock.acquire().await.expect("never closed");
+    let ms = ms * cpu.slowdown;
     cpu.busy_us
         .fetch_add((ms * 1000.0) as u64, Ordering::Relaxed);
     sleep(Model::ms(ms)).await;

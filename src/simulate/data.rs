@@ -133,6 +133,11 @@ impl SyntheticTable {
         self.keys.len()
     }
 
+    /// Rows in each partition, in key order.
+    pub fn partition_sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.starts.windows(2).map(|w| w[1] - w[0])
+    }
+
     /// Every row as an entity (small tables only: for tests against `MemoryTableStore`).
     pub fn entities(&self) -> Vec<Entity> {
         (0..self.total_rows()).map(|i| self.entity(i)).collect()

@@ -1,9 +1,14 @@
-//! The Functions Consumption plan around tablescan's real router: instances with one vCPU,
-//! queue listeners with `batchSize`/`newBatchThreshold` and polling back-off, the 10-minute
-//! execution limit with redelivery, and a target-based scale controller that adds at most one
-//! instance per 30 s. Every queue message is delivered to the real handler (`server::app`) as
-//! the host would (payload per docs/custom-handler-protocol.md §3.3).
+//! The Functions hosting plans around tablescan's real router. Consumption: every function on
+//! every instance, one vCPU each, and a scale controller that adds at most one instance per 30 s.
+//! Flex Consumption: each queue function on its own instances (per-function scaling), CPU by
+//! instance memory size, target-based scale-out (desired = queue length / `batchSize`, at most
+//! `instances_per_decision` added per decision) under the app's maximum instance count, optional
+//! always-ready instances, and scale-in of idle instances. Both: queue listeners with
+//! `batchSize`/`newBatchThreshold` and polling back-off, the execution limit with redelivery.
+//! Every queue message is delivered to the real handler (`server::app`) as the host would
+//! (payload per docs/custom-handler-protocol.md §3.3).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +26,7 @@ use crate::storage::{MessageEncoding, QueueStore, ReceivedMessage};
 
 use super::blog::Blog;
 use super::cloud::{charge_cpu, CloudQueues, CloudTables, Cpu, CPU};
-use super::model::Model;
+use super::model::{Flex, Model, Plan};
 
 pub type SimState = Arc<AppState<CloudTables, CloudQueues>>;
 
@@ -35,7 +40,7 @@ pub enum Function {
 }
 
 impl Function {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Function::PrefixScan => "PrefixScan",
             Function::TableCopy => "TableCopy",
@@ -53,50 +58,100 @@ pub struct Execution {
     pub succeeded: bool,
 }
 
-/// One Consumption instance.
+/// An instance's activity, for billing: executions running now, since when it has been busy
+/// (or idle), and its busy time raw and as Flex bills it (per activity period).
+#[derive(Debug, Clone, Copy)]
+struct Activity {
+    running: usize,
+    since: Instant,
+    busy: Duration,
+    billed: Duration,
+}
+
+/// One instance: on Consumption it serves every function, on Flex only `function`.
 pub struct Instance {
     pub cpu: Arc<Cpu>,
+    /// The function this instance serves (Flex); `None` serves all (Consumption).
+    pub function: Option<Function>,
+    /// Always-ready (Flex): billed a baseline for the whole run, never scaled in.
+    pub always_ready: bool,
+    /// Scaled in: its listener stops taking messages.
+    retired: AtomicBool,
     in_flight: [AtomicUsize; 3],
     slot_freed: [Notify; 3],
-    /// Executions running on this instance, and since when it has been busy (for billing).
-    active: Mutex<(usize, Option<Instant>, Duration)>,
+    active: Mutex<Activity>,
 }
 
 impl Instance {
-    fn new() -> Self {
+    fn new(cores: f64, function: Option<Function>, always_ready: bool) -> Self {
         Instance {
-            cpu: Arc::new(Cpu::new()),
+            cpu: Arc::new(Cpu::with_cores(cores)),
+            function,
+            always_ready,
+            retired: AtomicBool::new(false),
             in_flight: [
                 AtomicUsize::new(0),
                 AtomicUsize::new(0),
                 AtomicUsize::new(0),
             ],
             slot_freed: [Notify::new(), Notify::new(), Notify::new()],
-            active: Mutex::new((0, None, Duration::ZERO)),
+            active: Mutex::new(Activity {
+                running: 0,
+                since: Instant::now(),
+                busy: Duration::ZERO,
+                billed: Duration::ZERO,
+            }),
         }
     }
 
     fn enter(&self) {
         let mut a = self.active.lock().unwrap();
-        if a.0 == 0 {
-            a.1 = Some(Instant::now());
+        if a.running == 0 {
+            a.since = Instant::now();
         }
-        a.0 += 1;
+        a.running += 1;
     }
 
     fn leave(&self) {
         let mut a = self.active.lock().unwrap();
-        a.0 -= 1;
-        if a.0 == 0 {
-            let since = a.1.take().expect("busy since entering");
-            a.2 += since.elapsed();
+        a.running -= 1;
+        if a.running == 0 {
+            let period = a.since.elapsed();
+            a.busy += period;
+            a.billed += Flex::billed_period(period);
+            a.since = Instant::now();
         }
     }
 
     /// Time this instance had at least one execution running (what Consumption bills).
     pub fn busy_time(&self) -> Duration {
         let a = self.active.lock().unwrap();
-        a.2 + a.1.map_or(Duration::ZERO, |s| s.elapsed())
+        a.busy + if a.running > 0 { a.since.elapsed() } else { Duration::ZERO }
+    }
+
+    /// Busy time as Flex bills it: each activity period at least 1 s, rounded up to 100 ms.
+    pub fn billed_time(&self) -> Duration {
+        let a = self.active.lock().unwrap();
+        a.billed
+            + if a.running > 0 {
+                Flex::billed_period(a.since.elapsed())
+            } else {
+                Duration::ZERO
+            }
+    }
+
+    /// How long it has been idle (zero while executing).
+    fn idle_for(&self) -> Duration {
+        let a = self.active.lock().unwrap();
+        if a.running > 0 {
+            Duration::ZERO
+        } else {
+            a.since.elapsed()
+        }
+    }
+
+    fn is_live(&self) -> bool {
+        !self.retired.load(Ordering::Relaxed)
     }
 }
 
@@ -112,14 +167,19 @@ pub enum ScanMode {
 /// The simulated function app.
 pub struct Host {
     pub model: Arc<Model>,
+    pub plan: Plan,
+    /// The Flex settings (unused on Consumption).
+    pub flex: Flex,
     pub state: SimState,
     pub router: Router,
     pub mode: ScanMode,
     pub epoch: Instant,
     pub instances: Mutex<Vec<Arc<Instance>>>,
     pub executions: Mutex<Vec<Execution>>,
-    /// (seconds since start, instance count) at every change.
+    /// (seconds since start, live instances) at every change.
     pub instance_timeline: Mutex<Vec<(f64, usize)>>,
+    /// Most live instances at once, per function (Flex) or for the app (`"app"`).
+    pub peak_instances: Mutex<BTreeMap<&'static str, usize>>,
     pub stopped: AtomicBool,
     /// Executions dequeued and not yet finished (deleted, released or abandoned).
     pub running: AtomicUsize,
@@ -145,23 +205,95 @@ impl Host {
         }
     }
 
-    /// Allocates an instance; it takes messages after the cold start.
-    pub fn add_instance(self: &Arc<Self>) {
-        let instance = Arc::new(Instance::new());
-        let count = {
-            let mut all = self.instances.lock().unwrap();
-            all.push(instance.clone());
-            all.len()
-        };
+    /// A function app on `plan`, its clock started at `epoch`, with no instances yet.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: Arc<Model>,
+        plan: Plan,
+        flex: Flex,
+        state: SimState,
+        router: Router,
+        mode: ScanMode,
+        epoch: Instant,
+    ) -> Self {
+        Host {
+            model,
+            plan,
+            flex,
+            state,
+            router,
+            mode,
+            epoch,
+            instances: Mutex::new(Vec::new()),
+            executions: Mutex::new(Vec::new()),
+            instance_timeline: Mutex::new(Vec::new()),
+            peak_instances: Mutex::new(BTreeMap::new()),
+            stopped: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+            timeouts: AtomicUsize::new(0),
+        }
+    }
+
+    /// Live instances serving `function` (`None`: all of the app's).
+    pub fn live(&self, function: Option<Function>) -> usize {
+        self.instances
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|i| i.is_live() && (function.is_none() || i.function == function))
+            .count()
+    }
+
+    /// Records the live count after a change, and the peaks.
+    fn record_instances(&self, function: Option<Function>) {
+        let total = self.live(None);
         self.instance_timeline
             .lock()
             .unwrap()
-            .push((self.epoch.elapsed().as_secs_f64(), count));
-        for &f in self.functions() {
+            .push((self.epoch.elapsed().as_secs_f64(), total));
+        let mut peaks = self.peak_instances.lock().unwrap();
+        let app = peaks.entry("app").or_default();
+        *app = (*app).max(total);
+        if let Some(f) = function {
+            let n = self.live(Some(f));
+            let p = peaks.entry(f.name()).or_default();
+            *p = (*p).max(n);
+        }
+    }
+
+    /// Allocates a Consumption instance (every function); it takes messages after the cold start.
+    pub fn add_instance(self: &Arc<Self>) {
+        let cold = Duration::from_secs_f64(self.model.cold_start_s);
+        self.spawn_instance(None, false, cold);
+    }
+
+    /// Allocates a Flex instance for one function: always-ready ones are warm at once.
+    pub fn add_flex_instance(self: &Arc<Self>, f: Function, always_ready: bool) {
+        let cold = if always_ready {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(self.flex.cold_start_s)
+        };
+        self.spawn_instance(Some(f), always_ready, cold);
+    }
+
+    fn spawn_instance(self: &Arc<Self>, function: Option<Function>, always_ready: bool, cold: Duration) {
+        let cores = match self.plan {
+            Plan::Consumption => self.model.consumption_cores,
+            Plan::Flex => self.flex.cores(),
+        };
+        let instance = Arc::new(Instance::new(cores, function, always_ready));
+        self.instances.lock().unwrap().push(instance.clone());
+        self.record_instances(function);
+        let functions: Vec<Function> = match function {
+            Some(f) => vec![f],
+            None => self.functions().to_vec(),
+        };
+        for f in functions {
             let host = self.clone();
             let instance = instance.clone();
             tokio::spawn(async move {
-                sleep(Duration::from_secs_f64(host.model.cold_start_s)).await;
+                sleep(cold).await;
                 host.listen(instance, f).await;
             });
         }
@@ -176,7 +308,7 @@ impl Host {
         let visibility = Duration::from_secs_f64(m.function_timeout_s + 30.0);
         let mut delay = m.min_polling_ms;
         let mut rng_state = (f as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        while !self.stopped.load(Ordering::Relaxed) {
+        while !self.stopped.load(Ordering::Relaxed) && instance.is_live() {
             while instance.in_flight[f as usize].load(Ordering::Relaxed) > m.new_batch_threshold {
                 instance.slot_freed[f as usize].notified().await;
             }
@@ -239,10 +371,12 @@ impl Host {
                 Ok(ok) if ok || m.dequeue_count >= model.max_dequeue_count => {
                     let _ = queues.delete_message(queue, &m.id, &m.pop_receipt).await;
                 }
-                // A failure: the host releases the message for another attempt at once.
+                // A failure: the host releases the message for another attempt after
+                // host.json's visibilityTimeout (default: at once).
                 Ok(_) => {
+                    let delay = Model::ms(model.failed_visibility_ms);
                     let _ = queues
-                        .update_message(queue, &m.id, &m.pop_receipt, Duration::ZERO, None)
+                        .update_message(queue, &m.id, &m.pop_receipt, delay, None)
                         .await;
                 }
                 // Past the execution limit the invocation is abandoned; the message reappears
@@ -285,9 +419,17 @@ impl Host {
         }
     }
 
-    /// The scale controller: desired instances = queue length ÷ target, at most one new
-    /// instance per `scale_out_interval_s`, never above `max_instances`.
+    /// The plan's scale controller.
     pub async fn scale(self: Arc<Self>, queues: CloudQueues) {
+        match self.plan {
+            Plan::Consumption => self.scale_consumption(queues).await,
+            Plan::Flex => self.scale_flex(queues).await,
+        }
+    }
+
+    /// Consumption: desired instances = longest queue ÷ target, at most one new instance per
+    /// `scale_out_interval_s`, never above `max_instances`.
+    async fn scale_consumption(self: Arc<Self>, queues: CloudQueues) {
         let m = self.model.clone();
         let mut last_added = Instant::now();
         while !self.stopped.load(Ordering::Relaxed) {
@@ -300,13 +442,67 @@ impl Host {
                 .unwrap_or(0);
             let desired = ((longest as f64 / m.target_messages_per_instance).ceil() as usize)
                 .clamp(1, m.max_instances);
-            let current = self.instances.lock().unwrap().len();
+            let current = self.live(None);
             if desired > current
                 && last_added.elapsed() >= Duration::from_secs_f64(m.scale_out_interval_s)
             {
                 self.add_instance();
                 last_added = Instant::now();
             }
+        }
+    }
+}
+
+impl Host {
+    /// Flex: per function, desired = queue length ÷ `batchSize` (target executions per
+    /// instance for Storage queues), never below its always-ready count. Every decision adds at
+    /// most `instances_per_decision` to a function, within the app's instance cap; an on-demand
+    /// instance idle for `scale_in_idle_s` while its function wants fewer is removed.
+    async fn scale_flex(self: Arc<Self>, queues: CloudQueues) {
+        let target = self.model.batch_size.max(1) as f64;
+        let interval = Duration::from_secs_f64(self.flex.scale_interval_s);
+        let idle = Duration::from_secs_f64(self.flex.scale_in_idle_s);
+        while !self.stopped.load(Ordering::Relaxed) {
+            sleep(interval).await;
+            for &f in self.functions() {
+                let length = queues.inner.len(self.queue(f));
+                let desired =
+                    ((length as f64 / target).ceil() as usize).max(self.flex.always_ready);
+                let live = self.live(Some(f));
+                if desired > live {
+                    let room = self.flex.instance_cap().saturating_sub(self.live(None));
+                    let add = (desired - live)
+                        .min(self.flex.instances_per_decision)
+                        .min(room);
+                    for _ in 0..add {
+                        self.add_flex_instance(f, false);
+                    }
+                } else if desired < live {
+                    self.scale_in(f, live - desired, idle);
+                }
+            }
+        }
+    }
+
+    /// Retires up to `count` on-demand instances of `f` that have been idle for `idle`.
+    fn scale_in(&self, f: Function, count: usize, idle: Duration) {
+        let retired = {
+            let all = self.instances.lock().unwrap();
+            let mut retired = 0;
+            for i in all.iter() {
+                if retired == count {
+                    break;
+                }
+                if i.is_live() && i.function == Some(f) && !i.always_ready && i.idle_for() >= idle
+                {
+                    i.retired.store(true, Ordering::Relaxed);
+                    retired += 1;
+                }
+            }
+            retired
+        };
+        if retired > 0 {
+            self.record_instances(Some(f));
         }
     }
 }

@@ -1,7 +1,120 @@
 //! The cloud model's constants: one calibrated set for every scenario (see docs/simulator.md for
-//! how each was chosen). Nothing here may be tuned per scenario.
+//! how each was chosen). Nothing here may be tuned per scenario. The Flex Consumption plan's
+//! settings (`Flex`) are the app's deployment choices plus the platform's unpublished scale
+//! timings, which scenarios vary on purpose to show the sensitivity.
 
 use std::time::Duration;
+
+use serde::Serialize;
+
+/// The Functions hosting plan a scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Plan {
+    /// Linux Consumption: every function of the app on every instance, one vCPU each, the
+    /// incremental scale controller calibrated against the blog's runs.
+    Consumption,
+    /// Flex Consumption: per-function scaling, target-based scale-out, instance memory sizes.
+    Flex,
+}
+
+impl Plan {
+    pub fn name(self) -> &'static str {
+        match self {
+            Plan::Consumption => "consumption",
+            Plan::Flex => "flex",
+        }
+    }
+}
+
+/// A Flex Consumption app's settings and the platform timings the model assumes for it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Flex {
+    /// `instanceMemoryMB`: 512, 2048 (the default) or 4096.
+    pub instance_memory_mb: u32,
+    /// `maximumInstanceCount`, over all the app's functions (default 100, lowest 40).
+    pub max_instances: usize,
+    /// Always-ready instances per queue function (default 0: on demand only).
+    pub always_ready: usize,
+    /// The subscription's regional quota in cores (250 by default), shared by all Flex apps.
+    pub regional_quota_cores: f64,
+    /// Instances target-based scaling may add to one function per decision (published: 4).
+    pub instances_per_decision: usize,
+    /// Seconds between scale decisions (NOT published: a parameter, see the sensitivity).
+    pub scale_interval_s: f64,
+    /// Seconds from allocation until a new instance takes messages (NOT published).
+    pub cold_start_s: f64,
+    /// An on-demand instance idle this long while its function wants fewer instances is removed
+    /// (NOT published).
+    pub scale_in_idle_s: f64,
+}
+
+impl Default for Flex {
+    fn default() -> Self {
+        Flex {
+            instance_memory_mb: 2048,
+            max_instances: 100,
+            always_ready: 0,
+            regional_quota_cores: 250.0,
+            instances_per_decision: 4,
+            scale_interval_s: 10.0,
+            cold_start_s: 5.0,
+            scale_in_idle_s: 60.0,
+        }
+    }
+}
+
+impl Flex {
+    /// The published instance sizes.
+    pub const MEMORY_SIZES_MB: [u32; 3] = [512, 2048, 4096];
+
+    /// CPU cores of an instance of this memory size (documented: 0.25, 1 and 2).
+    pub fn cores(&self) -> f64 {
+        match self.instance_memory_mb {
+            512 => 0.25,
+            4096 => 2.0,
+            _ => 1.0,
+        }
+    }
+
+    /// Billed (provisioned) memory in GB.
+    pub fn memory_gb(&self) -> f64 {
+        self.instance_memory_mb as f64 / 1024.0
+    }
+
+    /// Instances the app may have at once: its maximum, and the regional core quota.
+    pub fn instance_cap(&self) -> usize {
+        let by_quota = (self.regional_quota_cores / self.cores()).floor() as usize;
+        self.max_instances.min(by_quota).max(1)
+    }
+
+    /// Whether the settings are ones the platform accepts.
+    pub fn validate(&self) -> Result<(), String> {
+        if !Self::MEMORY_SIZES_MB.contains(&self.instance_memory_mb) {
+            return Err(format!(
+                "--instance-memory: must be 512, 2048 or 4096, got {}",
+                self.instance_memory_mb
+            ));
+        }
+        if !(1..=1000).contains(&self.max_instances) {
+            return Err(format!(
+                "--max-instances: must be 1..=1000 on Flex Consumption, got {}",
+                self.max_instances
+            ));
+        }
+        if self.instances_per_decision == 0 || self.scale_interval_s <= 0.0 {
+            return Err("--flex-instances-per-decision and --flex-scale-interval must be > 0".into());
+        }
+        Ok(())
+    }
+
+    /// Billed seconds for one activity period of an instance: at least 1 s, then rounded up to
+    /// the next 100 ms (the plan's documented billing granularity).
+    pub fn billed_period(active: Duration) -> Duration {
+        let tenths = (active.as_secs_f64() * 10.0 - 1e-9).ceil().max(10.0);
+        Duration::from_millis(tenths as u64 * 100)
+    }
+}
 
 /// Every constant of the model.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -49,6 +162,8 @@ pub struct Model {
     pub new_batch_threshold: usize,
     pub min_polling_ms: f64,
     pub max_polling_ms: f64,
+    /// host.json `visibilityTimeout`: how long a failed execution's message stays invisible.
+    pub failed_visibility_ms: f64,
     pub function_timeout_s: f64,
     pub max_dequeue_count: u64,
     pub max_instances: usize,
@@ -68,8 +183,10 @@ pub struct Model {
     pub cpu_per_request_ms: f64,
     /// Per row read or written CPU (parse, serialize).
     pub cpu_per_row_ms: f64,
-    /// Memory billed while an instance runs executions.
+    /// Memory billed while a Consumption instance runs executions.
     pub billed_memory_gb: f64,
+    /// Consumption instances have one vCPU.
+    pub consumption_cores: f64,
 
     // --- Data ---
     /// Mean versions (rows) per package id.
@@ -107,6 +224,7 @@ impl Default for Model {
             new_batch_threshold: 8,
             min_polling_ms: 100.0,
             max_polling_ms: 60_000.0,
+            failed_visibility_ms: 0.0,
             function_timeout_s: 600.0,
             max_dequeue_count: 5,
             max_instances: 200,
@@ -119,6 +237,7 @@ impl Default for Model {
             cpu_per_request_ms: 0.15,
             cpu_per_row_ms: 0.004,
             billed_memory_gb: 0.25,
+            consumption_cores: 1.0,
 
             mean_rows_per_key: 14.0,
         }
@@ -151,6 +270,14 @@ pub mod prices {
     pub const FUNCTIONS_GB_S: f64 = 0.000016;
     /// Functions Consumption: per execution ($0.20 per million).
     pub const FUNCTIONS_EXECUTION: f64 = 0.20 / 1_000_000.0;
+    /// Flex Consumption, on demand: execution time per GB-s of the instance's memory.
+    pub const FLEX_ON_DEMAND_GB_S: f64 = 0.000026;
+    /// Flex Consumption: per execution, on demand and always ready ($0.40 per million).
+    pub const FLEX_EXECUTION: f64 = 0.40 / 1_000_000.0;
+    /// Flex Consumption, always ready: baseline per GB-s provisioned, busy or not.
+    pub const FLEX_ALWAYS_READY_BASELINE_GB_S: f64 = 0.000004;
+    /// Flex Consumption, always ready: execution time per GB-s while the instance executes.
+    pub const FLEX_ALWAYS_READY_GB_S: f64 = 0.000016;
     /// Table storage transactions (LRS), per transaction ($0.00036 per 10,000).
     pub const TABLE_TRANSACTION: f64 = 0.00036 / 10_000.0;
     /// Queue storage operations, per operation ($0.0004 per 10,000, class 1/2 averaged).

@@ -43,8 +43,11 @@ fn default_take() -> u32 {
 fn default_true() -> bool {
     true
 }
-fn default_one() -> u32 {
-    1
+fn default_segments_first() -> u32 {
+    ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX
+}
+fn default_segments_subsequent() -> u32 {
+    ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX
 }
 
 /// The request body's common fields, camelCase. Every other field belongs to the driver: they
@@ -70,9 +73,9 @@ pub struct ScanRequest {
     pub take_count: u32,
     #[serde(default = "default_true")]
     pub expand_partition_keys: bool,
-    #[serde(default = "default_one")]
+    #[serde(default = "default_segments_first")]
     pub segments_per_first_prefix: u32,
-    #[serde(default = "default_one")]
+    #[serde(default = "default_segments_subsequent")]
     pub segments_per_subsequent_prefix: u32,
     /// App-setting name of the source's connection (must be allowed by `TABLESCAN_CONNECTIONS`).
     #[serde(default = "default_connection")]
