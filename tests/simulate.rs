@@ -164,7 +164,10 @@ fn json_contract_chart_and_report() {
         let floor = &s["floor"];
         assert!(floor["seconds"].as_f64().unwrap() > 0.0);
         assert!(floor["minimum_requests"].as_u64().unwrap() >= 5);
-        assert!(floor["run_requests_seconds"].as_f64().unwrap() >= floor["account_seconds"].as_f64().unwrap());
+        assert!(
+            floor["run_requests_seconds"].as_f64().unwrap()
+                >= floor["account_seconds"].as_f64().unwrap()
+        );
     }
     // The reference split queues a message per partition key; ours one per page.
     assert!(
@@ -277,7 +280,11 @@ fn tablescan_runs_with_the_settings_it_ships() {
     // The blog's design keeps its own (calibrated) settings.
     let blog = Scenario::new(1000, Variant::ReferencePrefix, &args(&[])).design;
     assert_eq!(
-        (blog.batch_size, blog.new_batch_threshold, blog.segments_first),
+        (
+            blog.batch_size,
+            blog.new_batch_threshold,
+            blog.segments_first
+        ),
         (16, 8, 1)
     );
 }
@@ -324,7 +331,11 @@ fn flex_adds_at_most_the_published_step_per_decision() {
         assert!(after <= before + 8, "at {t} s: {before} -> {after}");
         assert_eq!(t % 60, 0, "instances change only at decisions");
     }
-    assert!(r.max_instances > 2, "the copy scaled out: {:?}", r.peak_instances);
+    assert!(
+        r.max_instances > 2,
+        "the copy scaled out: {:?}",
+        r.peak_instances
+    );
 }
 
 #[test]
@@ -369,7 +380,13 @@ fn flex_instance_sizes_billing_and_cpu() {
     .validate()
     .is_err());
     // Billing: at least 1 s per activity period, then rounded up to 100 ms.
-    for (active_ms, billed_ms) in [(1, 1000), (200, 1000), (1000, 1000), (1001, 1100), (2350, 2400)] {
+    for (active_ms, billed_ms) in [
+        (1, 1000),
+        (200, 1000),
+        (1000, 1000),
+        (1001, 1100),
+        (2350, 2400),
+    ] {
         assert_eq!(
             Flex::billed_period(Duration::from_millis(active_ms)),
             Duration::from_millis(billed_ms),

@@ -126,7 +126,12 @@ impl Instance {
     /// Time this instance had at least one execution running (what Consumption bills).
     pub fn busy_time(&self) -> Duration {
         let a = self.active.lock().unwrap();
-        a.busy + if a.running > 0 { a.since.elapsed() } else { Duration::ZERO }
+        a.busy
+            + if a.running > 0 {
+                a.since.elapsed()
+            } else {
+                Duration::ZERO
+            }
     }
 
     /// Busy time as Flex bills it: each activity period at least 1 s, rounded up to 100 ms.
@@ -277,7 +282,12 @@ impl Host {
         self.spawn_instance(Some(f), always_ready, cold);
     }
 
-    fn spawn_instance(self: &Arc<Self>, function: Option<Function>, always_ready: bool, cold: Duration) {
+    fn spawn_instance(
+        self: &Arc<Self>,
+        function: Option<Function>,
+        always_ready: bool,
+        cold: Duration,
+    ) {
         let cores = match self.plan {
             Plan::Consumption => self.model.consumption_cores,
             Plan::Flex => self.flex.cores(),
@@ -493,8 +503,7 @@ impl Host {
                 if retired == count {
                     break;
                 }
-                if i.is_live() && i.function == Some(f) && !i.always_ready && i.idle_for() >= idle
-                {
+                if i.is_live() && i.function == Some(f) && !i.always_ready && i.idle_for() >= idle {
                     i.retired.store(true, Ordering::Relaxed);
                     retired += 1;
                 }

@@ -103,7 +103,9 @@ impl Flex {
             ));
         }
         if self.instances_per_decision == 0 || self.scale_interval_s <= 0.0 {
-            return Err("--flex-instances-per-decision and --flex-scale-interval must be > 0".into());
+            return Err(
+                "--flex-instances-per-decision and --flex-scale-interval must be > 0".into(),
+            );
         }
         Ok(())
     }

@@ -43,7 +43,11 @@ fn peaks(r: &ScenarioResult) -> String {
 
 fn duration(r: &ScenarioResult) -> String {
     if r.completed {
-        format!("{} ({:.0} s)", minutes(r.duration_seconds), r.duration_seconds)
+        format!(
+            "{} ({:.0} s)",
+            minutes(r.duration_seconds),
+            r.duration_seconds
+        )
     } else {
         format!("did not finish ({:.0} s simulated)", r.duration_seconds)
     }

@@ -298,7 +298,12 @@ impl Scenario {
 
     /// A name for tables and logs: rows, variant, plan and what it varies.
     pub fn name(&self) -> String {
-        let mut name = format!("{} {} on {}", self.rows, self.variant.name(), self.plan.name());
+        let mut name = format!(
+            "{} {} on {}",
+            self.rows,
+            self.variant.name(),
+            self.plan.name()
+        );
         if let Some(label) = &self.label {
             name.push_str(&format!(" ({label})"));
         }
@@ -449,9 +454,15 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
         s
     };
     let mut out = Vec::new();
-    let intervals: &[f64] = if short { &[30.0] } else { &[2.0, 5.0, 20.0, 30.0] };
+    let intervals: &[f64] = if short {
+        &[30.0]
+    } else {
+        &[2.0, 5.0, 20.0, 30.0]
+    };
     for &v in intervals {
-        out.push(vary(format!("scale interval {v} s"), &|f| f.scale_interval_s = v));
+        out.push(vary(format!("scale interval {v} s"), &|f| {
+            f.scale_interval_s = v
+        }));
     }
     if !short {
         for v in [1usize, 8] {
@@ -462,8 +473,12 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
         for v in [1.0, 10.0, 20.0] {
             out.push(vary(format!("cold start {v} s"), &|f| f.cold_start_s = v));
         }
-        out.push(vary("1 always ready per function".into(), &|f| f.always_ready = 1));
-        out.push(vary("scale-in after 10 s idle".into(), &|f| f.scale_in_idle_s = 10.0));
+        out.push(vary("1 always ready per function".into(), &|f| {
+            f.always_ready = 1
+        }));
+        out.push(vary("scale-in after 10 s idle".into(), &|f| {
+            f.scale_in_idle_s = 10.0
+        }));
     }
     for v in [512u32, 4096] {
         out.push(vary(format!("{v} MB"), &|f| f.instance_memory_mb = v));

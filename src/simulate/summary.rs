@@ -218,7 +218,13 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
     let table_requests = run.account.table_counters.snapshot().table_total();
     let requests = table_requests + run.account.queue_counters.snapshot().queue_total();
     let rows = scenario.rows as f64;
-    let cost = cost(scenario.plan, &scenario.flex, model, &run, executions.len() as u64);
+    let cost = cost(
+        scenario.plan,
+        &scenario.flex,
+        model,
+        &run,
+        executions.len() as u64,
+    );
     let throttled_by = run.account.throttled_by.lock().unwrap().clone();
     let peak_instances = host.peak_instances.lock().unwrap().clone();
     ScenarioResult {

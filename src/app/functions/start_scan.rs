@@ -216,11 +216,13 @@ impl ScanRequest {
             ("expandPartitionKeys", !params.expand_partition_keys),
             (
                 "segmentsPerFirstPrefix",
-                params.segments_per_first_prefix != 1,
+                params.segments_per_first_prefix
+                    != ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX,
             ),
             (
                 "segmentsPerSubsequentPrefix",
-                params.segments_per_subsequent_prefix != 1,
+                params.segments_per_subsequent_prefix
+                    != ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX,
             ),
         ];
         match given.iter().find(|(_, given)| *given) {
