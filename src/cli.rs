@@ -24,6 +24,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant (the simulator's options) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the custom handler (what the Functions host starts; reads app settings from the environment).

@@ -1000,6 +1000,17 @@ async fn copies_are_exact_bit_for_bit() {
         scans.push(start_scan(&app, &sources, i, None).await);
     }
 
+    // A backup of every source (exported while the copies run) and its restore.
+    let container = unique_name("exact").to_lowercase();
+    let mut exports = Vec::new();
+    for (i, s) in sources.iter().enumerate() {
+        let body = json!({"driver": "export", "sourceTable": s.table, "takeCount": 7,
+            "destinationContainer": container, "destinationPrefix": format!("backups/{}", s.table)});
+        let (status, reply, _) = app.post_scan(&body).await;
+        assert_eq!(status, 202, "{reply}");
+        exports.push((i, reply["id"].as_str().unwrap().to_string()));
+    }
+
     let mut report = Vec::new();
     for scan in &scans {
         let status = app.wait_for_end(&scan.id, Duration::from_secs(180)).await;
@@ -1049,6 +1060,28 @@ async fn copies_are_exact_bit_for_bit() {
             report.push(format!("  … {} more random doubles", random.len() - 10));
         }
     }
+    for scan in restore_exports(&app, &sources, &container, &exports).await {
+        let status = app.wait_for_end(&scan.id, Duration::from_secs(180)).await;
+        let source = &sources[scan.source];
+        let rows = source.read.len();
+        let mut problems = check_status(&status, rows, rows);
+        let destination = scan.destination.as_deref().expect("an import has one");
+        let restored = client.read_all(destination).await.expect("restored table");
+        problems.extend(raw::diff(&source.read, &restored));
+        problems.extend(type_problems(&restored));
+        let line = format!(
+            "exact_copy: {}: state {}, {} of {rows} rows restored, {} problems",
+            scan.label,
+            status["state"],
+            restored.len(),
+            problems.len()
+        );
+        eprintln!("{line}");
+        if !problems.is_empty() {
+            report.push(line);
+            report.extend(problems.into_iter().take(60).map(|p| format!("  {p}")));
+        }
+    }
     app.shutdown().await;
     eprintln!("exact_copy: {:?} in all", started.elapsed());
     assert!(
@@ -1056,6 +1089,39 @@ async fn copies_are_exact_bit_for_bit() {
         "copies are not exact (seed {seed:#x}):\n{}",
         report.join("\n")
     );
+}
+
+/// Waits for each export to complete with every row written, then imports it into a new table.
+async fn restore_exports(
+    app: &TestApp,
+    sources: &[Source],
+    container: &str,
+    exports: &[(usize, String)],
+) -> Vec<Scan> {
+    let mut imports = Vec::new();
+    for (i, id) in exports {
+        let source = &sources[*i];
+        let status = app.wait_for_end(id, Duration::from_secs(180)).await;
+        let rows = source.read.len();
+        let problems = check_status(&status, rows, rows);
+        assert!(
+            problems.is_empty(),
+            "export of {}: {problems:?}",
+            source.table
+        );
+        let destination = unique_name("ExactRestored");
+        let body = json!({"driver": "import", "sourceContainer": container,
+            "sourcePrefix": format!("backups/{}", source.table), "destinationTable": destination});
+        let (status, reply, _) = app.post_scan(&body).await;
+        assert_eq!(status, 202, "{reply}");
+        imports.push(Scan {
+            label: format!("export (takeCount 7) and import of {}", source.table),
+            source: *i,
+            destination: Some(destination),
+            id: reply["id"].as_str().unwrap().to_string(),
+        });
+    }
+    imports
 }
 
 /// Explicit type checks (the texts cover them too): a whole double stays a Double, an Int64

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
+use crate::storage::any_blob::AnyBlobStore;
+use crate::storage::blob::BlobRequestCounters;
 use crate::storage::connection::StorageAccount;
 use crate::storage::counters::RequestCounters;
 
@@ -36,10 +38,15 @@ pub async fn serve_from_env() -> Result<(), String> {
     init_logging();
     let config = Config::from_env().map_err(|e| e.to_string())?;
     let counters = Arc::new(RequestCounters::new());
+    let blob_counters = Arc::new(BlobRequestCounters::new());
     let mut tables = BTreeMap::new();
+    let mut blobs = BTreeMap::new();
     for (name, settings) in &config.connections {
         let account = StorageAccount::new(settings.clone());
         tables.insert(name.clone(), account.table_store(counters.clone()));
+        // A connection without a blob endpoint fails only if a scan uses its blobs.
+        let store = account.blob_store(blob_counters.clone());
+        blobs.insert(name.clone(), store.map(AnyBlobStore::Azure));
     }
     let own = StorageAccount::new(config.connections[STORAGE_SETTING].clone());
     let queues = own.queue_store(counters);
@@ -48,7 +55,7 @@ pub async fn serve_from_env() -> Result<(), String> {
         .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%address, ?config, "tablescan handler listening");
-    let state = AppState::new(config, tables, queues);
+    let state = AppState::with_blobs(config, tables, queues, blobs);
     server::run(listener, state, shutdown_signal())
         .await
         .map_err(|e| e.to_string())

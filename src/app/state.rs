@@ -9,8 +9,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use bytes::Bytes;
+
+use crate::storage::any_blob::AnyBlobStore;
+use crate::storage::blob::{
+    BlobListPage, BlobProperties, BlobStore, BlobWrite, BlockListing, Downloaded,
+};
 use crate::storage::{
-    BatchOperation, Entity, Page, Query, QueueStore, ReceivedMessage, StorageResult, TableStore,
+    BatchOperation, Entity, Page, Query, QueueStore, ReceivedMessage, StorageError, StorageResult,
+    TableStore,
 };
 
 use super::config::{Config, STORAGE_SETTING};
@@ -71,6 +78,9 @@ pub struct AppState<T, Q> {
     pub tables: BTreeMap<String, T>,
     /// Queues of the function app's own storage account.
     pub queues: Q,
+    /// Blob stores by connection (export and import); a connection without a blob endpoint
+    /// holds the error naming the setting to add, returned when blobs are used.
+    pub blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
     pub scan_states: ScanStateCache,
     /// Per-app state of drivers (e.g. clients they reuse across invocations), one value per
     /// type: see [`AppState::driver_state`].
@@ -79,6 +89,16 @@ pub struct AppState<T, Q> {
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     pub fn new(config: Config, tables: BTreeMap<String, T>, queues: Q) -> Arc<Self> {
+        Self::with_blobs(config, tables, queues, BTreeMap::new())
+    }
+
+    /// [`AppState::new`] with blob stores by connection.
+    pub fn with_blobs(
+        config: Config,
+        tables: BTreeMap<String, T>,
+        queues: Q,
+        blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
+    ) -> Arc<Self> {
         assert!(
             tables.contains_key(STORAGE_SETTING),
             "the app's own storage account is required"
@@ -87,6 +107,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             config,
             tables,
             queues,
+            blobs,
             scan_states: ScanStateCache::default(),
             driver_states: Mutex::default(),
         })
@@ -100,6 +121,22 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             .entry(TypeId::of::<S>())
             .or_insert_with(|| Arc::new(make()));
         state.clone().downcast().expect("keyed by its type")
+    }
+
+    /// The blob store of `connection`, counting requests into `requests`; an error naming the
+    /// setting to add if the connection has no blob endpoint.
+    pub fn blob_store(
+        &self,
+        connection: &str,
+        requests: &Arc<AtomicU64>,
+    ) -> StorageResult<Counted<AnyBlobStore>> {
+        match self.blobs.get(connection) {
+            Some(Ok(store)) => Ok(Counted::new(store.clone(), requests.clone())),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(StorageError::invalid_input(format!(
+                "connection {connection} has no blob store configured on this app"
+            ))),
+        }
     }
 
     /// The store holding the bookkeeping tables.
@@ -217,6 +254,69 @@ impl<S: QueueStore> QueueStore for Counted<S> {
     async fn approximate_count(&self, queue: &str) -> StorageResult<u64> {
         self.tick();
         self.inner.approximate_count(queue).await
+    }
+}
+
+impl<S: BlobStore> BlobStore for Counted<S> {
+    async fn create_container(&self, container: &str) -> StorageResult<bool> {
+        self.tick();
+        self.inner.create_container(container).await
+    }
+    async fn upload(
+        &self,
+        container: &str,
+        name: &str,
+        body: Bytes,
+        write: &BlobWrite,
+    ) -> StorageResult<String> {
+        self.tick();
+        self.inner.upload(container, name, body, write).await
+    }
+    async fn put_block(
+        &self,
+        container: &str,
+        name: &str,
+        id: &str,
+        body: Bytes,
+    ) -> StorageResult<()> {
+        self.tick();
+        self.inner.put_block(container, name, id, body).await
+    }
+    async fn commit_blocks(
+        &self,
+        container: &str,
+        name: &str,
+        ids: &[String],
+        write: &BlobWrite,
+    ) -> StorageResult<String> {
+        self.tick();
+        self.inner.commit_blocks(container, name, ids, write).await
+    }
+    async fn block_list(&self, container: &str, name: &str) -> StorageResult<BlockListing> {
+        self.tick();
+        self.inner.block_list(container, name).await
+    }
+    async fn download(&self, container: &str, name: &str, max: u64) -> StorageResult<Downloaded> {
+        self.tick();
+        self.inner.download(container, name, max).await
+    }
+    async fn properties(
+        &self,
+        container: &str,
+        name: &str,
+    ) -> StorageResult<Option<BlobProperties>> {
+        self.tick();
+        self.inner.properties(container, name).await
+    }
+    async fn list(
+        &self,
+        container: &str,
+        prefix: &str,
+        max: u32,
+        marker: Option<&str>,
+    ) -> StorageResult<BlobListPage> {
+        self.tick();
+        self.inner.list(container, prefix, max, marker).await
     }
 }
 

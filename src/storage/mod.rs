@@ -19,11 +19,12 @@
 //!
 //! Blob Storage (export and import): [`blob`] is the [`blob::BlobStore`] interface and its
 //! checks, [`export_format`] the part files and manifest (pure: no I/O), `memory_blob` (`lab`)
-//! an in-memory store for unit tests.
+//! an in-memory store for unit tests, [`any_blob`] either store as one type (what the app holds).
 //!
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
 
+pub mod any_blob;
 mod app_settings;
 mod auth;
 mod azure;

@@ -8,23 +8,18 @@
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use crate::app::config::{Config, STORAGE_SETTING};
+use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
 use crate::app::messages::{ItemMessage, ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
-use crate::app::validate;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
 use super::range::{batches, begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{check_connection, check_table, Driver, Segment, Setup};
+use super::{check_destination, default_connection, Driver, Segment, Setup};
 
 pub struct CopyDriver;
-
-fn default_connection() -> String {
-    STORAGE_SETTING.to_string()
-}
 
 /// The copy driver's request fields.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,8 +47,6 @@ impl Driver for CopyDriver {
         request: &ScanRequest,
         config: &Config,
     ) -> Result<(), ApiError> {
-        validate::table_name(&fields.destination_table)
-            .map_err(|m| ApiError::field("destinationTable", m))?;
         if fields.work_split == WorkSplit::PartitionKey {
             for (field, given) in [
                 ("filter", request.filter.is_some()),
@@ -67,14 +60,8 @@ impl Driver for CopyDriver {
                 }
             }
         }
-        check_connection(
+        check_destination(
             config,
-            "destinationConnection",
-            &fields.destination_connection,
-        )?;
-        check_table(
-            config,
-            "destinationTable",
             &fields.destination_connection,
             &fields.destination_table,
         )?;
@@ -159,7 +146,7 @@ impl Driver for CopyDriver {
 }
 
 /// Removes the properties whose value is `null` (and their annotations).
-fn drop_nulls(row: &mut Entity) {
+pub(super) fn drop_nulls(row: &mut Entity) {
     let nulls: Vec<String> = row
         .properties
         .iter()

@@ -33,6 +33,8 @@
 pub mod copy;
 pub mod count;
 pub mod delete;
+pub mod export;
+pub mod import;
 pub mod range;
 #[cfg(all(test, feature = "lab"))]
 mod tests;
@@ -200,6 +202,8 @@ drivers! {
     Copy => copy::CopyDriver,
     Count => count::CountDriver,
     Delete => delete::DeleteDriver,
+    Export => export::ExportDriver,
+    Import => import::ImportDriver,
 }
 
 impl DriverId {
@@ -225,6 +229,19 @@ impl<'de> Deserialize<'de> for DriverId {
             ))
         })
     }
+}
+
+/// The default of a driver's `…Connection` fields: the app's own storage account.
+pub fn default_connection() -> String {
+    crate::app::config::STORAGE_SETTING.to_string()
+}
+
+/// Checks a table a driver writes: its name, its connection (allowed), and that it is none of
+/// tablescan's bookkeeping tables; a 4xx names `destinationTable` or `destinationConnection`.
+pub fn check_destination(config: &Config, connection: &str, table: &str) -> Result<(), ApiError> {
+    crate::app::validate::table_name(table).map_err(|m| ApiError::field("destinationTable", m))?;
+    check_connection(config, "destinationConnection", connection)?;
+    check_table(config, "destinationTable", connection, table)
 }
 
 /// Refuses a connection name that is not an allowed app setting (`TABLESCAN_CONNECTIONS`).

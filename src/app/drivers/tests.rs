@@ -133,7 +133,7 @@ async fn drained_scan(
         panic!("root registered")
     };
     tracker
-        .complete(id, 2, &root.id, &etag, Counters::default(), None)
+        .complete(id, 2, &root.id, &etag, Counters::default(), None, None)
         .await
         .unwrap();
     (state, context)

@@ -42,7 +42,7 @@ use crate::storage::{StorageError, StorageErrorKind, TableStore};
 pub use codec::format_time;
 pub use counters::Counters;
 pub use records::{ScanRecord, ScanState};
-pub use work_rows::{Completion, RecordError, WorkState};
+pub use work_rows::{Completion, RecordError, WorkState, RESULT_PROPERTY};
 
 /// Optimistic-concurrency retries on a contended row before giving up (the message retries).
 const MAX_COUNTER_ATTEMPTS: u32 = 50;

@@ -12,13 +12,24 @@ use crate::app::messages::shard_of;
 use crate::retry::Verdict;
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 use crate::storage::{
-    BatchOperation, Entity, StorageError, StorageErrorKind, TableStore, MAX_BATCH_OPERATIONS,
+    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+    MAX_BATCH_OPERATIONS, MAX_TAKE,
 };
 
 /// Recorded outcomes are split over string properties of at most this many UTF-16 units (the
 /// service allows 64 KiB of UTF-16, 32,768 units, per string); the row as a whole must still
 /// fit the 1 MiB entity limit, which is checked before it is sent.
 const OUTCOME_CHUNK_UNITS: usize = 32_000;
+
+/// The property of a finished row holding its driver's result ([`Tracker::complete`]).
+pub const RESULT_PROPERTY: &str = "Result";
+
+/// How a row is finished: its state, an error, a driver's result.
+struct Ending<'a> {
+    state: &'a str,
+    error: Option<&'a str>,
+    result: Option<&'a str>,
+}
 
 /// State of one work item's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,7 +245,9 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
-    /// counter row. `delta.completed` is set here.
+    /// counter row. `delta.completed` is set here. `result`: the driver's result for the item
+    /// (a short string, see [`RESULT_PROPERTY`]), kept on its finished row.
+    #[allow(clippy::too_many_arguments)]
     pub async fn complete(
         &self,
         scan_id: &str,
@@ -243,12 +256,75 @@ impl<T: TableStore> Tracker<'_, T> {
         work_etag: &str,
         mut delta: Counters,
         failure: Option<&str>,
+        result: Option<&str>,
     ) -> Result<Completion, StorageError> {
         delta.failed = i64::from(failure.is_some());
         delta.messages = 1;
         let state = if failure.is_some() { "failed" } else { "done" };
-        self.finish_work(scan_id, shards, work_id, work_etag, delta, state, failure)
+        let ending = Ending {
+            state,
+            error: failure,
+            result,
+        };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, ending)
             .await
+    }
+
+    /// The driver results kept on the finished rows of scan `scan_id` ([`Tracker::complete`]'s
+    /// `result`), in no particular order: one query page per 1,000 results and shard, the shards
+    /// read concurrently. More than `max` results is an error (the caller's bound).
+    pub async fn work_results(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        max: usize,
+    ) -> Result<Vec<String>, StorageError> {
+        let has_result = crate::storage::odata::parse(&format!("{RESULT_PROPERTY} gt ''"))
+            .expect("a valid condition");
+        let reads = (0..shards).map(|shard| {
+            let filter = Filter::and(vec![
+                Filter::pk(CompareOp::Eq, shard_partition(scan_id, shard)),
+                Filter::Where(has_result.clone()),
+            ]);
+            self.results_of(filter, max)
+        });
+        let mut out = Vec::new();
+        for results in try_join_all(reads).await? {
+            out.extend(results);
+            if out.len() > max {
+                break;
+            }
+        }
+        if out.len() > max {
+            return Err(StorageError::invalid_input(format!(
+                "scan {scan_id} has more than {max} work item results"
+            )));
+        }
+        Ok(out)
+    }
+
+    /// The results matching `filter`, at most `max + 1` of them.
+    async fn results_of(&self, filter: Filter, max: usize) -> Result<Vec<String>, StorageError> {
+        let mut query = Query {
+            filter: Some(filter),
+            top: Some(MAX_TAKE),
+            select: Some(vec![RESULT_PROPERTY.to_string()]),
+            continuation: None,
+        };
+        let mut out = Vec::new();
+        // Bounded by `max`: each page but the last holds rows, at most 1,000 of them.
+        loop {
+            let page = self.store.query_page(self.work_table, &query).await?;
+            out.extend(
+                page.entities
+                    .iter()
+                    .filter_map(|e| get_str(&e.properties, RESULT_PROPERTY)),
+            );
+            match page.continuation {
+                Some(c) if out.len() <= max => query.continuation = Some(c),
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// Finishes a work item of an ended scan without running it: its row is marked `dropped`
@@ -266,13 +342,17 @@ impl<T: TableStore> Tracker<'_, T> {
             dropped: 1,
             ..Counters::default()
         };
-        self.finish_work(scan_id, shards, work_id, work_etag, delta, "dropped", None)
+        let ending = Ending {
+            state: "dropped",
+            error: None,
+            result: None,
+        };
+        self.finish_work(scan_id, shards, work_id, work_etag, delta, ending)
             .await
     }
 
-    /// Replaces an unfinished row (at `work_etag`) with a finished one in `state` and adds
+    /// Replaces an unfinished row (at `work_etag`) with a finished one as `ending` says and adds
     /// `delta` plus one completion to the shard's counter, in one transaction.
-    #[allow(clippy::too_many_arguments)]
     async fn finish_work(
         &self,
         scan_id: &str,
@@ -280,8 +360,7 @@ impl<T: TableStore> Tracker<'_, T> {
         work_id: &str,
         work_etag: &str,
         mut delta: Counters,
-        state: &str,
-        error: Option<&str>,
+        ending: Ending<'_>,
     ) -> Result<Completion, StorageError> {
         let shard = shard_of(work_id, shards);
         let pk = shard_partition(scan_id, shard);
@@ -292,10 +371,19 @@ impl<T: TableStore> Tracker<'_, T> {
             let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
-            put_str(&mut row.properties, "State", state);
+            put_str(&mut row.properties, "State", ending.state);
             put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
-            if let Some(e) = error {
+            if let Some(e) = ending.error {
                 put_str(&mut row.properties, "Error", &diagnostic(e));
+            }
+            if let Some(result) = ending.result {
+                put_str(&mut row.properties, RESULT_PROPERTY, result);
+            }
+            if let Err(e) = row.check_limits() {
+                return Err(StorageError::invalid_input(format!(
+                    "the result of {work_id} cannot be recorded: {}",
+                    e.message
+                )));
             }
             let ops = [
                 // Replace, not merge: the recorded outcome is no longer needed.

@@ -120,6 +120,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 &etag,
                 delta,
                 None,
+                outcome.result.as_deref(),
             )
             .await?;
         // Check for the end of the scan also after a duplicate completion: it may have been our

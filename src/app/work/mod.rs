@@ -48,6 +48,10 @@ pub struct WorkOutcome {
     pub children: Vec<ChildSpec>,
     #[serde(rename = "d")]
     pub delta: Counters,
+    /// The driver's result for this item, kept on its finished row (e.g. an export part's
+    /// descriptor; read back with `Tracker::work_results`). Short: the row must fit an entity.
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

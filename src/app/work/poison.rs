@@ -37,6 +37,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 &etag,
                 Counters::default(),
                 Some(reason),
+                None,
             )
         })
         .await?;
