@@ -153,7 +153,6 @@ impl Driver for ExportDriver {
             .layout()
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
         let blobs = state.blob_store(&options.connection, &Arc::new(AtomicU64::new(0)))?;
-        blobs.create_container(&options.container).await?;
         let manifest = layout.manifest_blob();
         if blobs
             .properties(&options.container, &manifest)
@@ -168,6 +167,7 @@ impl Driver for ExportDriver {
                 ),
             ));
         }
+        blobs.create_container(&options.container).await?;
         Ok(())
     }
 
