@@ -94,12 +94,14 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
     }
     let table_uri = azurite.table_endpoint();
     let queue_uri = azurite.queue_endpoint();
+    let blob_uri = azurite.blob_endpoint();
     let storage = [
         // The staged local.settings.json says `UseDevelopmentStorage=true`: emptied (empty is
         // unset), or start-up refuses the two forms together.
         ("AzureWebJobsStorage", ""),
         ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
         ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
+        ("AzureWebJobsStorage__blobServiceUri", blob_uri.as_str()),
         ("AzureWebJobsStorage__credential", "managedidentity"),
         ("IDENTITY_ENDPOINT", url.as_str()),
         ("IDENTITY_HEADER", IDENTITY_HEADER),
@@ -127,6 +129,43 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
     assert_eq!(end["rowsWritten"], 120, "{end}");
     let copied = rows(&app.store, &destination).await;
     assert_eq!(copied.len(), 120);
+
+    // A backup to Blob Storage and its restore, with the same bearer tokens.
+    let container = support::unique_name("keyless");
+    let export = json!({"driver": "export", "sourceTable": source, "takeCount": 40, "destinationContainer": container});
+    let (status, reply, _) = app.post_scan(&export).await;
+    assert_eq!(status, 202, "{reply}");
+    let end = app
+        .wait_for_end(
+            reply["id"].as_str().unwrap(),
+            std::time::Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(
+        (&end["state"], &end["rowsWritten"]),
+        (&json!("completed"), &json!(120)),
+        "{end}"
+    );
+    let restored = support::unique_name("KeylessRestored");
+    let import =
+        json!({"driver": "import", "sourceContainer": container, "destinationTable": restored});
+    let (status, reply, _) = app.post_scan(&import).await;
+    assert_eq!(status, 202, "{reply}");
+    let end = app
+        .wait_for_end(
+            reply["id"].as_str().unwrap(),
+            std::time::Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(
+        (&end["state"], &end["rowsWritten"]),
+        (&json!("completed"), &json!(120)),
+        "{end}"
+    );
+    assert_eq!(
+        rows(&app.store, &restored).await,
+        rows(&app.store, &source).await
+    );
     assert!(
         identity.issued() >= 2,
         "the host, the handler and the test each ask"
