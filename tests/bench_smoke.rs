@@ -39,6 +39,21 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "prefix-count"
         ]
     );
+    // The floor: the copy's data requests by a bare client (reads + batches = the minimum).
+    let floor = &report["floor"];
+    assert_eq!(floor["rows"], 300);
+    assert_eq!(
+        floor["requests"].as_u64(),
+        Some(
+            report["minimum"]["reads"].as_u64().unwrap()
+                + report["minimum"]["batches"].as_u64().unwrap()
+        ),
+        "{floor}"
+    );
+    assert!(
+        floor["cpu_us_per_request"].as_f64().unwrap() > 0.0,
+        "{floor}"
+    );
     let minimum = &report["minimum"];
     let keys = minimum["partition_keys"].as_u64().unwrap();
     assert!(keys > 30 && keys < 300, "{keys} partition keys");

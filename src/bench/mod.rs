@@ -11,6 +11,7 @@
 //! sampling of the handlers), [`requests`] (request accounting), [`report`] (text tables and
 //! goals), [`svg`] (the chart).
 
+mod floor;
 mod report;
 mod requests;
 mod run;
@@ -22,6 +23,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+pub use self::floor::Floor;
 pub use self::report::{render_table, BenchReport, VariantResult};
 pub use self::requests::{Minimum, Requests};
 pub use self::run::measure;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::floor::measure_floor;
 use super::report::{BenchReport, VariantResult};
 use super::requests::{delta, per_1000, Minimum, Requests};
 use super::sampler::HandlerSampler;
@@ -53,6 +54,19 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         .account
         .table_store(std::sync::Arc::new(RequestCounters::new()));
     let source = seed_source(&store, args).await?;
+    let floor = measure_floor(
+        storage.account.settings().clone(),
+        source.name.clone(),
+        format!("BenchFloor{}", source.suffix),
+    )?;
+    eprintln!(
+        "floor: {} requests by a bare client in {:.1} s, {} µs CPU per request",
+        floor.requests,
+        floor.wall_seconds,
+        floor
+            .cpu_us_per_request
+            .map_or("n/a".to_string(), |c| format!("{c:.0}"))
+    );
     let mut results = Vec::new();
     for (i, variant) in selected_variants(args).into_iter().enumerate() {
         let run = RunSpec {
@@ -76,6 +90,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         instances: args.instances,
         minimum: source.minimum,
         source_checksum: source.checksum,
+        floor: Some(floor),
         variants: results,
     })
 }
