@@ -7,8 +7,9 @@
 //! through as the JSON text the export holds.
 //!
 //! Invariants:
-//! - The manifest an import restores is the one checked at start: its SHA-256 is recorded, and
-//!   a chunk item that finds other bytes fails the scan instead of mixing two exports.
+//! - One manifest per import: the first chunk item passes the SHA-256 of the manifest it read
+//!   to the chunks after it, and a chunk item that finds other bytes fails the scan instead of
+//!   mixing two exports.
 //! - Bounded: a chunk item queues at most [`PARTS_PER_ITEM`] items; a part item writes at most
 //!   [`MAX_ITEM_ROWS`] rows (a longer part, written by another tool, is continued by a child
 //!   item that skips the rows already written) and inflates at most what the format allows.
@@ -60,8 +61,7 @@ pub struct ImportFields {
     pub destination_connection: String,
 }
 
-/// What an import scan records (its `ScanContext::options`); the manifest's SHA-256 is added by
-/// `prepare`'s check, in the item it queues first.
+/// What an import scan records (its `ScanContext::options`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ImportOptions {
