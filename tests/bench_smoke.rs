@@ -36,7 +36,10 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "reference-copy",
             "prefix-copy",
             "serial-count",
-            "prefix-count"
+            "prefix-count",
+            "prefix-export",
+            "prefix-import",
+            "prefix-delete"
         ]
     );
     // The floor: the copy's data requests by a bare client (reads + batches = the minimum).
@@ -77,9 +80,19 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             assert!(x > 0.0, "{name}.{field} = {x}");
         }
         assert_eq!(v["verified"], true, "{name}");
-        let copy = name.ends_with("-copy");
-        // The minimum: one read per 1,000 rows, plus (copies) one batch per partition per 100 rows.
-        let expected_minimum = (1 + if copy { keys } else { 0 }) as f64 * 1000.0 / 300.0;
+        let writes = ["-copy", "-import", "-delete"]
+            .iter()
+            .any(|s| name.ends_with(s));
+        // The minimum: one read per 1,000 rows (of the table, or of an export's parts), plus
+        // (writes to a table) one batch per partition per 100 rows; an export writes a part per
+        // read and a manifest, an import reads the manifest.
+        let expected_minimum = match name {
+            "prefix-export" => 3,
+            "prefix-import" => 2 + keys,
+            _ => 1 + if writes { keys } else { 0 },
+        } as f64
+            * 1000.0
+            / 300.0;
         let minimum = v["minimum_requests_per_1000_rows"].as_f64().unwrap();
         assert!(
             (minimum - expected_minimum).abs() < 1e-6,
@@ -97,14 +110,23 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             (v["data_ratio_to_minimum"].as_f64().unwrap() - data / minimum).abs() < 1e-6,
             "{name}"
         );
-        // Every copy writes each partition at least once; counts write nothing to data tables.
+        // Every copy, import and delete writes each partition at least once; counts and exports
+        // write nothing to data tables; exports and imports write and read blobs.
         let batches = v["requests"]["batch"].as_u64().unwrap();
-        if copy {
+        if writes {
             assert!(batches >= keys, "{name}: {batches} batches for {keys} keys");
         } else {
             assert_eq!(batches, 0, "{name}");
         }
-        assert!(v["requests"]["query"].as_u64().unwrap() >= 1, "{name}");
+        let blob = |kind: &str| v["requests"][kind].as_u64().unwrap();
+        match name {
+            "prefix-export" => assert!(blob("blob_write") >= 2 && blob("blob_list") >= 1, "{name}"),
+            "prefix-import" => assert!(blob("blob_read") >= 2 && blob("blob_write") == 0, "{name}"),
+            _ => assert_eq!(blob("blob_write") + blob("blob_read"), 0, "{name}"),
+        }
+        if name != "prefix-import" {
+            assert!(v["requests"]["query"].as_u64().unwrap() >= 1, "{name}");
+        }
         assert!(v["requests"]["bookkeeping"].as_u64().unwrap() > 0, "{name}");
         assert!(v["requests"]["queue_get"].as_u64().unwrap() > 0, "{name}");
         assert!(v["messages_processed"].as_i64().unwrap() >= 1, "{name}");
@@ -126,7 +148,7 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
 
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg"));
-    assert_eq!(chart.matches("<polyline").count(), 5);
+    assert_eq!(chart.matches("<polyline").count(), 8);
     for name in names {
         assert!(chart.contains(name), "{name} in the legend");
     }

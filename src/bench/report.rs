@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::floor::Floor;
 use super::requests::{per_1000, Minimum, Requests};
+use super::variant::Job;
 
 /// One variant's measured figures.
 #[derive(Debug, Clone, Serialize)]
@@ -86,7 +87,8 @@ fn summary(report: &BenchReport) -> String {
     let m = &report.minimum;
     format!(
         "\n{} rows, {} partition keys ({:.2} rows/key), seed {}, {} instance(s). Minimum: {} reads + {} batches \
-         = {:.1} requests per 1,000 rows to copy, {:.1} to count.\n",
+         = {:.1} requests per 1,000 rows to copy or delete, {:.1} to count, {:.1} to export \
+         (+ a part per read and a manifest), {:.1} to import.\n",
         report.rows,
         m.partition_keys,
         report.rows as f64 / m.partition_keys.max(1) as f64,
@@ -94,8 +96,10 @@ fn summary(report: &BenchReport) -> String {
         report.instances,
         m.reads,
         m.batches,
-        per_1000(m.requests(true), report.rows),
-        per_1000(m.requests(false), report.rows),
+        per_1000(m.requests(Job::Copy), report.rows),
+        per_1000(m.requests(Job::Count), report.rows),
+        per_1000(m.requests(Job::Export), report.rows),
+        per_1000(m.requests(Job::Import), report.rows),
     )
 }
 
@@ -163,7 +167,7 @@ fn floor_line(report: &BenchReport) -> String {
 }
 
 /// Columns of the by-kind table: (key in `requests_per_1000_rows_by_kind`, header).
-const BY_KIND_COLUMNS: [(&str, &str); 12] = [
+const BY_KIND_COLUMNS: [(&str, &str); 15] = [
     ("query", "query"),
     ("batch", "batch"),
     ("point_read", "point"),
@@ -176,6 +180,9 @@ const BY_KIND_COLUMNS: [(&str, &str); 12] = [
     ("queue_delete", "q del"),
     ("queue_update", "q upd"),
     ("queue_admin", "q admin"),
+    ("blob_write", "blob w"),
+    ("blob_read", "blob r"),
+    ("blob_list", "blob ls"),
 ];
 
 /// Requests per 1,000 rows by kind, one row per variant.
@@ -183,7 +190,7 @@ fn requests_by_kind_table(report: &BenchReport) -> String {
     use std::fmt::Write;
     let mut s = String::from(
         "\nStorage requests per 1,000 rows by kind (query/batch/point = source and destination tables; \
-         bk = bookkeeping: scans and work tables):\n",
+         bk = bookkeeping: scans and work tables; blob = an export's parts and manifest):\n",
     );
     let _ = write!(s, "{:<15}", "variant");
     for (_, label) in BY_KIND_COLUMNS {

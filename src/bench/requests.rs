@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::variant::Job;
 use crate::proxy::Counts;
 use crate::storage::{MAX_BATCH_OPERATIONS, MAX_TAKE};
 
@@ -34,8 +35,16 @@ impl Minimum {
         }
     }
 
-    pub(super) fn requests(&self, copy: bool) -> u64 {
-        self.reads + if copy { self.batches } else { 0 }
+    /// The fewest requests for `job`: a copy or a delete reads and writes every batch; a count
+    /// reads; an export reads and writes one part per 1,000 rows and a manifest; an import
+    /// reads the manifest and those parts and writes every batch.
+    pub(super) fn requests(&self, job: Job) -> u64 {
+        match job {
+            Job::Copy | Job::Delete => self.reads + self.batches,
+            Job::Count => self.reads,
+            Job::Export => 2 * self.reads + 1,
+            Job::Import => self.reads + 1 + self.batches,
+        }
     }
 }
 
@@ -57,6 +66,12 @@ pub struct Requests {
     pub queue_delete: u64,
     pub queue_update: u64,
     pub queue_admin: u64,
+    /// Blob Storage (export and import): Put Blob/Block/Block List; Get Blob/Properties/Block
+    /// List; List Blobs; Create Container.
+    pub blob_write: u64,
+    pub blob_read: u64,
+    pub blob_list: u64,
+    pub blob_admin: u64,
 }
 
 impl Requests {
@@ -80,6 +95,10 @@ impl Requests {
                 ("queue_delete", _) => &mut r.queue_delete,
                 ("queue_update", _) => &mut r.queue_update,
                 ("queue_admin", _) => &mut r.queue_admin,
+                ("blob_write", _) => &mut r.blob_write,
+                ("blob_read", _) => &mut r.blob_read,
+                ("blob_list", _) => &mut r.blob_list,
+                ("blob_admin", _) => &mut r.blob_admin,
                 // Table create/delete: the destination and, at handler start, bookkeeping tables.
                 _ => &mut r.table_admin,
             };
@@ -92,12 +111,17 @@ impl Requests {
     /// Requests the handler itself makes (everything but the host's queue receives, deletes,
     /// visibility updates and queue creation).
     pub fn handler_made(&self) -> u64 {
-        self.data() + self.table_admin + self.bookkeeping + self.queue_put
+        self.data() + self.table_admin + self.blob_admin + self.bookkeeping + self.queue_put
     }
 
-    /// Reads and writes of the source and destination tables.
+    /// Reads and writes of the source and destination tables, and of an export's blobs.
     pub fn data(&self) -> u64 {
-        self.query + self.batch + self.point_read
+        self.query
+            + self.batch
+            + self.point_read
+            + self.blob_write
+            + self.blob_read
+            + self.blob_list
     }
 
     pub(super) fn per_1000(&self, rows: u64) -> BTreeMap<&'static str, f64> {
@@ -118,6 +142,10 @@ impl Requests {
             ("queue_delete", f(self.queue_delete)),
             ("queue_update", f(self.queue_update)),
             ("queue_admin", f(self.queue_admin)),
+            ("blob_write", f(self.blob_write)),
+            ("blob_read", f(self.blob_read)),
+            ("blob_list", f(self.blob_list)),
+            ("blob_admin", f(self.blob_admin)),
         ])
     }
 }
@@ -146,8 +174,11 @@ mod tests {
             (1, 1 + 1 + 2 + 3, 4)
         );
         assert_eq!(Minimum::of(std::iter::repeat(3).take(1000)).reads, 3);
-        assert_eq!(m.requests(true), 8);
-        assert_eq!(m.requests(false), 1);
+        assert_eq!(m.requests(Job::Copy), 8);
+        assert_eq!(m.requests(Job::Delete), 8);
+        assert_eq!(m.requests(Job::Count), 1);
+        assert_eq!(m.requests(Job::Export), 3);
+        assert_eq!(m.requests(Job::Import), 9);
     }
 
     #[test]
@@ -161,20 +192,23 @@ mod tests {
             (("table_admin", ""), 2),
             (("queue_get", "q-ps"), 7),
             (("queue_put", "q-tc"), 5),
+            (("blob_write", "c"), 2),
+            (("blob_read", "c"), 1),
         ]
         .into_iter()
         .map(|((k, r), n)| ((k.to_string(), r.to_string()), n))
         .collect();
         let r = Requests::classify(&counts, &["Scans", "Work"]);
-        assert_eq!((r.query, r.batch, r.point_read, r.data()), (3, 10, 0, 13));
+        assert_eq!((r.query, r.batch, r.point_read, r.data()), (3, 10, 0, 16));
+        assert_eq!((r.blob_write, r.blob_read), (2, 1));
         assert_eq!(
             (r.bookkeeping, r.bookkeeping_point_read, r.bookkeeping_batch),
             (7, 4, 2)
         );
         assert_eq!(
             (r.queue_get, r.queue_put, r.table_admin, r.total),
-            (7, 5, 2, 34)
+            (7, 5, 2, 37)
         );
-        assert_eq!(r.per_1000(2000)["total"], 17.0);
+        assert_eq!(r.per_1000(2000)["total"], 18.5);
     }
 }

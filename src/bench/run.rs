@@ -14,7 +14,7 @@ use super::floor::measure_floor;
 use super::report::{BenchReport, VariantResult};
 use super::requests::{delta, per_1000, Minimum, Requests};
 use super::sampler::HandlerSampler;
-use super::variant::Variant;
+use super::variant::{Job, Targets, Variant};
 use super::BenchArgs;
 use crate::app::functions::get_scan::scan_status;
 use crate::app::tracking::Tracker;
@@ -23,7 +23,9 @@ use crate::demo::{fingerprint, post_scan, seed, start_app_with, watch_scan, Stor
 use crate::host::stats::FunctionStats;
 use crate::host::RunningHost;
 use crate::proxy::{Counts, FaultPolicy, StorageProxy};
+use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
+use crate::storage::blob::{BlobRequestCounters, BlobStore};
 use crate::storage::counters::RequestCounters;
 
 fn socket(endpoint_port: u16) -> SocketAddr {
@@ -45,6 +47,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     let upstream = Upstream {
         table: socket(azurite.table_port()),
         queue: socket(azurite.queue_port()),
+        blob: socket(azurite.blob_port()),
     };
     let binary = match &args.handler_binary {
         Some(b) => b.clone(),
@@ -53,11 +56,21 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     let store = storage
         .account
         .table_store(std::sync::Arc::new(RequestCounters::new()));
+    let blobs = storage
+        .account
+        .blob_store(std::sync::Arc::new(BlobRequestCounters::new()))
+        .map_err(|e| e.to_string())?;
+    let variants = selected_variants(args);
+    if variants.contains(&Variant::PrefixImport) && !variants.contains(&Variant::PrefixExport) {
+        return Err("prefix-import restores prefix-export's backup: select both".into());
+    }
     let source = seed_source(&store, args).await?;
+    // The floor's copy of the source is what prefix-delete empties.
+    let doomed = format!("BenchFloor{}", source.suffix);
     let floor = measure_floor(
         storage.account.settings().clone(),
         source.name.clone(),
-        format!("BenchFloor{}", source.suffix),
+        doomed.clone(),
     )?;
     eprintln!(
         "floor: {} requests by a bare client in {:.1} s, {} µs CPU per request",
@@ -68,16 +81,25 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
             .map_or("n/a".to_string(), |c| format!("{c:.0}"))
     );
     let mut results = Vec::new();
-    for (i, variant) in selected_variants(args).into_iter().enumerate() {
+    for (i, variant) in variants.into_iter().enumerate() {
+        let names = Names::new(&source.suffix, i);
+        let targets = Targets {
+            source: source.name.clone(),
+            destination: names.destination.clone(),
+            container: format!("bench{}", source.suffix),
+            prefix: "export".into(),
+            doomed: doomed.clone(),
+        };
         let run = RunSpec {
             variant,
             binary: &binary,
             store: &store,
-            source: &source.name,
+            blobs: &blobs,
+            targets,
             source_rows: source.rows,
             source_sum: &source.checksum,
             minimum: source.minimum,
-            names: Names::new(&source.suffix, i),
+            names,
             args,
         };
         results.push(run_with_timeout(&run, upstream).await?);
@@ -95,11 +117,12 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     })
 }
 
-/// Azurite's table and queue endpoints, which each variant's proxy fronts.
+/// Azurite's table, queue and blob endpoints, which each variant's proxy fronts.
 #[derive(Debug, Clone, Copy)]
 struct Upstream {
     table: SocketAddr,
     queue: SocketAddr,
+    blob: SocketAddr,
 }
 
 /// The seeded source table, shared by every variant.
@@ -165,9 +188,10 @@ fn selected_variants(args: &BenchArgs) -> Vec<Variant> {
 /// One variant behind its own counting proxy, given up after `--timeout-seconds`.
 async fn run_with_timeout(run: &RunSpec<'_>, upstream: Upstream) -> Result<VariantResult, String> {
     let args = run.args;
-    let proxy = StorageProxy::start(
+    let proxy = StorageProxy::start_with_blob(
         upstream.table,
         upstream.queue,
+        upstream.blob,
         FaultPolicy::none(),
         args.seed,
     )
@@ -212,7 +236,8 @@ struct RunSpec<'a> {
     variant: Variant,
     binary: &'a std::path::Path,
     store: &'a AzureTableStore,
-    source: &'a str,
+    blobs: &'a AzureBlobStore,
+    targets: Targets,
     source_rows: u64,
     source_sum: &'a str,
     minimum: Minimum,
@@ -247,21 +272,43 @@ async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantR
     Ok(figures(run, driven, &counts))
 }
 
-/// Copies: the destination holds the source's rows and checksum and the scan wrote them all;
-/// counts: the scan counted the source's rows.
+/// Copies and imports: the destination holds the source's rows and checksum and the scan wrote
+/// them all; counts: the scan counted the source's rows; exports: the manifest and the scan say
+/// every row was written (prefix-import then checks the rows themselves); deletes: the table is
+/// empty and the scan deleted every row.
 async fn verify(run: &RunSpec<'_>, status: &Value) -> Result<(), String> {
-    let (verified, why) = if run.variant.is_copy() {
-        let destination = &run.names.destination;
-        let fingerprint = fingerprint(run.store, destination).await?;
-        copy_verdict(
-            destination,
-            fingerprint,
-            status,
-            run.source_rows,
-            run.source_sum,
-        )
-    } else {
-        count_verdict(status, run.source_rows)
+    let t = &run.targets;
+    let (verified, why) = match run.variant.job() {
+        Job::Copy | Job::Import => {
+            let fingerprint = fingerprint(run.store, &t.destination).await?;
+            copy_verdict(
+                &t.destination,
+                fingerprint,
+                status,
+                run.source_rows,
+                run.source_sum,
+            )
+        }
+        Job::Count => count_verdict(status, run.source_rows),
+        Job::Export => {
+            let manifest = format!("{}/manifest.json", t.prefix);
+            let bytes = run
+                .blobs
+                .download(&t.container, &manifest, 64 << 20)
+                .await
+                .map_err(|e| format!("{}/{manifest}: {e}", t.container))?
+                .bytes;
+            let manifest: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+            export_verdict(&manifest, status, run.source_rows)
+        }
+        Job::Delete => {
+            let (left, _) = fingerprint(run.store, &t.doomed).await?;
+            let deleted = status["rowsWritten"].as_i64().unwrap_or(-1);
+            (
+                left == 0 && deleted == run.source_rows as i64,
+                format!("{} holds {left} rows; rowsWritten {deleted}", t.doomed),
+            )
+        }
     };
     if !verified {
         return Err(format!("{} verification failed: {why}", run.variant.name()));
@@ -287,6 +334,16 @@ fn copy_verdict(
     )
 }
 
+fn export_verdict(manifest: &Value, status: &Value, rows: u64) -> (bool, String) {
+    let listed = manifest["rows"].as_u64().unwrap_or(0);
+    let written = status["rowsWritten"].as_i64().unwrap_or(-1);
+    let parts = manifest["parts"].as_array().map_or(0, Vec::len);
+    (
+        listed == rows && written == rows as i64,
+        format!("the manifest lists {listed} rows in {parts} parts, rowsWritten {written}; source {rows} rows"),
+    )
+}
+
 fn count_verdict(status: &Value, rows: u64) -> (bool, String) {
     let counted = status["rowsScanned"].as_i64().unwrap_or(-1);
     (
@@ -309,7 +366,7 @@ fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult 
     let n = &run.names;
     let wall = status_wall(&status).unwrap_or_else(|| started.elapsed().as_secs_f64());
     let requests = Requests::classify(counts, &[&n.scans_table, &n.work_table]);
-    let minimum = run.minimum.requests(run.variant.is_copy());
+    let minimum = run.minimum.requests(run.variant.job());
     let invocations_by_function: BTreeMap<String, u64> = stats
         .iter()
         .map(|(f, s)| (f.clone(), s.invocations))
@@ -369,12 +426,12 @@ async fn drive(
     sampler.sample(host);
     let before = proxy.counts();
     let started = Instant::now();
-    let body = run.variant.request(run.source, &n.destination);
+    let body = run.variant.request(&run.targets);
     eprintln!("$ curl -X POST {base}/api/scans -H 'Content-Type: application/json' -d '{body}'");
     let location = post_scan(&client, &base, &body).await?;
     let id = location.rsplit('/').next().unwrap_or_default().to_string();
     let tracker = Tracker::new(run.store, &n.scans_table, &n.work_table);
-    let copy = run.variant.is_copy();
+    let field = run.variant.progress_field();
     let mut progress = vec![(0.0, 0u64)];
     let status = watch_scan(
         run.variant.name(),
@@ -384,7 +441,6 @@ async fn drive(
         started,
         || async { scan_status(&tracker, &id).await.map_err(|e| e.to_string()) },
         |at, status| {
-            let field = if copy { "rowsWritten" } else { "rowsScanned" };
             let rows = status[field].as_i64().unwrap_or(0).max(0) as u64;
             progress.push((at.as_secs_f64(), rows));
             sampler.sample(host);

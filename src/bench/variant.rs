@@ -4,6 +4,8 @@ use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+/// Listed in the order they run: `prefix-import` restores what `prefix-export` wrote, and
+/// `prefix-delete` empties the floor's copy of the source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Variant {
@@ -17,15 +19,46 @@ pub enum Variant {
     SerialCount,
     /// Count with the prefix strategy.
     PrefixCount,
+    /// Export (backup) to Blob Storage with the prefix strategy.
+    PrefixExport,
+    /// Import (restore) of `prefix-export`'s backup into a new table.
+    PrefixImport,
+    /// Delete every row of a copy of the source (the floor's), with the prefix strategy.
+    PrefixDelete,
+}
+
+/// What a variant does with the rows, which sets its minimum and how it is verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    Copy,
+    Count,
+    Export,
+    Import,
+    Delete,
+}
+
+/// The names a variant's request refers to.
+#[derive(Debug, Clone)]
+pub struct Targets {
+    pub source: String,
+    pub destination: String,
+    /// Where `prefix-export` writes and `prefix-import` reads.
+    pub container: String,
+    pub prefix: String,
+    /// The table `prefix-delete` empties.
+    pub doomed: String,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 8] = [
         Variant::SerialCopy,
         Variant::ReferenceCopy,
         Variant::PrefixCopy,
         Variant::SerialCount,
         Variant::PrefixCount,
+        Variant::PrefixExport,
+        Variant::PrefixImport,
+        Variant::PrefixDelete,
     ];
 
     pub fn name(self) -> &'static str {
@@ -35,31 +68,59 @@ impl Variant {
             Variant::PrefixCopy => "prefix-copy",
             Variant::SerialCount => "serial-count",
             Variant::PrefixCount => "prefix-count",
+            Variant::PrefixExport => "prefix-export",
+            Variant::PrefixImport => "prefix-import",
+            Variant::PrefixDelete => "prefix-delete",
+        }
+    }
+
+    pub fn job(self) -> Job {
+        match self {
+            Variant::SerialCopy | Variant::ReferenceCopy | Variant::PrefixCopy => Job::Copy,
+            Variant::SerialCount | Variant::PrefixCount => Job::Count,
+            Variant::PrefixExport => Job::Export,
+            Variant::PrefixImport => Job::Import,
+            Variant::PrefixDelete => Job::Delete,
         }
     }
 
     pub fn is_copy(self) -> bool {
-        matches!(
-            self,
-            Variant::SerialCopy | Variant::ReferenceCopy | Variant::PrefixCopy
-        )
+        self.job() == Job::Copy
+    }
+
+    /// The status field that says how far it got: rows written, or for a count rows scanned.
+    pub fn progress_field(self) -> &'static str {
+        match self.job() {
+            Job::Count => "rowsScanned",
+            _ => "rowsWritten",
+        }
     }
 
     /// The scan request, exactly as a user would POST it.
-    pub(super) fn request(self, source: &str, destination: &str) -> Value {
+    pub(super) fn request(self, t: &Targets) -> Value {
         let strategy = match self {
             Variant::SerialCopy | Variant::SerialCount => "serial",
             _ => "prefix",
         };
-        let mut body = json!({"driver": if self.is_copy() { "copy" } else { "count" },
-            "sourceTable": source, "strategy": strategy});
-        if self.is_copy() {
-            body["destinationTable"] = json!(destination);
+        match self.job() {
+            Job::Copy => {
+                let mut body = json!({"driver": "copy", "sourceTable": t.source,
+                    "strategy": strategy, "destinationTable": t.destination});
+                if self == Variant::ReferenceCopy {
+                    body["workSplit"] = json!("partitionKey");
+                }
+                body
+            }
+            Job::Count => json!({"driver": "count", "sourceTable": t.source, "strategy": strategy}),
+            Job::Export => {
+                json!({"driver": "export", "sourceTable": t.source, "strategy": strategy,
+                "destinationContainer": t.container, "destinationPrefix": t.prefix})
+            }
+            Job::Import => json!({"driver": "import", "sourceContainer": t.container,
+                "sourcePrefix": t.prefix, "destinationTable": t.destination}),
+            Job::Delete => json!({"driver": "delete", "sourceTable": t.doomed,
+                "confirm": t.doomed, "strategy": strategy}),
         }
-        if self == Variant::ReferenceCopy {
-            body["workSplit"] = json!("partitionKey");
-        }
-        body
     }
 }
 
@@ -67,15 +128,45 @@ impl Variant {
 mod tests {
     use super::*;
 
+    fn targets() -> Targets {
+        Targets {
+            source: "S".into(),
+            destination: "D".into(),
+            container: "c".into(),
+            prefix: "p".into(),
+            doomed: "X".into(),
+        }
+    }
+
     #[test]
     fn variants_post_the_right_requests() {
-        let r = Variant::ReferenceCopy.request("S", "D");
+        let t = targets();
+        let r = Variant::ReferenceCopy.request(&t);
         assert_eq!(r["workSplit"], "partitionKey");
         assert_eq!(r["strategy"], "prefix");
-        let c = Variant::SerialCount.request("S", "D");
+        let c = Variant::SerialCount.request(&t);
         assert_eq!(
             (c["driver"].as_str(), c.get("destinationTable")),
             (Some("count"), None)
+        );
+        let e = Variant::PrefixExport.request(&t);
+        assert_eq!(
+            (&e["destinationContainer"], &e["destinationPrefix"]),
+            (&json!("c"), &json!("p"))
+        );
+        let i = Variant::PrefixImport.request(&t);
+        assert_eq!(
+            (
+                &i["sourcePrefix"],
+                &i["destinationTable"],
+                i.get("sourceTable")
+            ),
+            (&json!("p"), &json!("D"), None)
+        );
+        let d = Variant::PrefixDelete.request(&t);
+        assert_eq!(
+            (&d["sourceTable"], &d["confirm"]),
+            (&json!("X"), &json!("X"))
         );
         let names: Vec<_> = Variant::ALL.iter().map(|v| v.name()).collect();
         for v in Variant::ALL {
@@ -85,6 +176,10 @@ mod tests {
                 "CLI and JSON names agree"
             );
         }
-        assert_eq!(names.len(), 5);
+        assert_eq!(names.len(), 8);
+        assert!(
+            Variant::PrefixExport < Variant::PrefixImport,
+            "an import runs after its export"
+        );
     }
 }
