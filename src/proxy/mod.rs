@@ -2,6 +2,10 @@
 //! Azurite, counts every request by kind and table/queue, and injects faults the way Azure
 //! produces them — 503 ServerBusy and 500 OperationTimedOut with the service's real error bodies,
 //! slow responses, and connection resets before or after the request reached storage.
+//!
+//! It fronts the table and queue services, and the blob service too when started with
+//! [`StorageProxy::start_with_blob`] (export and import): blob requests are counted by kind
+//! ([`BlobRequestKind`]) and container, and faulted like the others.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,6 +25,7 @@ use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::storage::blob::BlobRequestKind;
 use crate::storage::connection::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
 use crate::storage::counters::RequestKind;
 
@@ -29,6 +34,14 @@ use crate::storage::counters::RequestKind;
 enum Service {
     Table,
     Queue,
+    Blob,
+}
+
+/// What a request is: a table or queue request, or a blob request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Storage(RequestKind),
+    Blob(BlobRequestKind),
 }
 
 /// Probabilities (0..=1) of each fault, applied per request of the selected kinds.
@@ -46,8 +59,12 @@ pub struct FaultPolicy {
     /// Delay the response by a random time up to `max_delay`.
     pub delay: f64,
     pub max_delay: Duration,
-    /// Only requests of these kinds are faulted; empty means all kinds.
+    /// Only table and queue requests of these kinds are faulted. With `kinds` and `blob_kinds`
+    /// both empty, requests of every kind are (blob requests included).
     pub kinds: Vec<RequestKind>,
+    /// Only blob requests of these kinds are faulted (see `kinds`): a policy that names only
+    /// `kinds` faults no blob request, one that names only `blob_kinds` no table or queue one.
+    pub blob_kinds: Vec<BlobRequestKind>,
     /// Queue puts only: with this probability, forward the put 1..=`extra_copies` more times
     /// (at least once), as a producer that retried a put whose answer it lost would — every copy
     /// is a real message.
@@ -64,15 +81,24 @@ impl FaultPolicy {
         FaultPolicy::default()
     }
 
-    fn applies_to(&self, kind: RequestKind) -> bool {
-        self.kinds.is_empty() || self.kinds.contains(&kind)
+    fn applies_to(&self, kind: Kind) -> bool {
+        if self.kinds.is_empty() && self.blob_kinds.is_empty() {
+            return true;
+        }
+        match kind {
+            Kind::Storage(k) => self.kinds.contains(&k),
+            Kind::Blob(k) => self.blob_kinds.contains(&k),
+        }
     }
 
-    /// The policy in force for `kind`.
-    fn for_kind(&self, kind: RequestKind) -> &FaultPolicy {
+    /// The policy in force for `kind` (`per_kind` names table and queue kinds only).
+    fn for_kind(&self, kind: Kind) -> &FaultPolicy {
+        let Kind::Storage(storage) = kind else {
+            return self;
+        };
         self.per_kind
             .iter()
-            .find(|(k, _)| *k == kind)
+            .find(|(k, _)| *k == storage)
             .map(|(_, p)| p.for_kind(kind))
             .unwrap_or(self)
     }
@@ -90,10 +116,12 @@ struct Shared {
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
-/// A running proxy for one Azurite (table and queue services). Stops when dropped.
+/// A running proxy for one Azurite (table and queue services, and optionally blobs). Stops
+/// when dropped.
 pub struct StorageProxy {
     table_addr: SocketAddr,
     queue_addr: SocketAddr,
+    blob_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
 }
@@ -112,8 +140,62 @@ fn kind_name(kind: RequestKind) -> &'static str {
     }
 }
 
+fn blob_kind_name(kind: BlobRequestKind) -> &'static str {
+    match kind {
+        BlobRequestKind::Write => "blob_write",
+        BlobRequestKind::Read => "blob_read",
+        BlobRequestKind::List => "blob_list",
+        BlobRequestKind::Admin => "blob_admin",
+    }
+}
+
+fn any_kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Storage(k) => kind_name(k),
+        Kind::Blob(k) => blob_kind_name(k),
+    }
+}
+
+/// Classifies a blob request as `BlobRequestCounters` counts it, and names its container:
+/// List Blobs (`restype=container&comp=list`), container calls (`restype=container`), reads
+/// (GET/HEAD of a blob: Get Blob, its properties, its block list) and writes (Put Blob, Put
+/// Block, Put Block List, and anything else sent to a blob, such as a delete).
+fn classify_blob(method: &hyper::Method, path: &str, query: &str) -> (BlobRequestKind, String) {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // Path-style URLs: /{account}/{container}/{blob...}
+    let container = segments.get(1).copied().unwrap_or("").to_string();
+    let blob = segments.len() > 2 && segments[2..].iter().any(|s| !s.is_empty());
+    let params: Vec<&str> = query.split('&').collect();
+    let kind = if params.contains(&"comp=list") {
+        BlobRequestKind::List
+    } else if !blob {
+        BlobRequestKind::Admin
+    } else if *method == hyper::Method::GET || *method == hyper::Method::HEAD {
+        BlobRequestKind::Read
+    } else {
+        BlobRequestKind::Write
+    };
+    (kind, container)
+}
+
 /// Classifies a request and names the table or queue it addresses.
 fn classify(
+    service: Service,
+    method: &hyper::Method,
+    path: &str,
+    query: &str,
+    body: &[u8],
+) -> (Kind, String) {
+    if service == Service::Blob {
+        let (kind, container) = classify_blob(method, path, query);
+        return (Kind::Blob(kind), container);
+    }
+    let (kind, resource) = classify_storage(service, method, path, query, body);
+    (Kind::Storage(kind), resource)
+}
+
+/// Classifies a table or queue request and names the table or queue it addresses.
+fn classify_storage(
     service: Service,
     method: &hyper::Method,
     path: &str,
@@ -140,7 +222,7 @@ fn classify(
             };
             (kind, name)
         }
-        Service::Queue => {
+        Service::Queue | Service::Blob => {
             let queue = resource.to_string();
             let messages = segments.get(2) == Some(&"messages");
             let kind = match (method.clone(), messages, segments.len() > 3) {
@@ -187,7 +269,7 @@ fn error_response(
             "application/json;odata=minimalmetadata;streaming=true;charset=utf-8",
             serde_json::json!({"odata.error": {"code": code, "message": {"lang": "en-US", "value": format!("{message}\nRequestId:{request_id}")}}}).to_string(),
         ),
-        Service::Queue => (
+        Service::Queue | Service::Blob => (
             "application/xml",
             format!("<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>{code}</Code><Message>{message}\nRequestId:{request_id}</Message></Error>"),
         ),
@@ -211,7 +293,7 @@ enum Fault {
 }
 
 impl Shared {
-    fn pick_fault(&self, kind: RequestKind) -> Fault {
+    fn pick_fault(&self, kind: Kind) -> Fault {
         let policy = self.faults.lock().unwrap().for_kind(kind).clone();
         if !policy.applies_to(kind) {
             return Fault::None;
@@ -240,8 +322,8 @@ impl Shared {
     }
 
     /// Extra copies to put of a queue message that is being forwarded.
-    fn pick_duplicates(&self, kind: RequestKind) -> u32 {
-        if kind != RequestKind::QueuePut {
+    fn pick_duplicates(&self, kind: Kind) -> u32 {
+        if kind != Kind::Storage(RequestKind::QueuePut) {
             return 0;
         }
         let policy = self.faults.lock().unwrap().for_kind(kind).clone();
@@ -288,7 +370,7 @@ async fn handle(
         .counts
         .lock()
         .unwrap()
-        .entry((kind_name(kind).to_string(), resource))
+        .entry((any_kind_name(kind).to_string(), resource))
         .or_default() += 1;
 
     let fault = shared.pick_fault(kind);
@@ -384,8 +466,41 @@ impl StorageProxy {
         faults: FaultPolicy,
         seed: u64,
     ) -> std::io::Result<StorageProxy> {
+        Self::start_services(table_upstream, queue_upstream, None, faults, seed).await
+    }
+
+    /// [`StorageProxy::start`], and a third proxy in front of Azurite's blob service: the
+    /// connection string then names it as `BlobEndpoint`.
+    pub async fn start_with_blob(
+        table_upstream: SocketAddr,
+        queue_upstream: SocketAddr,
+        blob_upstream: SocketAddr,
+        faults: FaultPolicy,
+        seed: u64,
+    ) -> std::io::Result<StorageProxy> {
+        Self::start_services(
+            table_upstream,
+            queue_upstream,
+            Some(blob_upstream),
+            faults,
+            seed,
+        )
+        .await
+    }
+
+    async fn start_services(
+        table_upstream: SocketAddr,
+        queue_upstream: SocketAddr,
+        blob_upstream: Option<SocketAddr>,
+        faults: FaultPolicy,
+        seed: u64,
+    ) -> std::io::Result<StorageProxy> {
         let table_listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let queue_listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let blob_listener = match blob_upstream {
+            Some(_) => Some(TcpListener::bind(("127.0.0.1", 0)).await?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             faults: Mutex::new(faults),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
@@ -398,30 +513,38 @@ impl StorageProxy {
         let proxy = StorageProxy {
             table_addr: table_listener.local_addr()?,
             queue_addr: queue_listener.local_addr()?,
+            blob_addr: blob_listener.as_ref().map(|l| l.local_addr()).transpose()?,
             shared: shared.clone(),
             stop,
         };
-        tokio::spawn(serve(
-            table_listener,
-            Service::Table,
-            table_upstream,
-            shared.clone(),
-            proxy.stop.subscribe(),
-        ));
-        tokio::spawn(serve(
-            queue_listener,
-            Service::Queue,
-            queue_upstream,
-            shared,
-            proxy.stop.subscribe(),
-        ));
+        let listeners = [
+            (Some(table_listener), Service::Table, Some(table_upstream)),
+            (Some(queue_listener), Service::Queue, Some(queue_upstream)),
+            (blob_listener, Service::Blob, blob_upstream),
+        ];
+        for (listener, service, upstream) in listeners {
+            if let (Some(listener), Some(upstream)) = (listener, upstream) {
+                tokio::spawn(serve(
+                    listener,
+                    service,
+                    upstream,
+                    shared.clone(),
+                    proxy.stop.subscribe(),
+                ));
+            }
+        }
         Ok(proxy)
     }
 
-    /// A connection string for the development account that goes through this proxy.
+    /// A connection string for the development account that goes through this proxy (its
+    /// `BlobEndpoint` too when it fronts the blob service).
     pub fn connection_string(&self) -> String {
+        let blob = self
+            .blob_addr
+            .map(|a| format!("BlobEndpoint=http://{a}/{DEVELOPMENT_ACCOUNT};"))
+            .unwrap_or_default();
         format!(
-            "DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_ACCOUNT_KEY};TableEndpoint=http://{}/{DEVELOPMENT_ACCOUNT};QueueEndpoint=http://{}/{DEVELOPMENT_ACCOUNT};",
+            "DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_ACCOUNT_KEY};TableEndpoint=http://{}/{DEVELOPMENT_ACCOUNT};QueueEndpoint=http://{}/{DEVELOPMENT_ACCOUNT};{blob}",
             self.table_addr, self.queue_addr
         )
     }
@@ -439,6 +562,16 @@ impl StorageProxy {
     /// Requests seen so far of one kind, over all tables and queues.
     pub fn count_of(&self, kind: RequestKind) -> u64 {
         let name = kind_name(kind);
+        self.counts()
+            .iter()
+            .filter(|((k, _), _)| k == name)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Blob requests seen so far of one kind, over all containers.
+    pub fn count_of_blob(&self, kind: BlobRequestKind) -> u64 {
+        let name = blob_kind_name(kind);
         self.counts()
             .iter()
             .filter(|((k, _), _)| k == name)
@@ -464,102 +597,4 @@ impl Drop for StorageProxy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classifies_storage_requests() {
-        let get = hyper::Method::GET;
-        assert_eq!(
-            classify(
-                Service::Table,
-                &get,
-                "/devstoreaccount1/Source()",
-                "$filter=x",
-                b""
-            ),
-            (RequestKind::Query, "Source".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Table,
-                &get,
-                "/devstoreaccount1/Source(PartitionKey='a',RowKey='b')",
-                "",
-                b""
-            ),
-            (RequestKind::PointRead, "Source".into())
-        );
-        let batch = b"--changeset\r\nPUT http://127.0.0.1:1/devstoreaccount1/Dest(PartitionKey='a',RowKey='b') HTTP/1.1\r\n";
-        assert_eq!(
-            classify(
-                Service::Table,
-                &hyper::Method::POST,
-                "/devstoreaccount1/$batch",
-                "",
-                batch
-            ),
-            (RequestKind::Batch, "Dest".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Table,
-                &hyper::Method::POST,
-                "/devstoreaccount1/Tables",
-                "",
-                b""
-            ),
-            (RequestKind::TableAdmin, "".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Queue,
-                &hyper::Method::POST,
-                "/devstoreaccount1/q1/messages",
-                "",
-                b""
-            ),
-            (RequestKind::QueuePut, "q1".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Queue,
-                &get,
-                "/devstoreaccount1/q1/messages",
-                "numofmessages=32",
-                b""
-            ),
-            (RequestKind::QueueGet, "q1".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Queue,
-                &hyper::Method::DELETE,
-                "/devstoreaccount1/q1/messages/id1",
-                "popreceipt=x",
-                b""
-            ),
-            (RequestKind::QueueDelete, "q1".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Queue,
-                &hyper::Method::PUT,
-                "/devstoreaccount1/q1/messages/id1",
-                "",
-                b""
-            ),
-            (RequestKind::QueueUpdate, "q1".into())
-        );
-        assert_eq!(
-            classify(
-                Service::Queue,
-                &get,
-                "/devstoreaccount1/q1",
-                "comp=metadata",
-                b""
-            ),
-            (RequestKind::QueueAdmin, "q1".into())
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,176 @@
+//! Unit tests of the proxy's request classification and fault selection.
+
+use super::*;
+
+#[test]
+fn classifies_storage_requests() {
+    let get = hyper::Method::GET;
+    assert_eq!(
+        classify_storage(
+            Service::Table,
+            &get,
+            "/devstoreaccount1/Source()",
+            "$filter=x",
+            b""
+        ),
+        (RequestKind::Query, "Source".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Table,
+            &get,
+            "/devstoreaccount1/Source(PartitionKey='a',RowKey='b')",
+            "",
+            b""
+        ),
+        (RequestKind::PointRead, "Source".into())
+    );
+    let batch = b"--changeset\r\nPUT http://127.0.0.1:1/devstoreaccount1/Dest(PartitionKey='a',RowKey='b') HTTP/1.1\r\n";
+    assert_eq!(
+        classify_storage(
+            Service::Table,
+            &hyper::Method::POST,
+            "/devstoreaccount1/$batch",
+            "",
+            batch
+        ),
+        (RequestKind::Batch, "Dest".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Table,
+            &hyper::Method::POST,
+            "/devstoreaccount1/Tables",
+            "",
+            b""
+        ),
+        (RequestKind::TableAdmin, "".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Queue,
+            &hyper::Method::POST,
+            "/devstoreaccount1/q1/messages",
+            "",
+            b""
+        ),
+        (RequestKind::QueuePut, "q1".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Queue,
+            &get,
+            "/devstoreaccount1/q1/messages",
+            "numofmessages=32",
+            b""
+        ),
+        (RequestKind::QueueGet, "q1".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Queue,
+            &hyper::Method::DELETE,
+            "/devstoreaccount1/q1/messages/id1",
+            "popreceipt=x",
+            b""
+        ),
+        (RequestKind::QueueDelete, "q1".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Queue,
+            &hyper::Method::PUT,
+            "/devstoreaccount1/q1/messages/id1",
+            "",
+            b""
+        ),
+        (RequestKind::QueueUpdate, "q1".into())
+    );
+    assert_eq!(
+        classify_storage(
+            Service::Queue,
+            &get,
+            "/devstoreaccount1/q1",
+            "comp=metadata",
+            b""
+        ),
+        (RequestKind::QueueAdmin, "q1".into())
+    );
+}
+
+#[test]
+fn classifies_blob_requests_as_the_blob_store_counts_them() {
+    let (get, put, head) = (hyper::Method::GET, hyper::Method::PUT, hyper::Method::HEAD);
+    let blob = |method: &hyper::Method, path: &str, query: &str| {
+        classify(Service::Blob, method, path, query, b"")
+    };
+    let c = "backups".to_string();
+    let write = (Kind::Blob(BlobRequestKind::Write), c.clone());
+    let read = (Kind::Blob(BlobRequestKind::Read), c.clone());
+    // Create Container; List Blobs.
+    assert_eq!(
+        blob(&put, "/devstoreaccount1/backups", "restype=container"),
+        (Kind::Blob(BlobRequestKind::Admin), c.clone())
+    );
+    assert_eq!(
+        blob(
+            &get,
+            "/devstoreaccount1/backups",
+            "restype=container&comp=list&prefix=parts%2F&maxresults=5000"
+        ),
+        (Kind::Blob(BlobRequestKind::List), c.clone())
+    );
+    // Put Blob, Put Block, Put Block List (names with folders).
+    let part = "/devstoreaccount1/backups/x/parts/s-1/c-2.jsonl.gz";
+    assert_eq!(blob(&put, part, ""), write);
+    assert_eq!(blob(&put, part, "comp=block&blockid=AAAA"), write);
+    assert_eq!(blob(&put, part, "comp=blocklist"), write);
+    assert_eq!(
+        blob(&hyper::Method::DELETE, "/devstoreaccount1/backups/a", ""),
+        write
+    );
+    // Get Blob, Get Blob Properties, Get Block List.
+    assert_eq!(blob(&get, part, ""), read);
+    assert_eq!(
+        blob(&head, "/devstoreaccount1/backups/manifest.json", ""),
+        read
+    );
+    assert_eq!(blob(&get, part, "comp=blocklist&blocklisttype=all"), read);
+    // Table and queue requests keep their kinds.
+    assert_eq!(
+        classify(Service::Table, &get, "/devstoreaccount1/T()", "", b""),
+        (Kind::Storage(RequestKind::Query), "T".into())
+    );
+    assert_eq!(any_kind_name(read.0), "blob_read");
+}
+
+#[test]
+fn policies_select_blob_kinds_apart_from_table_and_queue_kinds() {
+    let blob_write = Kind::Blob(BlobRequestKind::Write);
+    let query = Kind::Storage(RequestKind::Query);
+    // No kinds named: every request, blobs included.
+    let all = FaultPolicy::default();
+    assert!(all.applies_to(blob_write) && all.applies_to(query));
+    // Only table/queue kinds named: no blob request (as before blobs were proxied).
+    let puts = FaultPolicy {
+        kinds: vec![RequestKind::QueuePut],
+        ..FaultPolicy::default()
+    };
+    assert!(!puts.applies_to(blob_write) && !puts.applies_to(query));
+    assert!(puts.applies_to(Kind::Storage(RequestKind::QueuePut)));
+    // Only blob kinds named: no table or queue request.
+    let writes = FaultPolicy {
+        blob_kinds: vec![BlobRequestKind::Write],
+        ..FaultPolicy::default()
+    };
+    assert!(writes.applies_to(blob_write) && !writes.applies_to(query));
+    assert!(!writes.applies_to(Kind::Blob(BlobRequestKind::Read)));
+    // `per_kind` overrides table/queue kinds only.
+    let spared = FaultPolicy {
+        server_busy: 1.0,
+        per_kind: vec![(RequestKind::Query, FaultPolicy::none())],
+        ..FaultPolicy::default()
+    };
+    assert_eq!(spared.for_kind(query).server_busy, 0.0);
+    assert_eq!(spared.for_kind(blob_write).server_busy, 1.0);
+}
