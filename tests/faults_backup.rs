@@ -30,7 +30,7 @@ use support::faults::{
     check_kills, kill_more_while_running, proxy, seeded_source, source_entities, storage_faults,
     Summary,
 };
-use support::raw::RawClient;
+use support::raw::{self, RawClient};
 use support::unique_name;
 use tablescan::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::blob::{BlobStore, BlobWrite};
@@ -301,4 +301,65 @@ async fn a_corrupted_part_fails_the_import_naming_it() {
     assert_ne!(rewritten, original);
     import_corrupted(&app, &target, &name, rewritten, &part_keys, Some(&injected)).await;
     app.shutdown().await;
+}
+
+/// The manifest an import restores is the one checked when it started (docs: "its SHA-256 is
+/// recorded, and a chunk item that finds other bytes fails the scan instead of mixing two
+/// exports"). Here the manifest is replaced by a valid one listing one part fewer after the
+/// import was accepted and before its first item ran (queue receives refused meanwhile): the
+/// import must either restore the first manifest (the whole source) or fail naming the change.
+///
+/// Fails (bug in the import driver): the root item is queued with no SHA-256 (`ImportDriver::root`
+/// gives `sha256: None`, and `prepare` drops the digest it computed), so the root reads whatever
+/// manifest is there when it runs, and the import completes restoring the second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: an import's first chunk item is not pinned to the manifest checked at start; a manifest replaced in between is restored instead"]
+async fn an_import_restores_the_manifest_it_checked_at_start() {
+    let proxy = proxy(FaultPolicy::none(), 31).await;
+    let connection = proxy.connection_string();
+    let app = TestApp::start(1, &[("AzureWebJobsStorage", connection.as_str())]).await;
+    let (source, source_rows) = seeded_source(&app, source_entities(60, 95)).await;
+    let target = Target::new("pinned");
+    let export = start_export(&app, &source, 10, &target).await;
+    let (verdict, manifest) =
+        verify_export(&app, &export, &source_rows, &target, Rewrites::Report).await;
+    assert!(verdict.problems.is_empty(), "{:?}", verdict.problems);
+    let mut replaced = manifest.unwrap();
+    let parts = replaced["parts"].as_array_mut().unwrap();
+    let dropped = parts.pop().unwrap();
+    let rows = replaced["rows"].as_u64().unwrap() - dropped["rows"].as_u64().unwrap();
+    replaced["rows"] = json!(rows);
+
+    // No queue receive succeeds until the manifest is replaced: the root item waits.
+    proxy.set_faults(FaultPolicy {
+        server_busy: 1.0,
+        kinds: vec![RequestKind::QueueGet],
+        ..FaultPolicy::default()
+    });
+    let destination = unique_name("Restored");
+    let import = start_import(&app, &target, &destination).await;
+    blobs()
+        .upload(
+            &target.container,
+            &target.blob("manifest.json"),
+            Bytes::from(serde_json::to_vec(&replaced).unwrap()),
+            &BlobWrite::new("application/json"),
+        )
+        .await
+        .unwrap();
+    proxy.set_faults(FaultPolicy::none());
+    let status = app.wait_for_end(&import, SCAN_TIMEOUT).await;
+    let restored = RawClient::azurite().rows(&destination).await;
+    app.shutdown().await;
+    let whole = status["state"] == "completed" && raw::diff(&source_rows, &restored).is_empty();
+    let refused = status["state"] == "failed"
+        && status["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("manifest"));
+    assert!(
+        whole || refused,
+        "the import restored {} of {} rows (the replaced manifest lists {rows}): {status}",
+        restored.len(),
+        source_rows.len()
+    );
 }
