@@ -12,11 +12,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use serde_json::{json, Value};
 use support::e2e::TestApp;
 use support::faults::{
-    proxy, seeded_source, source_entities, start_copy, verify_copy, wait_recorded_end, Summary,
+    check_kills, kill_while_running, proxy, seeded_source, source_entities, start_copy,
+    storage_faults, verify_copy, wait_recorded_end, Summary,
 };
 use support::unique_name;
 use tablescan::proxy::FaultPolicy;
@@ -27,14 +27,6 @@ use tablescan::storage::{MessageEncoding, Query, QueueStore, TableStore};
 const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
 /// Soak scans are ten times larger and share the machine with each other.
 const SOAK_SCAN_TIMEOUT: Duration = Duration::from_secs(1200);
-
-fn sigkill(pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -9 {pid}");
-}
 
 /// SIGKILLs handlers at random moments while the scan runs. The host gives up on an instance
 /// after 3 handler errors in 30 minutes (as the real host does), so each instance is killed at
@@ -52,92 +44,6 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
     summary.report(&[&verdict]);
     check_kills(&app, &kills).await;
     app.shutdown().await;
-}
-
-/// Kills handlers (at most `per_instance` times each, at most 4 in all) while scan `id` runs;
-/// returns the kills per instance.
-async fn kill_while_running(
-    app: &TestApp,
-    id: &str,
-    instances: usize,
-    per_instance: usize,
-) -> Vec<usize> {
-    let mut kills = vec![0usize; instances];
-    // Each kill fails at most one delivery of each message in flight, and kills chase the newest
-    // invocation, so five kills can fail one message on all of host.json's 5 deliveries: it is
-    // then poisoned and the scan rightly fails. A run that must end exact kills at most 4 times.
-    const MAX_DELIVERIES: usize = 5;
-    let budget = (instances * per_instance).min(MAX_DELIVERIES - 1);
-    while kills.iter().sum::<usize>() < budget {
-        let pause = rand::thread_rng().gen_range(200..900);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        if support::faults::recorded_state(app, id).await.as_deref() != Some("running") {
-            break;
-        }
-        let pids = app.host().handler_pids();
-        let candidates: Vec<(usize, u32)> = pids
-            .iter()
-            .enumerate()
-            .filter_map(|(i, pid)| pid.filter(|_| kills[i] < per_instance).map(|p| (i, p)))
-            .collect();
-        if candidates.is_empty() {
-            continue;
-        }
-        // Prefer the instance that started an invocation last, so most kills hit work in flight.
-        let busy = app.host().log_lines().iter().rev().find_map(|l| {
-            let rest = l.split("[i").nth(1)?;
-            l.contains("Executing '")
-                .then(|| rest.split(']').next()?.parse::<usize>().ok())
-                .flatten()
-        });
-        let (i, pid) = candidates
-            .iter()
-            .copied()
-            .find(|(i, _)| Some(*i) == busy)
-            .unwrap_or_else(|| candidates[rand::thread_rng().gen_range(0..candidates.len())]);
-        sigkill(pid);
-        kills[i] += 1;
-    }
-    kills
-}
-
-/// After a crash run: every killed handler was restarted once per kill, there were at least
-/// two kills, and some hit an invocation in flight (so redelivery was exercised).
-async fn check_kills(app: &TestApp, kills: &[usize]) {
-    let host = app.host();
-    host.wait_ready(Duration::from_secs(60))
-        .await
-        .expect("every killed handler was restarted");
-    let generations = host.handler_generations();
-    // Invocations in flight on a killed handler fail at once and their messages are released
-    // (visibilityTimeout), not left invisible for the 10-minute receive visibility.
-    let failed_by_kill = host
-        .log_lines()
-        .iter()
-        .filter(|l| {
-            l.contains("Failed")
-                && (l.contains("handler process was restarted")
-                    || l.contains("request to handler failed"))
-        })
-        .count();
-    eprintln!(
-        "handler-crash: kills per instance {kills:?}, generations {generations:?}, invocations failed by kills {failed_by_kill}"
-    );
-    for (i, k) in kills.iter().enumerate() {
-        assert_eq!(
-            generations[i],
-            1 + *k as u64,
-            "instance {i} restarted once per kill"
-        );
-    }
-    assert!(
-        kills.iter().sum::<usize>() >= 2,
-        "the scan ended before the handlers could be killed twice; make it longer"
-    );
-    assert!(
-        failed_by_kill > 0,
-        "no kill hit an invocation in flight; the test did not exercise redelivery"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,29 +98,6 @@ async fn duplicate_delivery() {
 #[ignore = "soak: run with --ignored"]
 async fn soak_duplicate_delivery() {
     duplicate_run(2000, 4, 3, SOAK_SCAN_TIMEOUT).await;
-}
-
-/// Azure's transient faults on a fraction of every kind of request from the handler and the host.
-fn storage_faults(rate: f64) -> FaultPolicy {
-    let base = FaultPolicy {
-        server_busy: rate,
-        operation_timed_out: rate,
-        reset_before: rate * 0.5,
-        reset_after: rate,
-        delay: rate * 3.0,
-        max_delay: Duration::from_millis(300),
-        ..FaultPolicy::default()
-    };
-    // A lost receive answer hides its messages for the 10-minute receive visibility (as in
-    // Azure): correct but far too slow for the suite, so receives get every fault but that one.
-    let receive = FaultPolicy {
-        reset_after: 0.0,
-        ..base.clone()
-    };
-    FaultPolicy {
-        per_kind: vec![(RequestKind::QueueGet, receive)],
-        ..base
-    }
 }
 
 async fn storage_fault_run(rate: f64, rows: u64, take: u32, scans: usize, timeout: Duration) {

@@ -176,3 +176,83 @@ async fn duplicates_puts_and_applies_per_kind_policies() {
         assert!((2..=3).contains(&n), "{text}: {n} copies");
     }
 }
+
+/// Started with the blob service too, the proxy counts blob requests by kind and container as
+/// the blob store counts them, faults only the blob kinds a policy names, and leaves tables alone.
+#[tokio::test]
+async fn fronts_blobs_counting_and_faulting_them() {
+    use bytes::Bytes;
+    use tablescan::storage::blob::{BlobRequestCounters, BlobRequestKind, BlobStore, BlobWrite};
+
+    let azurite = support::azurite();
+    let address = |port: u16| format!("127.0.0.1:{port}").parse().unwrap();
+    let proxy = StorageProxy::start_with_blob(
+        address(azurite.table_port()),
+        address(azurite.queue_port()),
+        address(azurite.blob_port()),
+        FaultPolicy {
+            server_busy: 1.0,
+            blob_kinds: vec![BlobRequestKind::Write],
+            ..FaultPolicy::default()
+        },
+        42,
+    )
+    .await
+    .unwrap();
+    let account = StorageAccount::parse(&proxy.connection_string())
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 3,
+            base_delay: std::time::Duration::from_millis(1),
+            max_delay: std::time::Duration::from_millis(5),
+        });
+    let counters = Arc::new(BlobRequestCounters::new());
+    let blobs = account.blob_store(counters.clone()).unwrap();
+    let container = support::unique_name("proxied");
+    let write = BlobWrite::new("text/plain");
+    let body = Bytes::from_static(b"hello");
+    blobs.create_container(&container).await.unwrap();
+    let err = blobs
+        .upload(&container, "a/b.txt", body.clone(), &write)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, StorageErrorKind::Transient, "{err}");
+    assert_eq!(err.code.as_deref(), Some("ServerBusy"), "{err}");
+    // Tables are not faulted by a policy that names only blob kinds.
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    tables
+        .create_table(&support::unique_name("Spared"))
+        .await
+        .unwrap();
+
+    proxy.set_faults(FaultPolicy::none());
+    blobs
+        .upload(&container, "a/b.txt", body.clone(), &write)
+        .await
+        .unwrap();
+    let downloaded = blobs.download(&container, "a/b.txt", 100).await.unwrap();
+    assert_eq!(downloaded.bytes, body);
+    let page = blobs.list(&container, "a/", 10, None).await.unwrap();
+    assert_eq!(page.blobs.len(), 1);
+
+    let store = counters.snapshot();
+    let counts = proxy.counts();
+    for (kind, name, sent) in [
+        (BlobRequestKind::Write, "blob_write", store.write),
+        (BlobRequestKind::Read, "blob_read", store.read),
+        (BlobRequestKind::List, "blob_list", store.list),
+        (BlobRequestKind::Admin, "blob_admin", store.admin),
+    ] {
+        assert_eq!(proxy.count_of_blob(kind), sent, "{name}: {counts:?}");
+        assert_eq!(
+            counts.get(&(name.to_string(), container.clone())).copied(),
+            Some(sent),
+            "{name} by container: {counts:?}"
+        );
+    }
+    assert_eq!(store.write, 4, "3 faulted attempts and 1 upload: {store:?}");
+    assert_eq!(
+        proxy.faults_by_kind().into_iter().collect::<Vec<_>>(),
+        vec![("blob_write", 3)]
+    );
+}

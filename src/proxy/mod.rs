@@ -112,6 +112,8 @@ struct Shared {
     rng: Mutex<StdRng>,
     counts: Mutex<Counts>,
     injected: AtomicU64,
+    /// Faults injected by request kind (`kind_name`/`blob_kind_name`).
+    injected_by_kind: Mutex<BTreeMap<&'static str, u64>>,
     duplicated: AtomicU64,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
@@ -317,6 +319,12 @@ impl Shared {
         };
         if !matches!(fault, Fault::None) {
             self.injected.fetch_add(1, Ordering::Relaxed);
+            *self
+                .injected_by_kind
+                .lock()
+                .unwrap()
+                .entry(any_kind_name(kind))
+                .or_default() += 1;
         }
         fault
     }
@@ -506,6 +514,7 @@ impl StorageProxy {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             counts: Mutex::new(Counts::new()),
             injected: AtomicU64::new(0),
+            injected_by_kind: Mutex::new(BTreeMap::new()),
             duplicated: AtomicU64::new(0),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
@@ -577,6 +586,12 @@ impl StorageProxy {
             .filter(|((k, _), _)| k == name)
             .map(|(_, n)| n)
             .sum()
+    }
+
+    /// Faults injected so far by request kind (`"query"`, `"blob_write"`, …; duplicated puts
+    /// are not included).
+    pub fn faults_by_kind(&self) -> BTreeMap<&'static str, u64> {
+        self.shared.injected_by_kind.lock().unwrap().clone()
     }
 
     /// Faults injected so far (each extra copy of a duplicated put counts as one).

@@ -8,9 +8,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use rand::Rng;
 use serde_json::json;
 use tablescan::dataset;
 use tablescan::proxy::{FaultPolicy, StorageProxy};
+use tablescan::storage::counters::RequestKind;
 use tablescan::storage::Entity;
 
 use super::e2e::{seed, TestApp};
@@ -46,18 +48,19 @@ pub async fn seeded_source(app: &TestApp, entities: Vec<Entity>) -> (String, Vec
     (source, source_rows)
 }
 
-/// A fault proxy in front of the shared Azurite.
+/// A fault proxy in front of the shared Azurite's table, queue and blob services.
 pub async fn proxy(policy: FaultPolicy, seed: u64) -> StorageProxy {
     let azurite = super::azurite();
-    let table = format!("127.0.0.1:{}", azurite.table_port())
-        .parse()
-        .unwrap();
-    let queue = format!("127.0.0.1:{}", azurite.queue_port())
-        .parse()
-        .unwrap();
-    StorageProxy::start(table, queue, policy, seed)
-        .await
-        .expect("proxy starts")
+    let address = |port: u16| format!("127.0.0.1:{port}").parse().unwrap();
+    StorageProxy::start_with_blob(
+        address(azurite.table_port()),
+        address(azurite.queue_port()),
+        address(azurite.blob_port()),
+        policy,
+        seed,
+    )
+    .await
+    .expect("proxy starts")
 }
 
 /// Starts a copy scan; `take` small so there are many work items. No retry: the API must
@@ -241,7 +244,7 @@ pub async fn verify_copy_with(
 
 /// One line of the suite's report.
 pub struct Summary {
-    pub kind: &'static str,
+    pub kind: String,
     pub scans: usize,
     pub faults: u64,
     pub rows: usize,
@@ -250,9 +253,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn new(kind: &'static str) -> Summary {
+    pub fn new(kind: impl Into<String>) -> Summary {
         Summary {
-            kind,
+            kind: kind.into(),
             scans: 0,
             faults: 0,
             rows: 0,
@@ -285,4 +288,139 @@ impl Summary {
             self.line()
         );
     }
+}
+
+/// Azure's transient faults on a fraction of every kind of request from the handler and the host.
+pub fn storage_faults(rate: f64) -> FaultPolicy {
+    let base = FaultPolicy {
+        server_busy: rate,
+        operation_timed_out: rate,
+        reset_before: rate * 0.5,
+        reset_after: rate,
+        delay: rate * 3.0,
+        max_delay: Duration::from_millis(300),
+        ..FaultPolicy::default()
+    };
+    // A lost receive answer hides its messages for the 10-minute receive visibility (as in
+    // Azure): correct but far too slow for the suite, so receives get every fault but that one.
+    let receive = FaultPolicy {
+        reset_after: 0.0,
+        ..base.clone()
+    };
+    FaultPolicy {
+        per_kind: vec![(RequestKind::QueueGet, receive)],
+        ..base
+    }
+}
+
+/// `kill -9 pid`.
+pub fn sigkill(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -9 {pid}");
+}
+
+/// Kills handlers (at most `per_instance` times each, at most 4 in all) while scan `id` runs;
+/// returns the kills per instance.
+pub async fn kill_while_running(
+    app: &TestApp,
+    id: &str,
+    instances: usize,
+    per_instance: usize,
+) -> Vec<usize> {
+    let mut kills = vec![0usize; instances];
+    kill_more_while_running(app, id, &mut kills, per_instance).await;
+    kills
+}
+
+/// Kills handlers while scan `id` runs, adding to `kills` (the kills per instance so far, of
+/// earlier scans on the same app): at most 4 kills in this call, and no instance past
+/// `per_instance` kills in all (the host gives up on an instance after 3 handler errors).
+/// Returns the kills made by this call.
+pub async fn kill_more_while_running(
+    app: &TestApp,
+    id: &str,
+    kills: &mut [usize],
+    per_instance: usize,
+) -> usize {
+    // Each kill fails at most one delivery of each message in flight, and kills chase the newest
+    // invocation, so five kills can fail one message on all of host.json's 5 deliveries: it is
+    // then poisoned and the scan rightly fails. A run that must end exact kills at most 4 times.
+    const MAX_DELIVERIES: usize = 5;
+    let room: usize = kills.iter().map(|k| per_instance.saturating_sub(*k)).sum();
+    let budget = room.min(MAX_DELIVERIES - 1);
+    let mut made = 0;
+    while made < budget {
+        let pause = rand::thread_rng().gen_range(200..900);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        if recorded_state(app, id).await.as_deref() != Some("running") {
+            break;
+        }
+        let pids = app.host().handler_pids();
+        let candidates: Vec<(usize, u32)> = pids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, pid)| pid.filter(|_| kills[i] < per_instance).map(|p| (i, p)))
+            .collect();
+        if candidates.is_empty() {
+            continue;
+        }
+        // Prefer the instance that started an invocation last, so most kills hit work in flight.
+        let busy = app.host().log_lines().iter().rev().find_map(|l| {
+            let rest = l.split("[i").nth(1)?;
+            l.contains("Executing '")
+                .then(|| rest.split(']').next()?.parse::<usize>().ok())
+                .flatten()
+        });
+        let (i, pid) = candidates
+            .iter()
+            .copied()
+            .find(|(i, _)| Some(*i) == busy)
+            .unwrap_or_else(|| candidates[rand::thread_rng().gen_range(0..candidates.len())]);
+        sigkill(pid);
+        kills[i] += 1;
+        made += 1;
+    }
+    made
+}
+
+/// After a crash run: every killed handler was restarted once per kill, there were at least
+/// two kills, and some hit an invocation in flight (so redelivery was exercised).
+pub async fn check_kills(app: &TestApp, kills: &[usize]) {
+    let host = app.host();
+    host.wait_ready(Duration::from_secs(60))
+        .await
+        .expect("every killed handler was restarted");
+    let generations = host.handler_generations();
+    // Invocations in flight on a killed handler fail at once and their messages are released
+    // (visibilityTimeout), not left invisible for the 10-minute receive visibility.
+    let failed_by_kill = host
+        .log_lines()
+        .iter()
+        .filter(|l| {
+            l.contains("Failed")
+                && (l.contains("handler process was restarted")
+                    || l.contains("request to handler failed"))
+        })
+        .count();
+    eprintln!(
+        "handler-crash: kills per instance {kills:?}, generations {generations:?}, invocations failed by kills {failed_by_kill}"
+    );
+    for (i, k) in kills.iter().enumerate() {
+        assert_eq!(
+            generations[i],
+            1 + *k as u64,
+            "instance {i} restarted once per kill"
+        );
+    }
+    assert!(
+        kills.iter().sum::<usize>() >= 2,
+        "the scan ended before the handlers could be killed twice; make it longer"
+    );
+    assert!(
+        failed_by_kill > 0,
+        "no kill hit an invocation in flight; the test did not exercise redelivery"
+    );
 }

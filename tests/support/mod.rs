@@ -4,6 +4,7 @@
 //! using its own uniquely named tables and queues.
 #![allow(dead_code)]
 
+pub mod backup;
 pub mod e2e;
 pub mod faults;
 pub mod identity;
