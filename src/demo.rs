@@ -88,9 +88,10 @@ impl Storage {
                 let cs = azurite.connection_string();
                 let account = StorageAccount::parse(&cs).map_err(|e| e.to_string())?;
                 eprintln!(
-                    "storage: Azurite tables {} queues {}",
+                    "storage: Azurite tables {} queues {} blobs {}",
                     azurite.table_endpoint(),
-                    azurite.queue_endpoint()
+                    azurite.queue_endpoint(),
+                    azurite.blob_endpoint()
                 );
                 Ok(Storage {
                     connection_string: cs,
@@ -488,7 +489,7 @@ fn print_summary(session: &Session<'_>, outcome: &Outcome) {
             secs,
             rows as f64 / secs,
             per_k,
-            s["messagesProcessed"]
+            s["messagesProcessed"].as_i64().unwrap_or(0)
         );
     }
     let print = &session.source_print;
@@ -498,9 +499,10 @@ fn print_summary(session: &Session<'_>, outcome: &Outcome) {
     );
     match &outcome.backup {
         Ok(b) => println!(
-            "Backup {} ({} parts, {} gzip) restored into {} and verified: {} rows, checksum {}.",
+            "Backup {} ({} part{}, {} gzip) restored into {} and verified: {} rows, checksum {}.",
             b.manifest_path,
             b.manifest.parts.len(),
+            backup::plural(b.manifest.parts.len()),
             backup::mib(b.compressed_bytes()),
             b.restored_table,
             print.rows,

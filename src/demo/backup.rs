@@ -130,8 +130,9 @@ fn print_manifest_summary(session: &Session<'_>, manifest: &Manifest, manifest_p
     let text = session.source_print.json_bytes;
     let span = (manifest.completed_at - manifest.started_at).as_seconds_f64();
     eprintln!(
-        "backup: {} parts, {} rows, {} gzip ({:.0}% of the rows' {} as JSON text), exported in {span:.1} s (manifest startedAt to completedAt)",
+        "backup: {} part{}, {} rows, {} gzip ({:.0}% of the rows' {} as JSON text), exported in {span:.1} s (manifest startedAt to completedAt)",
         manifest.parts.len(),
+        plural(manifest.parts.len()),
         manifest.rows,
         mib(compressed),
         compressed as f64 * 100.0 / (text.max(1) as f64),
@@ -147,5 +148,14 @@ pub fn mib(bytes: u64) -> String {
         format!("{:.1} KiB", bytes as f64 / 1024.0)
     } else {
         format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
+/// `"s"` unless `n` is 1.
+pub fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
     }
 }
