@@ -1,7 +1,10 @@
 //! `tablescan demo`: the main job end to end on a local default — storage (Azurite unless
 //! `AzureWebJobsStorage` is set), a realistic source table, the staged function app under the
 //! local Functions host, a prefix-scan copy started over HTTP exactly as a user would, live
-//! progress, verification, and the same for a serial scan, side by side.
+//! progress, verification, and the same for a serial scan, side by side; then a backup of the
+//! source to Blob Storage and its restore into a new table, verified the same way ([`backup`]).
+
+mod backup;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +41,9 @@ pub struct DemoArgs {
     /// Skip the serial comparison run.
     #[arg(long)]
     pub no_serial: bool,
+    /// Skip the backup (export to Blob Storage) and restore (import into a new table).
+    #[arg(long)]
+    pub no_backup: bool,
     /// Port of the local Functions host (0 picks a free one).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
@@ -82,9 +88,10 @@ impl Storage {
                 let cs = azurite.connection_string();
                 let account = StorageAccount::parse(&cs).map_err(|e| e.to_string())?;
                 eprintln!(
-                    "storage: Azurite tables {} queues {}",
+                    "storage: Azurite tables {} queues {} blobs {}",
                     azurite.table_endpoint(),
-                    azurite.queue_endpoint()
+                    azurite.queue_endpoint(),
+                    azurite.blob_endpoint()
                 );
                 Ok(Storage {
                     connection_string: cs,
@@ -118,8 +125,29 @@ pub async fn seed(
 
 /// Row count and a checksum of every row's keys and typed properties, in key order.
 pub async fn fingerprint(store: &AzureTableStore, table: &str) -> Result<(u64, String), String> {
+    let print = table_fingerprint(store, table).await?;
+    Ok((print.rows, print.checksum))
+}
+
+/// What the demo verifies a table by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub rows: u64,
+    /// The first 8 bytes, in hex, of the SHA-256 of every row's JSON (keys and typed
+    /// properties) and a line feed, in key order.
+    pub checksum: String,
+    /// The size of those JSON lines: about the table's size as an export holds it uncompressed.
+    pub json_bytes: u64,
+}
+
+/// [`fingerprint`], with the rows' size as JSON text.
+pub async fn table_fingerprint(
+    store: &AzureTableStore,
+    table: &str,
+) -> Result<Fingerprint, String> {
     let mut hasher = Sha256::new();
     let mut rows = 0u64;
+    let mut json_bytes = 0u64;
     list(
         store,
         table,
@@ -128,11 +156,9 @@ pub async fn fingerprint(store: &AzureTableStore, table: &str) -> Result<(u64, S
         |segment| {
             for entity in segment {
                 rows += 1;
-                hasher.update(
-                    serde_json::to_string(&entity.wire())
-                        .unwrap_or_default()
-                        .as_bytes(),
-                );
+                let line = serde_json::to_string(&entity.wire()).unwrap_or_default();
+                json_bytes += line.len() as u64 + 1;
+                hasher.update(line.as_bytes());
                 hasher.update(b"\n");
             }
             Ok(())
@@ -141,10 +167,11 @@ pub async fn fingerprint(store: &AzureTableStore, table: &str) -> Result<(u64, S
     .await
     .map_err(|e| format!("reading {table}: {e}"))?;
     let digest = hasher.finalize();
-    Ok((
+    Ok(Fingerprint {
         rows,
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect(),
-    ))
+        checksum: digest.iter().take(8).map(|b| format!("{b:02x}")).collect(),
+        json_bytes,
+    })
 }
 
 /// The result of one scan through the local host.
@@ -333,6 +360,31 @@ pub async fn start_app_with(
     Ok((dir, host))
 }
 
+/// What the demo's steps share once the app runs.
+struct Session<'a> {
+    client: reqwest::Client,
+    /// The local host's base URL, `http://127.0.0.1:port`.
+    base: String,
+    account: &'a StorageAccount,
+    store: &'a AzureTableStore,
+    /// Makes this run's table names unique.
+    suffix: String,
+    source: String,
+    source_print: Fingerprint,
+}
+
+/// Prints the request as the curl command a user would type.
+fn announce(base: &str, body: &Value) {
+    eprintln!("\n$ curl -X POST {base}/api/scans -H 'Content-Type: application/json' -d '{body}'");
+}
+
+/// What the demo ran through the app.
+struct Outcome {
+    copies: Vec<RunSummary>,
+    /// `Err`: why there was no backup.
+    backup: Result<backup::Backup, String>,
+}
+
 pub async fn run_demo(args: DemoArgs) -> Result<(), String> {
     let storage = Storage::open().await?;
     let counters = Arc::new(RequestCounters::new());
@@ -349,53 +401,83 @@ pub async fn run_demo(args: DemoArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("seeding {source}: {e}"))?;
     eprintln!("seeded in {:.1} s", t.elapsed().as_secs_f64());
-    let (source_rows, source_sum) = fingerprint(&store, &source).await?;
+    let source_print = table_fingerprint(&store, &source).await?;
 
     let (_dir, host) = start_app(&storage, args.instances, args.port, &[]).await?;
-    let base = format!("http://{}", host.http_addr());
-    let client = reqwest::Client::new();
-    let mut runs = Vec::new();
-    let variants: &[(&str, &str)] = if args.no_serial {
-        &[("prefix", "prefix")]
-    } else {
-        &[("prefix", "prefix"), ("serial", "serial")]
+    let session = Session {
+        client: reqwest::Client::new(),
+        base: format!("http://{}", host.http_addr()),
+        account: &storage.account,
+        store: &store,
+        suffix,
+        source,
+        source_print,
     };
-    for (label, strategy) in variants {
-        let destination = format!(
-            "Demo{}{suffix}",
-            if *label == "prefix" {
-                "Prefix"
-            } else {
-                "Serial"
-            }
-        );
-        let body = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "strategy": strategy});
-        eprintln!(
-            "\n$ curl -X POST {base}/api/scans -H 'Content-Type: application/json' -d '{body}'"
-        );
-        let run = run_scan(&client, &base, label, body, source_rows, false).await;
-        let run = match run {
-            Ok(r) => r,
-            Err(e) => {
-                host.shutdown().await;
-                return Err(e);
-            }
-        };
-        let (rows, sum) = fingerprint(&store, &destination).await?;
-        if (rows, &sum) != (source_rows, &source_sum) {
-            host.shutdown().await;
-            return Err(format!("{label} copy mismatch: source {source_rows} rows #{source_sum}, {destination} {rows} rows #{sum}"));
-        }
-        eprintln!("verified: {destination} has {rows} rows, checksum {sum} = source");
-        runs.push(run);
-    }
+    let outcome = run_steps(&session, &args).await;
     host.shutdown().await;
+    print_summary(&session, &outcome?);
+    Ok(())
+}
 
+/// The copies, each verified, then the backup and its verified restore.
+async fn run_steps(session: &Session<'_>, args: &DemoArgs) -> Result<Outcome, String> {
+    let variants: &[(&str, &str)] = if args.no_serial {
+        &[("prefix", "Prefix")]
+    } else {
+        &[("prefix", "Prefix"), ("serial", "Serial")]
+    };
+    let mut copies = Vec::new();
+    for (strategy, name) in variants {
+        copies.push(run_copy(session, strategy, name).await?);
+    }
+    let backup = match (args.no_backup, session.account.blob_endpoint()) {
+        (true, _) => Err("--no-backup".to_string()),
+        (false, Err(missing)) => {
+            eprintln!("\nbackup: skipped, the storage connection has no blob endpoint: {missing}");
+            Err(format!("no blob endpoint ({missing})"))
+        }
+        (false, Ok(_)) => Ok(backup::backup_and_restore(session).await?),
+    };
+    Ok(Outcome { copies, backup })
+}
+
+/// One copy of the source with `strategy` into `Demo<name><suffix>`, verified.
+async fn run_copy(session: &Session<'_>, strategy: &str, name: &str) -> Result<RunSummary, String> {
+    let source = &session.source;
+    let destination = format!("Demo{name}{}", session.suffix);
+    let body = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "strategy": strategy});
+    announce(&session.base, &body);
+    let expected = &session.source_print;
+    let run = run_scan(
+        &session.client,
+        &session.base,
+        strategy,
+        body,
+        expected.rows,
+        false,
+    )
+    .await?;
+    let copied = table_fingerprint(session.store, &destination).await?;
+    if (copied.rows, &copied.checksum) != (expected.rows, &expected.checksum) {
+        return Err(format!(
+            "{strategy} copy mismatch: source {} rows #{}, {destination} {} rows #{}",
+            expected.rows, expected.checksum, copied.rows, copied.checksum
+        ));
+    }
+    eprintln!(
+        "verified: {destination} has {} rows, checksum {} = source",
+        copied.rows, copied.checksum
+    );
+    Ok(run)
+}
+
+fn print_summary(session: &Session<'_>, outcome: &Outcome) {
     println!(
         "\n{:<8} {:>9} {:>9} {:>10} {:>14} {:>10}",
         "scan", "rows", "wall s", "rows/s", "requests/1k", "messages"
     );
-    for run in &runs {
+    let backup_runs = outcome.backup.iter().flat_map(|b| [&b.export, &b.import]);
+    for run in outcome.copies.iter().chain(backup_runs) {
         let s = &run.status;
         let rows = s["rowsWritten"].as_i64().unwrap_or(0);
         let secs = run.wall.as_secs_f64();
@@ -407,10 +489,26 @@ pub async fn run_demo(args: DemoArgs) -> Result<(), String> {
             secs,
             rows as f64 / secs,
             per_k,
-            s["messagesProcessed"]
+            s["messagesProcessed"].as_i64().unwrap_or(0)
         );
     }
-    println!("\nEvery copy verified: {source_rows} rows, checksum {source_sum}.");
-    println!("Note: Azurite evaluates every filter by scanning the whole table, so prefix queries are far slower there than on Azure.");
-    Ok(())
+    let print = &session.source_print;
+    println!(
+        "\nEvery copy verified: {} rows, checksum {}.",
+        print.rows, print.checksum
+    );
+    match &outcome.backup {
+        Ok(b) => println!(
+            "Backup {} ({} part{}, {} gzip) restored into {} and verified: {} rows, checksum {}.",
+            b.manifest_path,
+            b.manifest.parts.len(),
+            backup::plural(b.manifest.parts.len()),
+            backup::mib(b.compressed_bytes()),
+            b.restored_table,
+            print.rows,
+            print.checksum
+        ),
+        Err(why) => println!("No backup and restore: {why}."),
+    }
+    println!("Note: these are Azurite's rates, not Azure's: Azurite evaluates every filter by scanning the whole table and writes table rows slowly (the export reads the same table but writes blobs, so its rate shows the reads alone).");
 }

@@ -5,7 +5,7 @@ mod support;
 use std::process::Command;
 
 #[test]
-fn demo_copies_verifies_and_summarises() {
+fn demo_copies_backs_up_restores_verifies_and_summarises() {
     let output = Command::new(env!("CARGO_BIN_EXE_tablescan"))
         .args(["demo", "--rows", "400", "--seed", "3"])
         .env(
@@ -23,20 +23,48 @@ fn demo_copies_verifies_and_summarises() {
         "{stderr}"
     );
     assert_eq!(
-        stderr.matches("verified: ").count(),
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("verified: Demo"))
+            .count(),
         2,
         "both copies verified:\n{stderr}"
     );
+    assert!(
+        stderr.contains("\"driver\":\"export\"") && stderr.contains("\"driver\":\"import\""),
+        "the export and the import are started over HTTP:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("backup: ") && stderr.contains(", 400 rows, "),
+        "the manifest is summarised:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("/tablescan-demo/backups/DemoSource"),
+        "where the backup is:\n{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("restore verified: DemoRestored").count(),
+        1,
+        "the restore verified:\n{stderr}"
+    );
     let rows: Vec<&str> = stdout
         .lines()
-        .filter(|l| l.starts_with("prefix ") || l.starts_with("serial "))
+        .filter(|l| {
+            ["prefix ", "serial ", "export ", "import "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .collect();
-    assert_eq!(rows.len(), 2, "{stdout}");
+    assert_eq!(rows.len(), 4, "{stdout}");
     for row in rows {
         let fields: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(fields[1], "400", "{row}");
     }
     assert!(stdout.contains("Every copy verified: 400 rows"), "{stdout}");
+    assert!(
+        stdout.contains("restored into DemoRestored") && stdout.contains("and verified: 400 rows"),
+        "{stdout}"
+    );
 }
 
 #[test]
