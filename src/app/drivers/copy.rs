@@ -92,7 +92,7 @@ impl Driver for CopyDriver {
 
     async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        context: &ScanContext,
+        context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         if let Some(dst) = &context.destination {
             state.tables[&dst.connection]

@@ -19,7 +19,8 @@
 //!   [`PART_SPLIT_BYTES`] before compression (one blob request each); the completion step reads
 //!   at most [`MAX_EXPORT_PARTS`] descriptors (one query per 1,000, one listing per 5,000).
 //! - An export never overwrites another: a prefix that already holds a manifest is refused at
-//!   start (400 naming `destinationPrefix`).
+//!   start (400 naming `destinationPrefix`). Its own manifest is written once (`If-None-Match:
+//!   *`): a completion step run again leaves it as it is.
 //!
 //! [`MAX_ITEM_ROWS`]: super::MAX_ITEM_ROWS
 
@@ -38,12 +39,14 @@ use crate::app::functions::start_scan::ScanRequest;
 use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
 use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
-use crate::storage::blob::{check_container, BlobStore, BlobWrite, MAX_LIST_RESULTS};
+use crate::storage::blob::{
+    check_container, BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS,
+};
 use crate::storage::export_format::{
     part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
     MAX_MANIFEST_BYTES, PART_CONTENT_TYPE,
 };
-use crate::storage::{Entity, QueueStore, StorageError, TableStore};
+use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore};
 
 use super::copy::drop_nulls;
 use super::range::{begin_range_item, page_items, unaddressable_error, RangeWork};
@@ -144,7 +147,7 @@ impl Driver for ExportDriver {
 
     async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        context: &ScanContext,
+        context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         let options: ExportOptions = context
             .options()
@@ -259,7 +262,9 @@ fn encode_parts(
 }
 
 /// The completion step: reads every item's part descriptors, checks them against the blobs
-/// listed under the scan's parts folder, and writes the manifest (again, if it runs again).
+/// listed under the scan's parts folder, and writes the manifest — once: the step may run
+/// again (a late duplicate delivery, a status read), and then finds the manifest there (the
+/// prefix held none when the export started) and leaves it, so its bytes never change.
 async fn write_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     context: &ScanContext,
@@ -268,6 +273,14 @@ async fn write_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
     let layout = options.layout()?;
     let requests = Arc::new(AtomicU64::new(0));
     let blobs = state.blob_store(&options.connection, &requests)?;
+    let manifest_blob = layout.manifest_blob();
+    if blobs
+        .properties(&options.container, &manifest_blob)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
     let tracker = state.tracker_on(state.bookkeeping());
     let results = tracker
         .work_results(&context.scan_id, context.shards, MAX_EXPORT_PARTS)
@@ -313,15 +326,20 @@ async fn write_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
             json.len()
         )));
     }
-    blobs
+    let write = BlobWrite::new(MANIFEST_CONTENT_TYPE).with_condition(WriteCondition::IfNotExists);
+    match blobs
         .upload(
             &options.container,
-            &layout.manifest_blob(),
+            &manifest_blob,
             Bytes::from(json),
-            &BlobWrite::new(MANIFEST_CONTENT_TYPE),
+            &write,
         )
-        .await?;
-    Ok(())
+        .await
+    {
+        // A concurrent run of this step wrote it first: its manifest is the export's.
+        Err(e) if e.kind == StorageErrorKind::Conflict => Ok(()),
+        other => other.map(|_| ()).map_err(WorkError::from),
+    }
 }
 
 /// The sizes of the blobs under `folder`, by name: at most `expected` + one page of them.

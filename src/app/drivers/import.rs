@@ -7,9 +7,9 @@
 //! through as the JSON text the export holds.
 //!
 //! Invariants:
-//! - One manifest per import: the first chunk item passes the SHA-256 of the manifest it read
-//!   to the chunks after it, and a chunk item that finds other bytes fails the scan instead of
-//!   mixing two exports.
+//! - One manifest per import, the one checked at start: its SHA-256 is recorded with the scan
+//!   and carried by every chunk item, and a chunk item that finds other bytes fails the scan
+//!   instead of restoring another export or mixing two.
 //! - Bounded: a chunk item queues at most [`PARTS_PER_ITEM`] items; a part item writes at most
 //!   [`MAX_ITEM_ROWS`] rows (a longer part, written by another tool, is continued by a child
 //!   item that skips the rows already written) and inflates at most what the format allows.
@@ -67,6 +67,9 @@ pub struct ImportFields {
 pub struct ImportOptions {
     pub container: String,
     pub prefix: String,
+    /// The SHA-256 of the manifest `prepare` checked: every chunk item must find these bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
 }
 
 /// One unit of an import.
@@ -75,7 +78,7 @@ pub struct ImportOptions {
 pub enum ImportWork {
     /// Parts `start..` of the manifest (in its order): queues up to [`PARTS_PER_ITEM`] part
     /// items and the next chunk. `sha256`: the manifest's digest when the import started
-    /// (`None` for the root, which records it for the chunks after it).
+    /// (`None` only in items of scans started before it was recorded: the root pins its read).
     Parts {
         start: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,6 +131,7 @@ impl Driver for ImportDriver {
         let options = ImportOptions {
             container: fields.source_container.clone(),
             prefix: fields.source_prefix.clone(),
+            manifest_sha256: None,
         };
         Setup {
             destination: Some(TableRef {
@@ -140,18 +144,23 @@ impl Driver for ImportDriver {
     }
 
     /// Reads and checks the manifest (a 4xx naming `sourcePrefix` if there is none or it is
-    /// not an export's), then creates the destination table.
+    /// not an export's), records its SHA-256, then creates the destination table.
     async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        context: &ScanContext,
+        context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         let requests = Arc::new(AtomicU64::new(0));
-        read_manifest(state, context, &requests)
+        let (_, sha256) = read_manifest(state, context, &requests)
             .await
             .map_err(|e| match e {
                 WorkError::Storage(s) if s.is_transient() => ApiError::Storage(s),
                 e => ApiError::field("sourcePrefix", e.to_string()),
             })?;
+        let mut options: ImportOptions = context
+            .options()
+            .map_err(|e| ApiError::field("body", e.to_string()))?;
+        options.manifest_sha256 = Some(sha256);
+        context.options = Some(serde_json::to_value(options).expect("options serialize"));
         if let Some(dst) = &context.destination {
             state.tables[&dst.connection]
                 .create_table(&dst.table)
@@ -160,10 +169,11 @@ impl Driver for ImportDriver {
         Ok(())
     }
 
-    fn root<T: TableStore>(_: &ScanContext) -> Result<ChildSpec, WorkError> {
+    fn root<T: TableStore>(context: &ScanContext) -> Result<ChildSpec, WorkError> {
+        let options: ImportOptions = context.options()?;
         item_child::<Self>(&ImportWork::Parts {
             start: 0,
-            sha256: None,
+            sha256: options.manifest_sha256,
         })
     }
 
@@ -233,7 +243,7 @@ async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
     let (manifest, sha256) = read_manifest(state, &begun.scan, &begun.requests).await?;
     if let Some(expected) = expected.filter(|e| *e != sha256) {
         return Err(WorkError::Permanent(format!(
-            "the manifest changed during the import (its SHA-256 was {expected}, now {sha256}); start the import again"
+            "the manifest changed since the import started (its SHA-256 was {expected}, now {sha256}); start the import again"
         )));
     }
     let mut outcome = WorkOutcome::default();

@@ -122,9 +122,11 @@ pub trait Driver: Send + Sync + 'static {
     fn setup(fields: &Self::Fields, request: &ScanRequest) -> Setup;
 
     /// Storage to prepare before the scan is recorded (idempotent), e.g. the destination table.
+    /// It may add what it learned to the context's `options` (e.g. the digest of what it
+    /// checked), which the scan then records.
     fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        context: &ScanContext,
+        context: &mut ScanContext,
     ) -> impl Future<Output = Result<(), ApiError>> + Send {
         let _ = (state, context);
         async { Ok(()) }
@@ -369,21 +371,17 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         scan: &ScanContext,
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
-        if D::COMPLETES && self.drained_without_failures(tracker, scan).await? {
-            match D::complete(self, scan).await {
-                Ok(()) => {}
-                Err(e) if e.is_permanent() => {
-                    let reason = format!("the {} driver's completion step failed: {e}", D::NAME);
-                    return tracker
-                        .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
-                        .await;
-                }
-                Err(WorkError::Storage(e)) => return Err(e),
-                Err(e) => {
-                    return Err(StorageError::new(
-                        StorageErrorKind::Transient,
-                        format!("the {} driver's completion step: {e}", D::NAME),
-                    ))
+        if D::COMPLETES {
+            // Judged once, and the scan is completed only on that judgement: a scan found busy
+            // here must not be completed by the check below if its last item finishes in
+            // between (that item's own check then runs the step), or it would end `completed`
+            // before its completion step ran. Once drained, nothing can add work.
+            let Some(totals) = tracker.drained(&scan.scan_id, scan.shards).await? else {
+                return Ok(false);
+            };
+            if totals.failed == 0 {
+                if let Some(ended) = self.run_completion::<D, S>(tracker, scan).await? {
+                    return Ok(ended);
                 }
             }
         }
@@ -392,14 +390,28 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             .await
     }
 
-    async fn drained_without_failures<S: TableStore>(
+    /// Runs `D`'s completion step. `Some(ended)`: it failed for good and the scan was failed
+    /// (`ended` as `Tracker::finish_scan` says); any other error is returned as transient (the
+    /// scan stays running, and the next drained check tries again).
+    async fn run_completion<D: Driver, S: TableStore>(
         &self,
         tracker: &Tracker<'_, S>,
         scan: &ScanContext,
-    ) -> Result<bool, StorageError> {
-        let totals = tracker.totals(&scan.scan_id, scan.shards).await?;
-        Ok(totals.pending() == 0
-            && totals.failed == 0
-            && tracker.is_drained(&scan.scan_id, scan.shards).await?)
+    ) -> Result<Option<bool>, StorageError> {
+        match D::complete(self, scan).await {
+            Ok(()) => Ok(None),
+            Err(e) if e.is_permanent() => {
+                let reason = format!("the {} driver's completion step failed: {e}", D::NAME);
+                tracker
+                    .finish_scan(&scan.scan_id, ScanState::Failed, Some(&reason))
+                    .await
+                    .map(Some)
+            }
+            Err(WorkError::Storage(e)) => Err(e),
+            Err(e) => Err(StorageError::new(
+                StorageErrorKind::Transient,
+                format!("the {} driver's completion step: {e}", D::NAME),
+            )),
+        }
     }
 }

@@ -360,8 +360,8 @@ async fn start<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
     }
 
     let scan_id = new_scan_id();
-    let context = request.context(&scan_id, state.config.counter_shards, setup);
-    D::prepare(state, &context).await?;
+    let mut context = request.context(&scan_id, state.config.counter_shards, setup);
+    D::prepare(state, &mut context).await?;
     let tracker = state.tracker_on(state.bookkeeping());
     tracker.ensure_tables().await?;
     for queue in [

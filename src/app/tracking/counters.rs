@@ -232,7 +232,11 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// The scan's totals if every registered work item has finished (see [`Tracker::is_drained`]).
-    async fn drained(&self, scan_id: &str, shards: u32) -> Result<Option<Counters>, StorageError> {
+    pub async fn drained(
+        &self,
+        scan_id: &str,
+        shards: u32,
+    ) -> Result<Option<Counters>, StorageError> {
         // Per shard, Created ≥ Completed always (a child is counted in its own shard before it
         // can finish there), so any busy shard settles the answer: read a few shards at a time,
         // from a random one, and stop at the first busy one. Most checks end after a few reads.
