@@ -115,6 +115,10 @@ pub struct SimulateArgs {
     /// rows keep 8).
     #[arg(long)]
     pub new_batch_threshold: Option<usize>,
+    /// tablescan design: host.json `visibilityTimeout` in seconds, the delay before a failed
+    /// message is retried (default: the shipped host.json).
+    #[arg(long)]
+    pub visibility_timeout: Option<f64>,
     /// Model override: CPU per row read or written, ms (a slower runtime costs more).
     #[arg(long)]
     pub cpu_per_row_ms: Option<f64>,
@@ -128,7 +132,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub queue_messages_per_sec: Option<f64>,
     /// Maximum instances: Consumption's scale limit (default 200) and Flex's
-    /// `maximumInstanceCount` (default 100).
+    /// `maximumInstanceCount` (default 100; on-demand instances per function).
     #[arg(long)]
     pub max_instances: Option<usize>,
     /// Cold start of a new instance, seconds, on both plans (default 5; not published).
@@ -146,6 +150,10 @@ pub struct SimulateArgs {
     /// Flex: instances added to a function per scale decision (published: 4).
     #[arg(long)]
     pub flex_instances_per_decision: Option<usize>,
+    /// Flex: target executions per instance = batchSize + newBatchThreshold (the Storage Queues
+    /// extension's own scaler) instead of batchSize (Microsoft's documented target).
+    #[arg(long)]
+    pub flex_target_includes_threshold: bool,
     /// Flex: idle seconds before an unneeded on-demand instance is removed (not published).
     #[arg(long)]
     pub flex_scale_in_idle: Option<f64>,
@@ -337,7 +345,9 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
             .new_batch_threshold
             .unwrap_or(shipped.new_batch_threshold),
         max_polling_ms: shipped.max_polling_ms,
-        visibility_timeout_ms: shipped.visibility_timeout_ms,
+        visibility_timeout_ms: args
+            .visibility_timeout
+            .map_or(shipped.visibility_timeout_ms, |s| s * 1000.0),
     }
 }
 
@@ -351,6 +361,7 @@ pub fn flex_from(args: &SimulateArgs) -> Flex {
         instances_per_decision: args
             .flex_instances_per_decision
             .unwrap_or(d.instances_per_decision),
+        target_includes_threshold: args.flex_target_includes_threshold,
         scale_interval_s: args.flex_scale_interval.unwrap_or(d.scale_interval_s),
         cold_start_s: args.cold_start.unwrap_or(d.cold_start_s),
         scale_in_idle_s: args.flex_scale_in_idle.unwrap_or(d.scale_in_idle_s),
@@ -473,6 +484,9 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
         for v in [1.0, 10.0, 20.0] {
             out.push(vary(format!("cold start {v} s"), &|f| f.cold_start_s = v));
         }
+        out.push(vary("target batchSize + newBatchThreshold".into(), &|f| {
+            f.target_includes_threshold = true
+        }));
         out.push(vary("1 always ready per function".into(), &|f| {
             f.always_ready = 1
         }));
@@ -483,7 +497,7 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
     for v in [512u32, 4096] {
         out.push(vary(format!("{v} MB"), &|f| f.instance_memory_mb = v));
     }
-    let caps: &[usize] = if short { &[40, 60] } else { &[40, 200] };
+    let caps: &[usize] = if short { &[40, 60] } else { &[10, 40, 200] };
     for &v in caps {
         out.push(vary(format!("max {v} instances"), &|f| f.max_instances = v));
     }
