@@ -119,6 +119,19 @@ pub struct SimulateArgs {
     /// message is retried (default: the shipped host.json).
     #[arg(long)]
     pub visibility_timeout: Option<f64>,
+    /// The model's and the plans' settings (boxed: they are many, and the CLI's command enum
+    /// stays small).
+    #[command(flatten)]
+    pub platform: Box<PlatformArgs>,
+    /// Scenarios simulated at once, each on its own OS thread with its own virtual-time runtime
+    /// (results do not depend on it). Default: the machine's available parallelism.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+/// `tablescan simulate` options for the cloud model and the hosting plans.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlatformArgs {
     /// Model override: CPU per row read or written, ms (a slower runtime costs more).
     #[arg(long)]
     pub cpu_per_row_ms: Option<f64>,
@@ -160,10 +173,6 @@ pub struct SimulateArgs {
     /// Model override: mean rows per partition key of the generated table.
     #[arg(long)]
     pub mean_rows_per_key: Option<f64>,
-    /// Scenarios simulated at once, each on its own OS thread with its own virtual-time runtime
-    /// (results do not depend on it). Default: the machine's available parallelism.
-    #[arg(long)]
-    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -355,16 +364,23 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
 pub fn flex_from(args: &SimulateArgs) -> Flex {
     let d = Flex::default();
     Flex {
-        instance_memory_mb: args.instance_memory,
-        max_instances: args.max_instances.unwrap_or(d.max_instances),
-        always_ready: args.always_ready,
+        instance_memory_mb: args.platform.instance_memory,
+        max_instances: args.platform.max_instances.unwrap_or(d.max_instances),
+        always_ready: args.platform.always_ready,
         instances_per_decision: args
+            .platform
             .flex_instances_per_decision
             .unwrap_or(d.instances_per_decision),
-        target_includes_threshold: args.flex_target_includes_threshold,
-        scale_interval_s: args.flex_scale_interval.unwrap_or(d.scale_interval_s),
-        cold_start_s: args.cold_start.unwrap_or(d.cold_start_s),
-        scale_in_idle_s: args.flex_scale_in_idle.unwrap_or(d.scale_in_idle_s),
+        target_includes_threshold: args.platform.flex_target_includes_threshold,
+        scale_interval_s: args
+            .platform
+            .flex_scale_interval
+            .unwrap_or(d.scale_interval_s),
+        cold_start_s: args.platform.cold_start.unwrap_or(d.cold_start_s),
+        scale_in_idle_s: args
+            .platform
+            .flex_scale_in_idle
+            .unwrap_or(d.scale_in_idle_s),
         ..d
     }
 }
@@ -372,25 +388,25 @@ pub fn flex_from(args: &SimulateArgs) -> Flex {
 /// The model with the command line's overrides.
 pub fn model_from(args: &SimulateArgs) -> Model {
     let mut m = Model::default();
-    if let Some(v) = args.cpu_per_row_ms {
+    if let Some(v) = args.platform.cpu_per_row_ms {
         m.cpu_per_row_ms = v;
     }
-    if let Some(v) = args.cpu_per_execution_ms {
+    if let Some(v) = args.platform.cpu_per_execution_ms {
         m.cpu_per_execution_ms = v;
     }
-    if let Some(v) = args.account_requests_per_sec {
+    if let Some(v) = args.platform.account_requests_per_sec {
         m.account_requests_per_sec = v;
     }
-    if let Some(v) = args.queue_messages_per_sec {
+    if let Some(v) = args.platform.queue_messages_per_sec {
         m.queue_messages_per_sec = v;
     }
-    if let Some(v) = args.max_instances {
+    if let Some(v) = args.platform.max_instances {
         m.max_instances = v;
     }
-    if let Some(v) = args.cold_start {
+    if let Some(v) = args.platform.cold_start {
         m.cold_start_s = v;
     }
-    if let Some(v) = args.mean_rows_per_key {
+    if let Some(v) = args.platform.mean_rows_per_key {
         m.mean_rows_per_key = v;
     }
     m
