@@ -513,7 +513,11 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
     for v in [512u32, 4096] {
         out.push(vary(format!("{v} MB"), &|f| f.instance_memory_mb = v));
     }
-    let caps: &[usize] = if short { &[40, 60] } else { &[10, 40, 200] };
+    let caps: &[usize] = if short {
+        &[12, 20, 40, 60]
+    } else {
+        &[10, 40, 200]
+    };
     for &v in caps {
         out.push(vary(format!("max {v} instances"), &|f| f.max_instances = v));
     }
