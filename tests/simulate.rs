@@ -269,6 +269,9 @@ fn tablescan_runs_with_the_settings_it_ships() {
     };
     assert_eq!(d.max_polling_ms, ms("maxPollingInterval"));
     assert_eq!(d.visibility_timeout_ms, ms("visibilityTimeout"));
+    // --visibility-timeout overrides it (seconds), for the sweep.
+    let v = Scenario::new(1000, Variant::Prefix, &args(&["--visibility-timeout", "5"])).design;
+    assert_eq!(v.visibility_timeout_ms, 5000.0);
     let params = ScanParameters::default();
     assert_eq!(
         (d.segments_first, d.segments_subsequent),
@@ -301,12 +304,17 @@ fn flex_scales_each_function_on_its_own_instances_within_the_cap() {
     assert_eq!(first.plan, "flex");
     assert_eq!(first.duration_seconds, second.duration_seconds);
     assert_eq!(first.instances_over_time, second.instances_over_time);
-    // Per-function scaling: each queue function had instances of its own, and the app never
-    // had more than its maximum instance count.
-    assert!(first.peak_instances["PrefixScan"] >= 1);
-    assert!(first.peak_instances["TableCopy"] >= 1);
-    assert!(first.max_instances <= 3, "{:?}", first.peak_instances);
-    assert!(first.instances_over_time.iter().all(|&(_, n)| n <= 3));
+    // Per-function scaling: each queue function had instances of its own, and neither had more
+    // on-demand instances than the maximum instance count, which caps each function group, not
+    // the app combined.
+    assert!((1..=3).contains(&first.peak_instances["PrefixScan"]));
+    assert!((1..=3).contains(&first.peak_instances["TableCopy"]));
+    assert_eq!(
+        first.peak_instances["TableCopy"], 3,
+        "the copy wanted more than the cap"
+    );
+    assert!(first.max_instances <= 6, "{:?}", first.peak_instances);
+    assert!(first.instances_over_time.iter().all(|&(_, n)| n <= 6));
     // Flex bills provisioned memory (2 GB) at the on-demand rate, no baseline.
     assert!(first.cost.compute_usd > 0.0);
     assert_eq!(first.cost.always_ready_baseline_usd, 0.0);
@@ -352,6 +360,20 @@ fn flex_always_ready_instances_bill_a_baseline() {
         r.cost.always_ready_baseline_usd
     );
     assert!(r.peak_instances["PrefixScan"] >= 1 && r.peak_instances["TableCopy"] >= 1);
+    // Always-ready instances do not count toward the maximum instance count: with a maximum of
+    // 1, a busy function runs its always-ready instance and one on-demand instance.
+    let a = args(&[
+        "--plan",
+        "flex",
+        "--always-ready",
+        "1",
+        "--max-instances",
+        "1",
+    ]);
+    let scenario = Scenario::new(200_000, Variant::Prefix, &a).on(Plan::Flex);
+    let r = run_scenario(&scenario, &Model::default(), 4, 30.0).unwrap();
+    assert!(r.completed && r.copy_verified);
+    assert_eq!(r.peak_instances["TableCopy"], 2, "{:?}", r.peak_instances);
 }
 
 #[test]
@@ -372,6 +394,9 @@ fn flex_instance_sizes_billing_and_cpu() {
         ..sized(4096)
     };
     assert_eq!(big.instance_cap(), 125);
+    assert_eq!(big.quota_instances(), 125);
+    assert_eq!(sized(512).quota_instances(), 1000);
+    assert_eq!(sized(2048).instance_cap(), 100);
     assert!(sized(1024).validate().is_err());
     assert!(Flex {
         max_instances: 1001,
@@ -437,6 +462,15 @@ fn the_storage_floor_counts_the_fewest_requests_and_the_largest_partition() {
     assert_eq!(f.minimum_requests, 100 + 50_000);
     assert_eq!(f.binding, "account request rate");
     assert_eq!(f.seconds, 50_100.0 / 20_000.0);
+}
+
+#[test]
+fn the_model_retries_as_the_storage_adapters_do() {
+    let m = Model::default();
+    let policy = tablescan::storage::retry::RetryPolicy::default();
+    assert_eq!(m.retry_max_attempts, policy.max_attempts);
+    assert_eq!(m.retry_base_ms, policy.base_delay.as_millis() as f64);
+    assert_eq!(m.retry_max_ms, policy.max_delay.as_millis() as f64);
 }
 
 #[test]

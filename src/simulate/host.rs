@@ -2,8 +2,8 @@
 //! every instance, one vCPU each, and a scale controller that adds at most one instance per 30 s.
 //! Flex Consumption: each queue function on its own instances (per-function scaling), CPU by
 //! instance memory size, target-based scale-out (desired = queue length / `batchSize`, at most
-//! `instances_per_decision` added per decision) under the app's maximum instance count, optional
-//! always-ready instances, and scale-in of idle instances. Both: queue listeners with
+//! `instances_per_decision` added per decision) under the maximum instance count (per function),
+//! optional always-ready instances, and scale-in of idle instances. Both: queue listeners with
 //! `batchSize`/`newBatchThreshold` and polling back-off, the execution limit with redelivery.
 //! Every queue message is delivered to the real handler (`server::app`) as the host would
 //! (payload per docs/custom-handler-protocol.md §3.3).
@@ -466,10 +466,16 @@ impl Host {
 impl Host {
     /// Flex: per function, desired = queue length ÷ `batchSize` (target executions per
     /// instance for Storage queues), never below its always-ready count. Every decision adds at
-    /// most `instances_per_decision` to a function, within the app's instance cap; an on-demand
-    /// instance idle for `scale_in_idle_s` while its function wants fewer is removed.
+    /// most `instances_per_decision` to a function, within the maximum instance count (per
+    /// function, on-demand instances only) and the regional quota; an on-demand instance idle for
+    /// `scale_in_idle_s` while its function wants fewer is removed.
     async fn scale_flex(self: Arc<Self>, queues: CloudQueues) {
-        let target = self.model.batch_size.max(1) as f64;
+        let target = if self.flex.target_includes_threshold {
+            self.model.batch_size as f64 + self.model.new_batch_threshold as f64
+        } else {
+            self.model.batch_size as f64
+        }
+        .max(1.0);
         let interval = Duration::from_secs_f64(self.flex.scale_interval_s);
         let idle = Duration::from_secs_f64(self.flex.scale_in_idle_s);
         while !self.stopped.load(Ordering::Relaxed) {
@@ -480,7 +486,13 @@ impl Host {
                     ((length as f64 / target).ceil() as usize).max(self.flex.always_ready);
                 let live = self.live(Some(f));
                 if desired > live {
-                    let room = self.flex.instance_cap().saturating_sub(self.live(None));
+                    // The maximum instance count caps each function's on-demand instances; the
+                    // regional quota caps all of them, always-ready ones included.
+                    let room = self
+                        .flex
+                        .instance_cap()
+                        .saturating_sub(self.on_demand(f))
+                        .min(self.flex.quota_instances().saturating_sub(self.live(None)));
                     let add = (desired - live)
                         .min(self.flex.instances_per_decision)
                         .min(room);
@@ -492,6 +504,16 @@ impl Host {
                 }
             }
         }
+    }
+
+    /// Live on-demand (not always-ready) instances serving `f`.
+    fn on_demand(&self, f: Function) -> usize {
+        self.instances
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|i| i.is_live() && i.function == Some(f) && !i.always_ready)
+            .count()
     }
 
     /// Retires up to `count` on-demand instances of `f` that have been idle for `idle`.

@@ -44,7 +44,8 @@ use data::{nuget_like, Sink, SyntheticStore};
 use host::{Host, ScanMode};
 use model::{Model, Plan};
 pub use scenario::{
-    model_from, scenarios, Design, Scenario, SimulateArgs, SplitArg, Suite, Variant, BLOG_ROWS,
+    model_from, scenarios, Design, PlatformArgs, Scenario, SimulateArgs, SplitArg, Suite, Variant,
+    BLOG_ROWS,
 };
 use summary::{summarize, Run};
 pub use summary::{Floor, ScenarioResult};

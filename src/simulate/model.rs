@@ -32,7 +32,9 @@ impl Plan {
 pub struct Flex {
     /// `instanceMemoryMB`: 512, 2048 (the default) or 4096.
     pub instance_memory_mb: u32,
-    /// `maximumInstanceCount`, over all the app's functions (default 100, lowest 40).
+    /// `maximumInstanceCount`: on-demand instances of each per-function scale group (here: each
+    /// queue function), not of the app combined; always-ready instances do not count toward it
+    /// (default 100, lowest 1, highest 1,000).
     pub max_instances: usize,
     /// Always-ready instances per queue function (default 0: on demand only).
     pub always_ready: usize,
@@ -40,6 +42,10 @@ pub struct Flex {
     pub regional_quota_cores: f64,
     /// Instances target-based scaling may add to one function per decision (published: 4).
     pub instances_per_decision: usize,
+    /// Target executions per instance: host.json `batchSize` (Microsoft's documented target for
+    /// Storage Queues, the default) or, when true, `batchSize + newBatchThreshold` (what the
+    /// Storage Queues extension's own target scaler computes without dynamic concurrency).
+    pub target_includes_threshold: bool,
     /// Seconds between scale decisions (NOT published: a parameter, see the sensitivity).
     pub scale_interval_s: f64,
     /// Seconds from allocation until a new instance takes messages (NOT published).
@@ -57,6 +63,7 @@ impl Default for Flex {
             always_ready: 0,
             regional_quota_cores: 250.0,
             instances_per_decision: 4,
+            target_includes_threshold: false,
             scale_interval_s: 10.0,
             cold_start_s: 5.0,
             scale_in_idle_s: 60.0,
@@ -82,10 +89,16 @@ impl Flex {
         self.instance_memory_mb as f64 / 1024.0
     }
 
-    /// Instances the app may have at once: its maximum, and the regional core quota.
+    /// Instances the regional core quota allows (every instance of the app, always-ready ones
+    /// too; the model assumes no other Flex app shares the quota).
+    pub fn quota_instances(&self) -> usize {
+        ((self.regional_quota_cores / self.cores()).floor() as usize).max(1)
+    }
+
+    /// On-demand instances one function may have at once: the maximum instance count, within
+    /// the regional quota.
     pub fn instance_cap(&self) -> usize {
-        let by_quota = (self.regional_quota_cores / self.cores()).floor() as usize;
-        self.max_instances.min(by_quota).max(1)
+        self.max_instances.min(self.quota_instances()).max(1)
     }
 
     /// Whether the settings are ones the platform accepts.
@@ -153,8 +166,8 @@ pub struct Model {
     /// Messages per second one queue accepts (enqueues; deliveries are not capped).
     pub queue_messages_per_sec: f64,
 
-    // --- Retry policy of the storage adapters (mirrors `storage::retry::RetryPolicy::default()`
-    // on branch `storage`, not merged here yet) ---
+    // --- Retry policy of the storage adapters (mirrors `storage::retry::RetryPolicy::default()`;
+    // checked by tests/simulate.rs) ---
     pub retry_max_attempts: u32,
     pub retry_base_ms: f64,
     pub retry_max_ms: f64,

@@ -115,6 +115,23 @@ pub struct SimulateArgs {
     /// rows keep 8).
     #[arg(long)]
     pub new_batch_threshold: Option<usize>,
+    /// tablescan design: host.json `visibilityTimeout` in seconds, the delay before a failed
+    /// message is retried (default: the shipped host.json).
+    #[arg(long)]
+    pub visibility_timeout: Option<f64>,
+    /// The model's and the plans' settings (boxed: they are many, and the CLI's command enum
+    /// stays small).
+    #[command(flatten)]
+    pub platform: Box<PlatformArgs>,
+    /// Scenarios simulated at once, each on its own OS thread with its own virtual-time runtime
+    /// (results do not depend on it). Default: the machine's available parallelism.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+/// `tablescan simulate` options for the cloud model and the hosting plans.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlatformArgs {
     /// Model override: CPU per row read or written, ms (a slower runtime costs more).
     #[arg(long)]
     pub cpu_per_row_ms: Option<f64>,
@@ -128,7 +145,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub queue_messages_per_sec: Option<f64>,
     /// Maximum instances: Consumption's scale limit (default 200) and Flex's
-    /// `maximumInstanceCount` (default 100).
+    /// `maximumInstanceCount` (default 100; on-demand instances per function).
     #[arg(long)]
     pub max_instances: Option<usize>,
     /// Cold start of a new instance, seconds, on both plans (default 5; not published).
@@ -146,16 +163,16 @@ pub struct SimulateArgs {
     /// Flex: instances added to a function per scale decision (published: 4).
     #[arg(long)]
     pub flex_instances_per_decision: Option<usize>,
+    /// Flex: target executions per instance = batchSize + newBatchThreshold (the Storage Queues
+    /// extension's own scaler) instead of batchSize (Microsoft's documented target).
+    #[arg(long)]
+    pub flex_target_includes_threshold: bool,
     /// Flex: idle seconds before an unneeded on-demand instance is removed (not published).
     #[arg(long)]
     pub flex_scale_in_idle: Option<f64>,
     /// Model override: mean rows per partition key of the generated table.
     #[arg(long)]
     pub mean_rows_per_key: Option<f64>,
-    /// Scenarios simulated at once, each on its own OS thread with its own virtual-time runtime
-    /// (results do not depend on it). Default: the machine's available parallelism.
-    #[arg(long)]
-    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -337,7 +354,9 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
             .new_batch_threshold
             .unwrap_or(shipped.new_batch_threshold),
         max_polling_ms: shipped.max_polling_ms,
-        visibility_timeout_ms: shipped.visibility_timeout_ms,
+        visibility_timeout_ms: args
+            .visibility_timeout
+            .map_or(shipped.visibility_timeout_ms, |s| s * 1000.0),
     }
 }
 
@@ -345,15 +364,23 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
 pub fn flex_from(args: &SimulateArgs) -> Flex {
     let d = Flex::default();
     Flex {
-        instance_memory_mb: args.instance_memory,
-        max_instances: args.max_instances.unwrap_or(d.max_instances),
-        always_ready: args.always_ready,
+        instance_memory_mb: args.platform.instance_memory,
+        max_instances: args.platform.max_instances.unwrap_or(d.max_instances),
+        always_ready: args.platform.always_ready,
         instances_per_decision: args
+            .platform
             .flex_instances_per_decision
             .unwrap_or(d.instances_per_decision),
-        scale_interval_s: args.flex_scale_interval.unwrap_or(d.scale_interval_s),
-        cold_start_s: args.cold_start.unwrap_or(d.cold_start_s),
-        scale_in_idle_s: args.flex_scale_in_idle.unwrap_or(d.scale_in_idle_s),
+        target_includes_threshold: args.platform.flex_target_includes_threshold,
+        scale_interval_s: args
+            .platform
+            .flex_scale_interval
+            .unwrap_or(d.scale_interval_s),
+        cold_start_s: args.platform.cold_start.unwrap_or(d.cold_start_s),
+        scale_in_idle_s: args
+            .platform
+            .flex_scale_in_idle
+            .unwrap_or(d.scale_in_idle_s),
         ..d
     }
 }
@@ -361,25 +388,25 @@ pub fn flex_from(args: &SimulateArgs) -> Flex {
 /// The model with the command line's overrides.
 pub fn model_from(args: &SimulateArgs) -> Model {
     let mut m = Model::default();
-    if let Some(v) = args.cpu_per_row_ms {
+    if let Some(v) = args.platform.cpu_per_row_ms {
         m.cpu_per_row_ms = v;
     }
-    if let Some(v) = args.cpu_per_execution_ms {
+    if let Some(v) = args.platform.cpu_per_execution_ms {
         m.cpu_per_execution_ms = v;
     }
-    if let Some(v) = args.account_requests_per_sec {
+    if let Some(v) = args.platform.account_requests_per_sec {
         m.account_requests_per_sec = v;
     }
-    if let Some(v) = args.queue_messages_per_sec {
+    if let Some(v) = args.platform.queue_messages_per_sec {
         m.queue_messages_per_sec = v;
     }
-    if let Some(v) = args.max_instances {
+    if let Some(v) = args.platform.max_instances {
         m.max_instances = v;
     }
-    if let Some(v) = args.cold_start {
+    if let Some(v) = args.platform.cold_start {
         m.cold_start_s = v;
     }
-    if let Some(v) = args.mean_rows_per_key {
+    if let Some(v) = args.platform.mean_rows_per_key {
         m.mean_rows_per_key = v;
     }
     m
@@ -473,6 +500,9 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
         for v in [1.0, 10.0, 20.0] {
             out.push(vary(format!("cold start {v} s"), &|f| f.cold_start_s = v));
         }
+        out.push(vary("target batchSize + newBatchThreshold".into(), &|f| {
+            f.target_includes_threshold = true
+        }));
         out.push(vary("1 always ready per function".into(), &|f| {
             f.always_ready = 1
         }));
@@ -483,7 +513,11 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
     for v in [512u32, 4096] {
         out.push(vary(format!("{v} MB"), &|f| f.instance_memory_mb = v));
     }
-    let caps: &[usize] = if short { &[40, 60] } else { &[40, 200] };
+    let caps: &[usize] = if short {
+        &[12, 20, 40, 60]
+    } else {
+        &[10, 40, 200]
+    };
     for &v in caps {
         out.push(vary(format!("max {v} instances"), &|f| f.max_instances = v));
     }
