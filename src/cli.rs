@@ -24,8 +24,6 @@ struct Cli {
     command: Command,
 }
 
-// Parsed once per process: the size of the largest variant (the simulator's options) costs nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the custom handler (what the Functions host starts; reads app settings from the environment).
@@ -48,7 +46,7 @@ enum Command {
     /// Measure speed and storage cost of every scan variant through the local host (not a test).
     #[cfg(feature = "lab")]
     Bench(crate::bench::BenchArgs),
-    /// Simulate a Consumption-plan scan of millions of rows in virtual time (figures are simulated).
+    /// Simulate a scan of millions of rows on the Consumption and Flex Consumption plans in virtual time (figures are simulated).
     #[cfg(feature = "lab")]
     Simulate(crate::simulate::SimulateArgs),
 }
