@@ -40,7 +40,7 @@ impl Work for StepMessage {
         let output = scanner.execute(&message.step).await?;
 
         let mut outcome = WorkOutcome::default();
-        for step in output.steps {
+        for step in joined_segments(output.steps) {
             match step {
                 Step::Segment { entities, .. } => {
                     outcome.delta.rows_scanned += entities.len() as i64;
@@ -51,4 +51,22 @@ impl Work for StepMessage {
         }
         Ok(outcome)
     }
+}
+
+/// Joins segments that follow each other in a step's output into one. The engine's output is in
+/// (PK, RK) order and every key between two segments belongs to a follow-up step listed between
+/// them, so adjacent segments are contiguous: no row lies between them, and the driver may make
+/// one work item of both (a page and the rest of its last partition read inline, or the pages
+/// of one query).
+pub fn joined_segments(steps: Vec<Step>) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    for step in steps {
+        match (out.last_mut(), step) {
+            (Some(Step::Segment { entities, .. }), Step::Segment { entities: more, .. }) => {
+                entities.extend(more)
+            }
+            (_, step) => out.push(step),
+        }
+    }
+    out
 }

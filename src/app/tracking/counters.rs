@@ -234,29 +234,51 @@ impl<T: TableStore> Tracker<'_, T> {
     /// The scan's totals if every registered work item has finished (see [`Tracker::is_drained`]).
     async fn drained(&self, scan_id: &str, shards: u32) -> Result<Option<Counters>, StorageError> {
         // Per shard, Created ≥ Completed always (a child is counted in its own shard before it
-        // can finish there), so any busy shard settles the answer: read a few shards at a time,
-        // from a random one, and stop at the first busy one. Most checks end after a few reads.
-        const GROUP: u32 = 4;
+        // can finish there), so any busy shard settles the answer: read one shard at a time and
+        // stop at the first busy one, starting with the shard this thread last found busy in
+        // this scan (busy shards stay busy for a while: most checks end after one read), then
+        // from a random one. The order of the reads does not matter for the answer.
         let start = JITTER.with(|j| {
             use rand::Rng;
             j.borrow_mut().gen_range(0..shards.max(1))
         });
+        let hint = BUSY_HINT.with(|h| h.borrow().get(scan_id).copied());
+        let mut order: Vec<u32> = hint.into_iter().filter(|&s| s < shards).collect();
+        order.extend(
+            (0..shards)
+                .map(|i| (start + i) % shards)
+                .filter(|&s| Some(s) != hint),
+        );
         let mut first = vec![Counters::default(); shards as usize];
-        let order: Vec<u32> = (0..shards).map(|i| (start + i) % shards).collect();
-        for group in order.chunks(GROUP as usize) {
-            let read =
-                try_join_all(group.iter().map(|&s| async move {
-                    self.read_counter(scan_id, s).await.map(|(c, _)| (s, c))
-                }))
-                .await?;
-            for (s, c) in read {
-                if c.pending() != 0 {
-                    return Ok(None);
-                }
-                first[s as usize] = c;
+        for s in order {
+            let (c, _) = self.read_counter(scan_id, s).await?;
+            if c.pending() != 0 {
+                remember_busy(scan_id, s);
+                return Ok(None);
             }
+            first[s as usize] = c;
         }
         let second = self.shard_counters(scan_id, shards).await?;
         Ok((first == second).then(|| second.iter().fold(Counters::default(), |a, c| a.plus(c))))
     }
+}
+
+/// Most scans whose last busy shard a thread remembers (the map is cleared when full).
+const BUSY_HINTS: usize = 64;
+
+thread_local! {
+    /// Per scan, the shard this thread's last drained check found busy: where the next check
+    /// starts. Per thread, so the single-threaded simulator stays deterministic.
+    static BUSY_HINT: std::cell::RefCell<std::collections::HashMap<String, u32>> =
+        Default::default();
+}
+
+pub(super) fn remember_busy(scan_id: &str, shard: u32) {
+    BUSY_HINT.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.len() >= BUSY_HINTS && !h.contains_key(scan_id) {
+            h.clear();
+        }
+        h.insert(scan_id.to_string(), shard);
+    });
 }

@@ -165,12 +165,17 @@ impl<T: TableStore> Tracker<'_, T> {
                     .collect::<Vec<_>>()
             })
             .collect();
+        let busy = groups.first().map(|(shard, _)| *shard);
         try_join_all(
             groups
                 .into_iter()
                 .map(|(shard, items)| self.register_group(scan_id, shard, items)),
         )
         .await?;
+        // A shard that just got unfinished work: where this thread's next drained check starts.
+        if let Some(shard) = busy {
+            super::counters::remember_busy(scan_id, shard);
+        }
         Ok(())
     }
 
