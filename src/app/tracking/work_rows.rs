@@ -192,7 +192,7 @@ impl<T: TableStore> Tracker<'_, T> {
             if items.is_empty() {
                 return Ok(());
             }
-            let (counters, etag) = self.read_counter(scan_id, shard).await?;
+            let (counters, etag) = self.counter_or_new(scan_id, shard).await?;
             let mut ops: Vec<BatchOperation> = items
                 .iter()
                 .map(|w| BatchOperation::Insert(work_row(&pk, w)))
@@ -201,13 +201,24 @@ impl<T: TableStore> Tracker<'_, T> {
                 created: counters.created + items.len() as i64,
                 ..counters
             };
-            ops.push(BatchOperation::Replace {
-                entity: updated.to_entity(&pk),
-                etag: Some(etag),
+            ops.push(match etag {
+                Some(etag) => BatchOperation::Replace {
+                    entity: updated.to_entity(&pk),
+                    etag: Some(etag),
+                },
+                // The shard's first registration creates its counter row.
+                None => BatchOperation::Insert(updated.to_entity(&pk)),
             });
             match self.store.submit_batch(self.work_table, &pk, &ops).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                    again(&mut schedule, Verdict::Retry, &what).await?
+                }
+                // Another registration created the counter row first: read it again.
+                Err(e)
+                    if e.kind == StorageErrorKind::Conflict
+                        && e.failed_operation == Some(items.len()) =>
+                {
                     again(&mut schedule, Verdict::Retry, &what).await?
                 }
                 Err(e) if e.kind == StorageErrorKind::Conflict => {
