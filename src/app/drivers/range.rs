@@ -456,6 +456,7 @@ mod tests {
             messages::encode(&ItemMessage {
                 scan_id: "x".into(),
                 work: ItemJson::from_item(&work).unwrap(),
+                shard: Some(15),
             })
             .expect("fits in a queue message");
         }

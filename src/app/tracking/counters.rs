@@ -7,7 +7,6 @@ use super::codec::{int64, put_int64};
 use super::records::ScanState;
 use super::work_rows::work_row;
 use super::{shard_partition, NewWork, Tracker};
-use crate::app::messages::shard_of;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
 };
@@ -126,7 +125,11 @@ impl<T: TableStore> Tracker<'_, T> {
         shards: u32,
         root: &NewWork,
     ) -> Result<(), StorageError> {
-        let shard = shard_of(&root.id, shards);
+        let shard = root.shard;
+        debug_assert!(
+            shard < shards.max(1),
+            "the root's shard is one of the scan's"
+        );
         let pk = shard_partition(scan_id, shard);
         let counters = Counters {
             created: 1,

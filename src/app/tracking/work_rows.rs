@@ -8,7 +8,6 @@ use time::OffsetDateTime;
 use super::codec::{diagnostic, get_str, put_str, put_time, utf16_chunks};
 use super::counters::Counters;
 use super::{again, contention, shard_partition, NewWork, Tracker};
-use crate::app::messages::shard_of;
 use crate::retry::Verdict;
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 use crate::storage::{
@@ -60,14 +59,14 @@ pub enum Completion {
 }
 
 impl<T: TableStore> Tracker<'_, T> {
-    /// Reads a work item's row.
+    /// Reads a work item's row (in shard `shard`).
     pub async fn work_state(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
     ) -> Result<Option<WorkState>, StorageError> {
-        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        let pk = shard_partition(scan_id, shard);
         Ok(self
             .store
             .get_entity(self.work_table, &pk, work_id)
@@ -86,17 +85,20 @@ impl<T: TableStore> Tracker<'_, T> {
             ))
     }
 
-    /// Records an item's outcome (`pending` → `expanded`) if no other execution did first.
-    /// Returns the row's new ETag.
+    /// Records an item's outcome (`pending` → `expanded`) if no other execution did first, and
+    /// registers `children` (rows of the item's own shard, at most [`MAX_FOLDED_CHILDREN`]) in
+    /// the same transaction, with their `Created` count on the shard's counter. Returns the row's
+    /// new ETag and, when children were registered, the counter as written (for the completion).
     pub async fn record_outcome(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         pending_etag: &str,
         outcome: &str,
-    ) -> Result<String, RecordError> {
-        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        children: &[&NewWork],
+    ) -> Result<Recorded, RecordError> {
+        let pk = shard_partition(scan_id, shard);
         let mut row = Entity::new(pk.clone(), work_id);
         row.properties.insert("State", json!("expanded"));
         for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
@@ -108,35 +110,77 @@ impl<T: TableStore> Tracker<'_, T> {
                 e.message
             ))));
         }
-        let op = BatchOperation::Merge {
-            entity: row,
-            etag: Some(pending_etag.to_string()),
-        };
-        match self
-            .store
-            .submit_batch_with_etags(self.work_table, &pk, &[op])
-            .await
-        {
-            // The row's new ETag, for the completion that follows.
-            Ok(etags) if etags.first().is_some_and(Option::is_some) => {
-                Ok(etags.into_iter().next().flatten().expect("checked"))
-            }
-            // The store did not report it: read it back.
-            Ok(_) => match self.work_state(scan_id, shards, work_id).await? {
-                Some(WorkState::Expanded { etag, .. }) => Ok(etag),
-                other => Err(RecordError::Lost(other)),
-            },
-            Err(e)
-                if matches!(
-                    e.kind,
-                    StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
-                ) =>
+        let what = format!("counter of {pk}");
+        let mut schedule = contention();
+        loop {
+            let mut ops = vec![BatchOperation::Merge {
+                entity: row.clone(),
+                etag: Some(pending_etag.to_string()),
+            }];
+            let counter = match children.len() {
+                0 => None,
+                n => {
+                    let (counters, etag) = self.counter_or_new(scan_id, shard).await?;
+                    let updated = Counters {
+                        created: counters.created + n as i64,
+                        ..counters
+                    };
+                    ops.extend(
+                        children
+                            .iter()
+                            .map(|w| BatchOperation::Insert(work_row(&pk, w))),
+                    );
+                    ops.push(counter_write(&pk, updated, etag));
+                    Some(updated)
+                }
+            };
+            match self
+                .store
+                .submit_batch_with_etags(self.work_table, &pk, &ops)
+                .await
             {
-                Err(RecordError::Lost(
-                    self.work_state(scan_id, shards, work_id).await?,
-                ))
+                Ok(etags) => {
+                    let counter = counter.zip(etags.last().cloned().flatten());
+                    return match etags.into_iter().next().flatten() {
+                        Some(etag) => Ok(Recorded { etag, counter }),
+                        // The store did not report it: read it back.
+                        None => match self.work_state(scan_id, shard, work_id).await? {
+                            Some(WorkState::Expanded { etag, .. }) => Ok(Recorded {
+                                etag,
+                                counter: None,
+                            }),
+                            other => Err(RecordError::Lost(other)),
+                        },
+                    };
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                    ) && e.failed_operation.unwrap_or(0) == 0 =>
+                {
+                    match self.work_state(scan_id, shard, work_id).await? {
+                        // Our row is as we read it: the counter was what changed (the service
+                        // did not say which operation failed).
+                        Some(WorkState::Pending { etag })
+                            if etag == pending_etag && !children.is_empty() =>
+                        {
+                            again(&mut schedule, Verdict::Retry, &what).await?
+                        }
+                        other => return Err(RecordError::Lost(other)),
+                    }
+                }
+                // The counter row changed (or was created) since it was read.
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::Conflict
+                    ) && e.failed_operation == Some(ops.len() - 1) =>
+                {
+                    again(&mut schedule, Verdict::Retry, &what).await?
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
     }
 
@@ -145,15 +189,11 @@ impl<T: TableStore> Tracker<'_, T> {
     pub async fn register_children(
         &self,
         scan_id: &str,
-        shards: u32,
         children: &[&NewWork],
     ) -> Result<(), StorageError> {
         let mut by_shard: std::collections::BTreeMap<u32, Vec<&NewWork>> = Default::default();
         for child in children {
-            by_shard
-                .entry(shard_of(&child.id, shards))
-                .or_default()
-                .push(child);
+            by_shard.entry(child.shard).or_default().push(child);
         }
         let groups: Vec<(u32, Vec<&NewWork>)> = by_shard
             .into_iter()
@@ -201,14 +241,7 @@ impl<T: TableStore> Tracker<'_, T> {
                 created: counters.created + items.len() as i64,
                 ..counters
             };
-            ops.push(match etag {
-                Some(etag) => BatchOperation::Replace {
-                    entity: updated.to_entity(&pk),
-                    etag: Some(etag),
-                },
-                // The shard's first registration creates its counter row.
-                None => BatchOperation::Insert(updated.to_entity(&pk)),
-            });
+            ops.push(counter_write(&pk, updated, etag));
             match self.store.submit_batch(self.work_table, &pk, &ops).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
@@ -250,20 +283,28 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
-    /// counter row. `delta.completed` is set here.
+    /// counter row. `delta.completed` is set here. `counter`: the shard's counter as this item
+    /// last wrote it (see [`Tracker::record_outcome`]), tried before reading it again.
+    #[allow(clippy::too_many_arguments)]
     pub async fn complete(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         work_etag: &str,
         mut delta: Counters,
         failure: Option<&str>,
+        counter: Option<(Counters, String)>,
     ) -> Result<Completion, StorageError> {
         delta.failed = i64::from(failure.is_some());
         delta.messages = 1;
         let state = if failure.is_some() { "failed" } else { "done" };
-        self.finish_work(scan_id, shards, work_id, work_etag, delta, state, failure)
+        let finish = Finish {
+            state,
+            error: failure,
+            counter,
+        };
+        self.finish_work(scan_id, shard, work_id, work_etag, delta, finish)
             .await
     }
 
@@ -274,7 +315,7 @@ impl<T: TableStore> Tracker<'_, T> {
     pub async fn drop_work(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         work_etag: &str,
     ) -> Result<Completion, StorageError> {
@@ -282,30 +323,40 @@ impl<T: TableStore> Tracker<'_, T> {
             dropped: 1,
             ..Counters::default()
         };
-        self.finish_work(scan_id, shards, work_id, work_etag, delta, "dropped", None)
+        let finish = Finish {
+            state: "dropped",
+            error: None,
+            counter: None,
+        };
+        self.finish_work(scan_id, shard, work_id, work_etag, delta, finish)
             .await
     }
 
-    /// Replaces an unfinished row (at `work_etag`) with a finished one in `state` and adds
+    /// Replaces an unfinished row (at `work_etag`) with a finished one in `finish.state` and adds
     /// `delta` plus one completion to the shard's counter, in one transaction.
-    #[allow(clippy::too_many_arguments)]
     async fn finish_work(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         work_etag: &str,
         mut delta: Counters,
-        state: &str,
-        error: Option<&str>,
+        finish: Finish<'_>,
     ) -> Result<Completion, StorageError> {
-        let shard = shard_of(work_id, shards);
+        let Finish {
+            state,
+            error,
+            mut counter,
+        } = finish;
         let pk = shard_partition(scan_id, shard);
         delta.completed = 1;
         let what = format!("counter of {pk}");
         let mut schedule = contention();
         loop {
-            let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
+            let (counters, counter_etag) = match counter.take() {
+                Some(known) => known,
+                None => self.read_counter(scan_id, shard).await?,
+            };
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
             put_str(&mut row.properties, "State", state);
@@ -339,7 +390,7 @@ impl<T: TableStore> Tracker<'_, T> {
                     match e.failed_operation {
                         Some(0) => return Ok(Completion::Duplicate),
                         Some(_) => {}
-                        None => match self.work_state(scan_id, shards, work_id).await? {
+                        None => match self.work_state(scan_id, shard, work_id).await? {
                             Some(
                                 WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
                             ) if etag == work_etag => {}
@@ -351,6 +402,37 @@ impl<T: TableStore> Tracker<'_, T> {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// How [`Tracker::finish_work`] finishes a row: its state, error, and the counter as last known.
+struct Finish<'a> {
+    state: &'a str,
+    error: Option<&'a str>,
+    counter: Option<(Counters, String)>,
+}
+
+/// What [`Tracker::record_outcome`] wrote: the row's new ETag, and the shard's counter with its
+/// ETag when children were registered with it.
+#[derive(Debug)]
+pub struct Recorded {
+    pub etag: String,
+    pub counter: Option<(Counters, String)>,
+}
+
+/// Most children registered in the transaction that records their parent's outcome (with the
+/// parent's row and the counter row, a transaction holds at most 100 operations).
+pub const MAX_FOLDED_CHILDREN: usize = MAX_BATCH_OPERATIONS - 2;
+
+/// Writes a shard's counter: replaces the row read at `etag`, or inserts it (the shard's first
+/// registration).
+fn counter_write(pk: &str, counters: Counters, etag: Option<String>) -> BatchOperation {
+    match etag {
+        Some(etag) => BatchOperation::Replace {
+            entity: counters.to_entity(pk),
+            etag: Some(etag),
+        },
+        None => BatchOperation::Insert(counters.to_entity(pk)),
     }
 }
 
