@@ -1,6 +1,6 @@
 //! Work items that cover a key range of the source table (copy, delete, a filtered count):
-//! [`RangeWork`] — one scanned page, the rest of a range that grew, or the reference design's
-//! named rows — and the one bounded way to re-read such an item ([`read_item`]): at most
+//! [`RangeWork`] — up to 2,000 scanned rows, the rest of a range that grew, or the reference
+//! design's named rows — and the one bounded way to re-read such an item ([`read_item`]): at most
 //! [`MAX_ITEM_QUERIES`] queries and [`MAX_ITEM_ROWS`] rows, the rest of a range that grew since
 //! it was scanned handed on as a [`RangeWork::After`] item.
 //!
@@ -27,8 +27,8 @@ use super::{item_child, Driver, MAX_ITEM_QUERIES, MAX_ITEM_ROWS};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum RangeWork {
-    /// Every row from `from` to `to` inclusive in (PartitionKey, RowKey) order: one scanned page,
-    /// re-read once.
+    /// Every row from `from` to `to` inclusive in (PartitionKey, RowKey) order: up to 2,000
+    /// scanned rows (a page, or contiguous pages joined), re-read once.
     Range {
         from: (String, String),
         to: (String, String),

@@ -1,7 +1,8 @@
 //! `PrefixScan` (queue trigger): executes one scan step per message — a bounded handful of
 //! queries — then queues its follow-up steps and hands every scanned segment to the scan's
 //! driver (`drivers::Driver::segment`), which turns it into counters and/or work items (the
-//! copy driver: one copy item per scanned page; the count driver: nothing more).
+//! copy driver: one copy item per up to 2,000 scanned rows, adjacent segments joined; the count
+//! driver: nothing more).
 
 pub use crate::app::drivers::range::page_items as copy_work;
 use crate::app::drivers::segment_outcome;

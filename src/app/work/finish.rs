@@ -109,22 +109,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
         };
 
-        // Registering is idempotent (rows already there are left alone): the children
-        // registered with the outcome are skipped unless this delivery adopted it.
-        let registered = counter.is_some();
-        let new_work: Vec<&NewWork> = children
-            .iter()
-            .map(|c| &c.work)
-            .filter(|w| !(registered && w.shard == own))
-            .collect();
-        tracker.register_children(&scan.scan_id, &new_work).await?;
-        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
-        try_join_all(
-            children
-                .iter()
-                .map(|c| queues.put_message(&c.queue, &c.text, Duration::ZERO)),
-        )
-        .await?;
+        let registered = counter.is_some().then_some(own);
+        self.register_and_queue(&tracker, begun, &children, registered)
+            .await?;
         let mut delta = outcome.delta;
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
@@ -165,6 +152,34 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 delta.rows_written
             )),
         }
+    }
+
+    /// Registers `children` (except those in shard `registered`, registered with the outcome),
+    /// then queues them all. Registering is idempotent (rows already there are left alone), so a
+    /// delivery that adopted a recorded outcome registers every child again.
+    async fn register_and_queue<M: WorkMessage, S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        begun: &Begun<M>,
+        children: &[ChildMessage],
+        registered: Option<u32>,
+    ) -> Result<(), WorkError> {
+        let new_work: Vec<&NewWork> = children
+            .iter()
+            .map(|c| &c.work)
+            .filter(|w| Some(w.shard) != registered)
+            .collect();
+        tracker
+            .register_children(&begun.scan.scan_id, &new_work)
+            .await?;
+        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
+        try_join_all(
+            children
+                .iter()
+                .map(|c| queues.put_message(&c.queue, &c.text, Duration::ZERO)),
+        )
+        .await?;
+        Ok(())
     }
 
     /// The messages of an outcome's children: its first driver work item in `own` shard when the
