@@ -569,6 +569,13 @@ async fn forged_scan_context_in_a_message_changes_nothing() {
         .chain(&forge(&copies[copies.len() - 1]))
     {
         let (status, reply) = deliver(&state, "TableCopy", text, 1).await;
+        // A v1 message never named its row's shard: forged from an item that lives in its
+        // parent's shard (`"h"`), it finds no row there and is rejected, writing nothing.
+        let unnamed_shard = text.contains(r#""v":1"#) && !text.contains(r#""h":"#);
+        if unnamed_shard && status == StatusCode::UNPROCESSABLE_ENTITY {
+            assert!(reply.to_string().contains("no work row"), "{reply}");
+            continue;
+        }
         assert_eq!(status, StatusCode::OK, "{reply}");
     }
     for text in forge(&steps[0]) {

@@ -48,7 +48,7 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_crashes() {
-    crash_run(3, 2, 500, 4, SCAN_TIMEOUT).await;
+    crash_run(3, 2, 800, 4, SCAN_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,12 +19,13 @@ async fn outcomes_up_to_the_entity_limit_are_recorded_and_larger_ones_refused_be
     let root = NewWork {
         id: "s-0123456789abcdef".into(),
         kind: "scan-step",
+        shard: 0,
     };
     tracker
         .create_scan_work("rec1", 1, &root)
         .await
         .expect("scan work");
-    let Some(WorkState::Pending { etag }) = tracker.work_state("rec1", 1, &root.id).await.unwrap()
+    let Some(WorkState::Pending { etag }) = tracker.work_state("rec1", 0, &root.id).await.unwrap()
     else {
         panic!("root is pending")
     };
@@ -36,7 +37,7 @@ async fn outcomes_up_to_the_entity_limit_are_recorded_and_larger_ones_refused_be
     let before = counters.snapshot();
     let too_large = format!("{large}{large}");
     match tracker
-        .record_outcome("rec1", 1, &root.id, &etag, &too_large)
+        .record_outcome("rec1", 0, &root.id, &etag, &too_large, &[])
         .await
     {
         Err(RecordError::Storage(e)) => {
@@ -55,12 +56,12 @@ async fn outcomes_up_to_the_entity_limit_are_recorded_and_larger_ones_refused_be
     );
 
     let new_etag = tracker
-        .record_outcome("rec1", 1, &root.id, &etag, &large)
+        .record_outcome("rec1", 0, &root.id, &etag, &large, &[])
         .await
         .expect("an outcome of 960,000 bytes as UTF-16 is recorded");
-    match tracker.work_state("rec1", 1, &root.id).await.unwrap() {
+    match tracker.work_state("rec1", 0, &root.id).await.unwrap() {
         Some(WorkState::Expanded { etag, outcome }) => {
-            assert_eq!(etag, new_etag);
+            assert_eq!(etag, new_etag.etag);
             assert!(outcome == large, "the recorded outcome reads back exactly");
         }
         other => panic!("{other:?}"),

@@ -463,6 +463,7 @@ proptest! {
         upper in prop::option::of(key_strategy()),
         take in prop_oneof![1u32..=4, 1u32..=1000],
         expand in any::<bool>(),
+        inline in any::<bool>(),
         first in segments(),
         subsequent in segments(),
         (max_pages, max_queries) in prop::sample::select(vec![(1, 1), (2, 3), (1, 2), (3, 2), (8, 16)]),
@@ -472,7 +473,7 @@ proptest! {
     ) {
         let keys: Vec<(String, String)> = keys.into_iter().map(|(pk, rk)| (pk, rk.to_string())).collect();
         let params = ScanParameters {
-            prefix, lower, upper, take, expand_partition_keys: expand,
+            prefix, lower, upper, take, expand_partition_keys: expand, inline_first_partition_page: inline,
             segments_per_first_prefix: first, segments_per_subsequent_prefix: subsequent, select: None,
         };
         // Every parameter valid except, possibly, the segments, which go to the engine as they are.

@@ -226,12 +226,13 @@ fn edge_keys_are_each_returned_once_in_utf16_order() {
     ];
     let store = table_with(&rows, Pagination::default());
     for take in 1..=3 {
-        for expand in [true, false] {
+        for (expand, inline) in [(true, false), (true, true), (false, false)] {
             for prefix in ["", "D", "D\u{FFFF}", "\u{FFFF}"] {
                 let params = ScanParameters {
                     take,
                     prefix: prefix.into(),
                     expand_partition_keys: expand,
+                    inline_first_partition_page: inline,
                     ..Default::default()
                 };
                 let want = expected(&owned(&rows), &params);
@@ -422,6 +423,7 @@ proptest! {
         upper in prop::option::of(key_strategy()),
         take in 1u32..=5,
         expand in any::<bool>(),
+        inline in any::<bool>(),
         first in 1u32..=3,
         subsequent in 1u32..=3,
         seed in any::<u64>(),
@@ -429,7 +431,7 @@ proptest! {
     ) {
         let owned_keys: Vec<(String, String)> = keys.iter().map(|(pk, rk)| (pk.clone(), rk.to_string())).collect();
         let params = ScanParameters {
-            prefix, lower, upper, take, expand_partition_keys: expand,
+            prefix, lower, upper, take, expand_partition_keys: expand, inline_first_partition_page: inline,
             segments_per_first_prefix: first, segments_per_subsequent_prefix: subsequent, select: None,
         };
         prop_assume!(params.validate().is_ok());

@@ -80,6 +80,10 @@ pub trait WorkMessage: Serialize + DeserializeOwned {
     fn work_key(&self) -> String;
     /// The scan this work belongs to.
     fn scan_id(&self) -> &str;
+    /// The shard the message names for its row, if any (see [`shard_for`]).
+    fn shard_hint(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// One scan step to execute (PrefixScan function).
@@ -113,6 +117,11 @@ pub struct ItemMessage {
     pub scan_id: String,
     #[serde(rename = "w")]
     pub work: ItemJson,
+    /// The counter shard the item's row lives in: its parent's, so that the parent registers it
+    /// in the transaction that records its outcome. Not part of the item's identity. Absent
+    /// (items queued by earlier versions, roots): the shard its id hashes to ([`shard_of`]).
+    #[serde(rename = "h", default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
 }
 
 /// A driver's work item as JSON text, exactly as written (its identity: see [`work_id`]).
@@ -183,6 +192,9 @@ impl WorkMessage for ItemMessage {
     fn scan_id(&self) -> &str {
         &self.scan_id
     }
+    fn shard_hint(&self) -> Option<u32> {
+        self.shard
+    }
 }
 
 /// The data of a v1 message: the whole scan context, and the work.
@@ -223,7 +235,21 @@ pub fn work_id<M: WorkMessage>(message: &M) -> String {
     format!("{}-{hex}", &M::NAME[..1])
 }
 
-/// The shard (0..shards) a work item's row and counter live in.
+/// The shard (0..shards) a message's work item's row and counter live in: the one it names, or
+/// the one its id hashes to.
+pub fn shard_for<M: WorkMessage>(message: &M, work_id: &str, shards: u32) -> u32 {
+    item_shard(message.shard_hint(), work_id, shards)
+}
+
+/// The shard a message naming `hint` (if any) has its row in (a hint out of range is ignored).
+pub fn item_shard(hint: Option<u32>, work_id: &str, shards: u32) -> u32 {
+    match hint {
+        Some(shard) if shard < shards.max(1) => shard,
+        _ => shard_of(work_id, shards),
+    }
+}
+
+/// The shard (0..shards) a work item's row and counter live in when no message names one.
 pub fn shard_of(work_id: &str, shards: u32) -> u32 {
     let digest = Sha256::digest(work_id.as_bytes());
     u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) % shards.max(1)
@@ -370,7 +396,8 @@ mod tests {
             m,
             ItemMessage {
                 scan_id: "s1".into(),
-                work: ItemJson::from_item(&work).unwrap()
+                work: ItemJson::from_item(&work).unwrap(),
+                shard: None,
             }
         );
         assert_eq!(m.work.parse::<CopyWork>().unwrap(), work);

@@ -141,7 +141,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                     skip: row_key_skip.clone(),
                     through: None,
                 };
-                self.paged(region, *depth, true, &mut out).await?
+                self.paged(region, *depth, None, &mut out).await?
             }
             Step::PartitionKeyRange {
                 partition_key,
@@ -154,14 +154,14 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                     skip: row_key_skip.clone(),
                     through: Some(row_key_through.clone()),
                 };
-                self.paged(region, *depth, true, &mut out).await?
+                self.paged(region, *depth, None, &mut out).await?
             }
             Step::Serial { after } => {
                 let region = Region::Serial {
                     after: after.clone(),
                     through: None,
                 };
-                self.paged(region, 0, true, &mut out).await?
+                self.paged(region, 0, None, &mut out).await?
             }
             Step::SerialRange {
                 after,
@@ -172,7 +172,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                     after: after.clone(),
                     through: Some(through.clone()),
                 };
-                self.paged(region, *depth, true, &mut out).await?
+                self.paged(region, *depth, None, &mut out).await?
             }
             Step::Segment { .. } => {}
         }
@@ -336,11 +336,18 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                 skip: Some(last_rk),
                 through: None,
             };
-            if self.params.expand_partition_keys {
+            if self.params.expand_partition_keys && !self.params.inline_first_partition_page {
                 out.steps.push(rest_of_partition.step(depth + 1));
+            } else if self.params.expand_partition_keys {
+                // Its first page inline (most partitions end there, and the rows join this
+                // segment's work: no step and no tiny work item of their own); what is left of a
+                // bigger partition fans out as its own step.
+                self.paged(rest_of_partition, depth + 1, Some(1), out)
+                    .await?;
             } else {
                 // Inline, sharing this step's query budget.
-                self.paged(rest_of_partition, depth, false, out).await?;
+                self.paged(rest_of_partition, depth, Some(self.budget.max_pages), out)
+                    .await?;
             }
             out.steps.push(Step::PrefixQuery {
                 prefix: child_prefix,
@@ -365,18 +372,21 @@ impl<'a, T: TableStore> Scanner<'a, T> {
     }
 
     /// Reads a partition-key or serial region, a segment per non-empty page, following
-    /// continuations until the query ends or the budget is spent: `max_pages` non-empty pages, or
-    /// `max_queries` queries for the whole step (empty pages count). The rest then becomes a
-    /// follow-up step resuming after the last row read. When no row was read, the whole region is
-    /// handed on if it is not the step being executed (`own_step` false: a partition read inline
-    /// by a prefix-query step), and otherwise split in two.
+    /// continuations until the query ends or the budget is spent: `max_pages` non-empty pages
+    /// (`inline_pages` when given), or `max_queries` queries for the whole step (empty pages
+    /// count). The rest then becomes a follow-up step resuming after the last row read. When no
+    /// row was read, the whole region is handed on if it is not the step being executed
+    /// (`inline_pages` given: a partition read inline by a prefix-query step), and otherwise
+    /// split in two.
     async fn paged(
         &self,
         region: Region,
         depth: u32,
-        own_step: bool,
+        inline_pages: Option<usize>,
         out: &mut StepOutput,
     ) -> Result<(), ScanError> {
+        let own_step = inline_pages.is_none();
+        let max_pages = inline_pages.unwrap_or(self.budget.max_pages).max(1);
         if !self.queries_left(out) {
             // Only inline: the calling step spent the budget.
             out.steps.push(region.step(depth));
@@ -399,7 +409,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             let Some(c) = page.continuation else {
                 return Ok(());
             };
-            if pages < self.budget.max_pages.max(1) && self.queries_left(out) {
+            if pages < max_pages && self.queries_left(out) {
                 continuation = Some(c);
                 continue;
             }

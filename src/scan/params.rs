@@ -42,11 +42,21 @@ pub struct ScanParameters {
     /// Emit the rest of a discovered partition as its own step (fan-out) rather than reading it
     /// inline in the step that discovered it.
     pub expand_partition_keys: bool,
+    /// With `expand_partition_keys`: read the first page of the rest of a discovered partition
+    /// inline, and fan out only what is left after it (most partitions end within that page, so
+    /// they cost no step of their own, and their rows join the page that discovered them).
+    /// `false` (the reference design, and scans recorded before it existed): fan out every rest.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub inline_first_partition_page: bool,
     /// Non-empty pages read for the first prefix of a prefix query before fanning out
     /// (1..=[`MAX_SEGMENTS_PER_PREFIX`]; a step also stops when its query budget is spent).
     pub segments_per_first_prefix: u32,
     /// Non-empty pages read for each later prefix of a prefix query (1..=16, as above).
     pub segments_per_subsequent_prefix: u32,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 impl ScanParameters {
@@ -67,6 +77,7 @@ impl Default for ScanParameters {
             take: MAX_TAKE,
             select: None,
             expand_partition_keys: true,
+            inline_first_partition_page: false,
             segments_per_first_prefix: Self::DEFAULT_SEGMENTS_PER_FIRST_PREFIX,
             segments_per_subsequent_prefix: Self::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX,
         }

@@ -1,6 +1,6 @@
 //! Work items that cover a key range of the source table (copy, delete, a filtered count):
-//! [`RangeWork`] — one scanned page, the rest of a range that grew, or the reference design's
-//! named rows — and the one bounded way to re-read such an item ([`read_item`]): at most
+//! [`RangeWork`] — up to 2,000 scanned rows, the rest of a range that grew, or the reference
+//! design's named rows — and the one bounded way to re-read such an item ([`read_item`]): at most
 //! [`MAX_ITEM_QUERIES`] queries and [`MAX_ITEM_ROWS`] rows, the rest of a range that grew since
 //! it was scanned handed on as a [`RangeWork::After`] item.
 //!
@@ -27,8 +27,8 @@ use super::{item_child, Driver, MAX_ITEM_QUERIES, MAX_ITEM_ROWS};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum RangeWork {
-    /// Every row from `from` to `to` inclusive in (PartitionKey, RowKey) order: one scanned page,
-    /// re-read once.
+    /// Every row from `from` to `to` inclusive in (PartitionKey, RowKey) order: up to 2,000
+    /// scanned rows (a page, or contiguous pages joined), re-read once.
     Range {
         from: (String, String),
         to: (String, String),
@@ -87,10 +87,12 @@ fn key_range_filter(
 /// Splits one scanned segment (keys only, in order) into range work items.
 pub fn page_items(split: WorkSplit, rows: &[Entity]) -> Vec<RangeWork> {
     match split {
-        // A segment holds one page, or several when segmentsPerFirstPrefix > 1: cap each item at
-        // what one page can hold, so an item never re-reads or writes more than 1,000 rows.
+        // A segment holds one page, or several (segmentsPerFirstPrefix > 1, a page joined with
+        // the rest of its last partition, the pages of one query): items of up to
+        // MAX_ITEM_ROWS rows, so each is re-read in as few pages as its rows need (a read stops
+        // at the item's last key) and the per-item bookkeeping is paid per 2,000 rows.
         WorkSplit::Page => rows
-            .chunks(MAX_TAKE as usize)
+            .chunks(MAX_ITEM_ROWS)
             .map(|chunk| {
                 let (first, last) = (&chunk[0], &chunk[chunk.len() - 1]);
                 RangeWork::Range {
@@ -280,6 +282,12 @@ pub async fn read_item<S: TableStore>(
                 more = false;
                 break;
             }
+            // The range's last key was read: nothing can follow it (saves the empty last page
+            // of an item whose rows fill whole pages).
+            Some(_) if ends_range(&read.rows, plan.end) => {
+                more = false;
+                break;
+            }
             Some(_) if read.rows.len() >= MAX_ITEM_ROWS => break,
             Some(c) => query.continuation = Some(c),
         }
@@ -308,6 +316,15 @@ pub async fn read_item<S: TableStore>(
         });
     }
     Ok(read)
+}
+
+/// Whether the last row read is the range's inclusive end key (rows come in key order, so no
+/// row of the range can follow).
+fn ends_range(rows: &[Entity], end: Option<&(String, String)>) -> bool {
+    match (rows.last(), end) {
+        (Some(last), Some((pk, rk))) => last.partition_key == *pk && last.row_key == *rk,
+        _ => false,
+    }
 }
 
 /// What a driver's range item starts with: its source table (counted for the item), its rows
@@ -439,12 +456,14 @@ mod tests {
             messages::encode(&ItemMessage {
                 scan_id: "x".into(),
                 work: ItemJson::from_item(&work).unwrap(),
+                shard: Some(15),
             })
             .expect("fits in a queue message");
         }
         assert_eq!(page_items(WorkSplit::Page, &rows).len(), 1);
-        // Several pages in one segment (segmentsPerFirstPrefix > 1) still give items of ≤ 1,000 rows.
-        let many: Vec<Entity> = (0..2500)
+        // Several pages in one segment (segmentsPerFirstPrefix > 1, joined segments) give items
+        // of ≤ 2,000 rows.
+        let many: Vec<Entity> = (0..4500)
             .map(|i| Entity::new("p", format!("{i:05}")))
             .collect();
         let items = page_items(WorkSplit::Page, &many);
@@ -452,8 +471,8 @@ mod tests {
         assert_eq!(
             items[1],
             RangeWork::Range {
-                from: ("p".into(), "01000".into()),
-                to: ("p".into(), "01999".into())
+                from: ("p".into(), "02000".into()),
+                to: ("p".into(), "03999".into())
             }
         );
     }

@@ -108,11 +108,13 @@ async fn drained_scan(
     let context = test_context(id);
     let tracker = state.tracker_on(state.bookkeeping());
     tracker.ensure_tables().await.unwrap();
+    let root_id = messages::work_id(&crate::app::messages::StepMessage {
+        scan_id: id.into(),
+        step: crate::scan::Step::Start,
+    });
     let root = NewWork {
-        id: messages::work_id(&crate::app::messages::StepMessage {
-            scan_id: id.into(),
-            step: crate::scan::Step::Start,
-        }),
+        shard: messages::shard_of(&root_id, 2),
+        id: root_id,
         kind: "scan-step",
     };
     tracker.create_scan_work(id, 2, &root).await.unwrap();
@@ -128,12 +130,22 @@ async fn drained_scan(
         etag: String::new(),
     };
     tracker.insert_scan(&record).await.unwrap();
-    let Some(WorkState::Pending { etag }) = tracker.work_state(id, 2, &root.id).await.unwrap()
+    let Some(WorkState::Pending { etag }) =
+        tracker.work_state(id, root.shard, &root.id).await.unwrap()
     else {
         panic!("root registered")
     };
     tracker
-        .complete(id, 2, &root.id, &etag, Counters::default(), None, None)
+        .complete(
+            id,
+            root.shard,
+            &root.id,
+            &etag,
+            Counters::default(),
+            None,
+            None,
+            None,
+        )
         .await
         .unwrap();
     (state, context)

@@ -244,6 +244,8 @@ impl ScanRequest {
             // Every driver reads keys only while scanning; items re-read what they need.
             select: Some(Vec::new()),
             expand_partition_keys: self.expand_partition_keys,
+            // tablescan's design: small partitions are read where they are discovered.
+            inline_first_partition_page: true,
             segments_per_first_prefix: self.segments_per_first_prefix,
             segments_per_subsequent_prefix: self.segments_per_subsequent_prefix,
         }

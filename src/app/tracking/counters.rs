@@ -6,9 +6,10 @@ use futures::future::try_join_all;
 use super::codec::{int64, put_int64};
 use super::records::ScanState;
 use super::work_rows::work_row;
-use super::{shard_partition, NewWork, Tracker, JITTER};
-use crate::app::messages::shard_of;
-use crate::storage::{BatchOperation, Entity, StorageError, StorageErrorKind, TableStore};
+use super::{shard_partition, NewWork, Tracker};
+use crate::storage::{
+    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+};
 
 const COUNTER_ROW: &str = "counter";
 
@@ -113,65 +114,118 @@ impl Counters {
 }
 
 impl<T: TableStore> Tracker<'_, T> {
-    /// Registers a new scan's counters and root work item. The scan record is written separately
-    /// by [`Tracker::insert_scan`] after the root message is queued, so a record never exists
-    /// without its work.
+    /// Registers a new scan's root work item with its shard's counter. The other shards' counter
+    /// rows are created by the first registration in each (see [`Tracker::counter_or_new`]): a
+    /// missing counter row means no work was ever registered in that shard. The scan record is
+    /// written separately by [`Tracker::insert_scan`] after the root message is queued, so a
+    /// record never exists without its work.
     pub async fn create_scan_work(
         &self,
         scan_id: &str,
         shards: u32,
         root: &NewWork,
     ) -> Result<(), StorageError> {
-        let root_shard = shard_of(&root.id, shards);
-        try_join_all((0..shards).map(|shard| async move {
-            let pk = shard_partition(scan_id, shard);
-            let mut ops = Vec::new();
-            let mut counters = Counters::default();
-            if shard == root_shard {
-                ops.push(BatchOperation::Insert(work_row(&pk, root)));
-                counters.created = 1;
+        let shard = root.shard;
+        debug_assert!(
+            shard < shards.max(1),
+            "the root's shard is one of the scan's"
+        );
+        let pk = shard_partition(scan_id, shard);
+        let counters = Counters {
+            created: 1,
+            ..Counters::default()
+        };
+        let ops = [
+            BatchOperation::Insert(work_row(&pk, root)),
+            BatchOperation::Insert(counters.to_entity(&pk)),
+        ];
+        match self.store.submit_batch(self.work_table, &pk, &ops).await {
+            // A retry of our own write whose answer was lost: the scan id is fresh, so the rows
+            // (inserted together, atomically) are ours.
+            Err(e) if e.kind == StorageErrorKind::Conflict => {
+                self.read_counter(scan_id, shard).await.map(|_| ())
             }
-            ops.push(BatchOperation::Insert(counters.to_entity(&pk)));
-            match self.store.submit_batch(self.work_table, &pk, &ops).await {
-                // A retry of our own write whose answer was lost: the scan id is fresh, so the
-                // rows (inserted together, atomically) are ours.
-                Err(e) if e.kind == StorageErrorKind::Conflict => {
-                    self.read_counter(scan_id, shard).await.map(|_| ())
-                }
-                other => other,
-            }
-        }))
-        .await?;
-        Ok(())
+            other => other,
+        }
     }
 
+    /// A shard's counter row, which must exist (the shard holds a registered work item).
     pub(super) async fn read_counter(
         &self,
         scan_id: &str,
         shard: u32,
     ) -> Result<(Counters, String), StorageError> {
+        match self.counter_or_new(scan_id, shard).await? {
+            (counters, Some(etag)) => Ok((counters, etag)),
+            (_, None) => Err(StorageError::new(
+                StorageErrorKind::NotFound,
+                format!(
+                    "counter row of {} is missing",
+                    shard_partition(scan_id, shard)
+                ),
+            )),
+        }
+    }
+
+    /// A shard's counters and the counter row's ETag, or zeros and `None` if no work was ever
+    /// registered in the shard (its row is inserted, not replaced, by the first registration).
+    pub(super) async fn counter_or_new(
+        &self,
+        scan_id: &str,
+        shard: u32,
+    ) -> Result<(Counters, Option<String>), StorageError> {
         let pk = shard_partition(scan_id, shard);
         match self
             .store
             .get_entity(self.work_table, &pk, COUNTER_ROW)
             .await?
         {
-            Some((entity, etag)) => Ok((Counters::from_entity(&entity)?, etag)),
-            None => Err(StorageError::new(
-                StorageErrorKind::NotFound,
-                format!("counter row of {pk} is missing"),
-            )),
+            Some((entity, etag)) => Ok((Counters::from_entity(&entity)?, Some(etag))),
+            None => Ok((Counters::default(), None)),
         }
     }
 
-    /// Every shard's counters, read concurrently.
+    /// Every shard's counters (zeros where none was registered yet), collected by one query over
+    /// the scan's shard partitions (`RowKey eq 'counter'`), following its continuations; if the
+    /// service keeps cutting it short, by point reads instead. Each shard is read once, so two
+    /// collects one after the other that agree are a consistent snapshot of the monotonic counters.
     pub async fn shard_counters(
         &self,
         scan_id: &str,
         shards: u32,
     ) -> Result<Vec<Counters>, StorageError> {
+        let partitions: Vec<String> = (0..shards).map(|s| shard_partition(scan_id, s)).collect();
+        let (Some(first), Some(last)) = (partitions.first(), partitions.last()) else {
+            return Ok(Vec::new());
+        };
+        let mut query = Query {
+            filter: Some(Filter::and(vec![
+                Filter::pk(CompareOp::Ge, first.clone()),
+                Filter::pk(CompareOp::Le, last.clone()),
+                Filter::rk(CompareOp::Eq, COUNTER_ROW),
+            ])),
+            top: None,
+            select: None,
+            continuation: None,
+        };
+        let mut counters = vec![Counters::default(); shards as usize];
+        // Bounded: the counter rows are at most `shards` rows; a page or two more than that means
+        // the service is cutting the query at partition boundaries.
+        for _ in 0..shards as usize + 2 {
+            let page = self.store.query_page(self.work_table, &query).await?;
+            for entity in &page.entities {
+                if let Some(s) = partitions.iter().position(|p| *p == entity.partition_key) {
+                    counters[s] = Counters::from_entity(entity)?;
+                }
+            }
+            match page.continuation {
+                None => return Ok(counters),
+                Some(c) => query.continuation = Some(c),
+            }
+        }
         try_join_all(
-            (0..shards).map(|s| async move { self.read_counter(scan_id, s).await.map(|(c, _)| c) }),
+            (0..shards)
+                .map(|s| async move { self.counter_or_new(scan_id, s).await.map(|(c, _)| c) }),
         )
         .await
     }
@@ -195,7 +249,7 @@ impl<T: TableStore> Tracker<'_, T> {
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
         if let Some(shard) = shard {
-            if self.read_counter(scan_id, shard).await?.0.pending() != 0 {
+            if self.counter_or_new(scan_id, shard).await?.0.pending() != 0 {
                 return Ok(false);
             }
         }
@@ -238,29 +292,42 @@ impl<T: TableStore> Tracker<'_, T> {
         shards: u32,
     ) -> Result<Option<Counters>, StorageError> {
         // Per shard, Created ≥ Completed always (a child is counted in its own shard before it
-        // can finish there), so any busy shard settles the answer: read a few shards at a time,
-        // from a random one, and stop at the first busy one. Most checks end after a few reads.
-        const GROUP: u32 = 4;
-        let start = JITTER.with(|j| {
-            use rand::Rng;
-            j.borrow_mut().gen_range(0..shards.max(1))
-        });
-        let mut first = vec![Counters::default(); shards as usize];
-        let order: Vec<u32> = (0..shards).map(|i| (start + i) % shards).collect();
-        for group in order.chunks(GROUP as usize) {
-            let read =
-                try_join_all(group.iter().map(|&s| async move {
-                    self.read_counter(scan_id, s).await.map(|(c, _)| (s, c))
-                }))
-                .await?;
-            for (s, c) in read {
-                if c.pending() != 0 {
-                    return Ok(None);
-                }
-                first[s as usize] = c;
+        // can finish there), so any busy shard settles the answer. The shard this thread last
+        // found busy in this scan usually still is (one point read); otherwise every shard is
+        // collected twice (one query each, see `shard_counters`), and the scan is drained only
+        // if both collects agree and show no pending work.
+        let hint = BUSY_HINT.with(|h| h.borrow().get(scan_id).copied());
+        if let Some(s) = hint.filter(|&s| s < shards) {
+            if self.counter_or_new(scan_id, s).await?.0.pending() != 0 {
+                return Ok(None);
             }
+        }
+        let first = self.shard_counters(scan_id, shards).await?;
+        if let Some(busy) = first.iter().position(|c| c.pending() != 0) {
+            remember_busy(scan_id, busy as u32);
+            return Ok(None);
         }
         let second = self.shard_counters(scan_id, shards).await?;
         Ok((first == second).then(|| second.iter().fold(Counters::default(), |a, c| a.plus(c))))
     }
+}
+
+/// Most scans whose last busy shard a thread remembers (the map is cleared when full).
+const BUSY_HINTS: usize = 64;
+
+thread_local! {
+    /// Per scan, the shard this thread's last drained check found busy: where the next check
+    /// starts. Per thread, so the single-threaded simulator stays deterministic.
+    static BUSY_HINT: std::cell::RefCell<std::collections::HashMap<String, u32>> =
+        Default::default();
+}
+
+pub(super) fn remember_busy(scan_id: &str, shard: u32) {
+    BUSY_HINT.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.len() >= BUSY_HINTS && !h.contains_key(scan_id) {
+            h.clear();
+        }
+        h.insert(scan_id.to_string(), shard);
+    });
 }

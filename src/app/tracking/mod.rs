@@ -3,24 +3,36 @@
 //!
 //! Layout (both tables live in the `AzureWebJobsStorage` account):
 //! - scans table: one row per scan, PK = scan id (newest first), RK = `scan`.
-//! - work table: per scan, `shards` partitions `{scanId}-{shard:02}`. Each holds one `counter` row
-//!   and the rows of the work items whose id hashes to that shard.
+//! - work table: per scan, `shards` partitions `{scanId}-{shard:02}`. Each holds the rows of the
+//!   work items registered there and, once the first is, one `counter` row. A step lives in the
+//!   shard its id hashes to; a driver work item in the shard its message names (`"h"`: the first
+//!   item of a step goes to its parent's shard, the others where their ids hash; items queued by
+//!   earlier versions name none and hash too).
 //!
 //! Invariants that make completion exact:
 //! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
 //!    adds 1 to `Created` on its shard's counter, so each work item is counted once however many
 //!    times its parent runs. Rows are never deleted, only marked `done`/`failed`/`dropped`, so a
-//!    late duplicate parent cannot resurrect a finished child.
+//!    late duplicate parent cannot resurrect a finished child. A shard's counter row is inserted
+//!    by the first such transaction in the shard (the root's at start), never otherwise: a
+//!    missing counter row means nothing was ever registered there, i.e. zero.
 //! 2. Executing a step is not deterministic (Azure may cut pages anywhere, so two executions of
 //!    the same step can split its range differently). So the first execution to finish records
 //!    its outcome (children + counters) on the item's row, guarded by the row's ETag
 //!    (`pending` → `expanded`); every later or concurrent execution adopts the recorded outcome.
+//!    The children that live in the item's own shard are registered (as in 1) in that same
+//!    transaction, so they are exactly the recorded outcome's: a losing execution's transaction
+//!    fails as a whole and registers nothing. The others are registered after it, idempotently
+//!    (rows already there are left alone), by whichever execution goes on to complete the item.
 //! 3. Children are registered before their parent completes, and a parent completes (row marked
 //!    done + `Completed += 1` + its row/request counters) in one transaction guarded by the row's
-//!    ETag, so a duplicate completion fails instead of double counting.
+//!    ETag, so a duplicate completion fails instead of double counting. (The completion may try
+//!    the counter row's ETag from the recording transaction first; a stale one fails the whole
+//!    transaction, and the counter is read again.)
 //! 4. Hence Σ Created − Σ Completed is the number of unfinished items, never 0 early. It is
-//!    read with a double collect (two passes over the monotonic counters that agree), which is a
-//!    consistent snapshot.
+//!    read with a double collect (two passes over the monotonic counters that agree; each pass
+//!    one query over the scan's shard partitions, reading each counter row once), which is a
+//!    consistent snapshot. A counter row that appears between the passes makes them differ.
 //! 5. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
 //!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
 //!    the queued messages clean up an ended scan's work rows as they are delivered.
@@ -42,7 +54,9 @@ use crate::storage::{StorageError, StorageErrorKind, TableStore};
 pub use codec::format_time;
 pub use counters::Counters;
 pub use records::{ScanRecord, ScanState};
-pub use work_rows::{Completion, RecordError, WorkState, RESULT_PROPERTY};
+pub use work_rows::{
+    Completion, RecordError, Recorded, WorkState, MAX_FOLDED_CHILDREN, RESULT_PROPERTY,
+};
 
 /// Optimistic-concurrency retries on a contended row before giving up (the message retries).
 const MAX_COUNTER_ATTEMPTS: u32 = 50;
@@ -54,10 +68,11 @@ pub struct Tracker<'a, T: TableStore> {
     work_table: &'a str,
 }
 
-/// A child work item to register: its id and its queue message text.
+/// A child work item to register: its id, kind and the shard its row goes to.
 pub struct NewWork {
     pub id: String,
     pub kind: &'static str,
+    pub shard: u32,
 }
 
 fn shard_partition(scan_id: &str, shard: u32) -> String {

@@ -8,7 +8,6 @@ use time::OffsetDateTime;
 use super::codec::{diagnostic, get_str, put_str, put_time, utf16_chunks};
 use super::counters::Counters;
 use super::{again, contention, shard_partition, NewWork, Tracker};
-use crate::app::messages::shard_of;
 use crate::retry::Verdict;
 use crate::storage::entity::MAX_CUSTOM_PROPERTIES;
 use crate::storage::{
@@ -20,16 +19,6 @@ use crate::storage::{
 /// service allows 64 KiB of UTF-16, 32,768 units, per string); the row as a whole must still
 /// fit the 1 MiB entity limit, which is checked before it is sent.
 const OUTCOME_CHUNK_UNITS: usize = 32_000;
-
-/// The property of a finished row holding its driver's result ([`Tracker::complete`]).
-pub const RESULT_PROPERTY: &str = "Result";
-
-/// How a row is finished: its state, an error, a driver's result.
-struct Ending<'a> {
-    state: &'a str,
-    error: Option<&'a str>,
-    result: Option<&'a str>,
-}
 
 /// State of one work item's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,14 +60,14 @@ pub enum Completion {
 }
 
 impl<T: TableStore> Tracker<'_, T> {
-    /// Reads a work item's row.
+    /// Reads a work item's row (in shard `shard`).
     pub async fn work_state(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
     ) -> Result<Option<WorkState>, StorageError> {
-        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        let pk = shard_partition(scan_id, shard);
         Ok(self
             .store
             .get_entity(self.work_table, &pk, work_id)
@@ -97,17 +86,20 @@ impl<T: TableStore> Tracker<'_, T> {
             ))
     }
 
-    /// Records an item's outcome (`pending` → `expanded`) if no other execution did first.
-    /// Returns the row's new ETag.
+    /// Records an item's outcome (`pending` → `expanded`) if no other execution did first, and
+    /// registers `children` (rows of the item's own shard, at most [`MAX_FOLDED_CHILDREN`]) in
+    /// the same transaction, with their `Created` count on the shard's counter. Returns the row's
+    /// new ETag and, when children were registered, the counter as written (for the completion).
     pub async fn record_outcome(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         pending_etag: &str,
         outcome: &str,
-    ) -> Result<String, RecordError> {
-        let pk = shard_partition(scan_id, shard_of(work_id, shards));
+        children: &[&NewWork],
+    ) -> Result<Recorded, RecordError> {
+        let pk = shard_partition(scan_id, shard);
         let mut row = Entity::new(pk.clone(), work_id);
         row.properties.insert("State", json!("expanded"));
         for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
@@ -119,35 +111,77 @@ impl<T: TableStore> Tracker<'_, T> {
                 e.message
             ))));
         }
-        let op = BatchOperation::Merge {
-            entity: row,
-            etag: Some(pending_etag.to_string()),
-        };
-        match self
-            .store
-            .submit_batch_with_etags(self.work_table, &pk, &[op])
-            .await
-        {
-            // The row's new ETag, for the completion that follows.
-            Ok(etags) if etags.first().is_some_and(Option::is_some) => {
-                Ok(etags.into_iter().next().flatten().expect("checked"))
-            }
-            // The store did not report it: read it back.
-            Ok(_) => match self.work_state(scan_id, shards, work_id).await? {
-                Some(WorkState::Expanded { etag, .. }) => Ok(etag),
-                other => Err(RecordError::Lost(other)),
-            },
-            Err(e)
-                if matches!(
-                    e.kind,
-                    StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
-                ) =>
+        let what = format!("counter of {pk}");
+        let mut schedule = contention();
+        loop {
+            let mut ops = vec![BatchOperation::Merge {
+                entity: row.clone(),
+                etag: Some(pending_etag.to_string()),
+            }];
+            let counter = match children.len() {
+                0 => None,
+                n => {
+                    let (counters, etag) = self.counter_or_new(scan_id, shard).await?;
+                    let updated = Counters {
+                        created: counters.created + n as i64,
+                        ..counters
+                    };
+                    ops.extend(
+                        children
+                            .iter()
+                            .map(|w| BatchOperation::Insert(work_row(&pk, w))),
+                    );
+                    ops.push(counter_write(&pk, updated, etag));
+                    Some(updated)
+                }
+            };
+            match self
+                .store
+                .submit_batch_with_etags(self.work_table, &pk, &ops)
+                .await
             {
-                Err(RecordError::Lost(
-                    self.work_state(scan_id, shards, work_id).await?,
-                ))
+                Ok(etags) => {
+                    let counter = counter.zip(etags.last().cloned().flatten());
+                    return match etags.into_iter().next().flatten() {
+                        Some(etag) => Ok(Recorded { etag, counter }),
+                        // The store did not report it: read it back.
+                        None => match self.work_state(scan_id, shard, work_id).await? {
+                            Some(WorkState::Expanded { etag, .. }) => Ok(Recorded {
+                                etag,
+                                counter: None,
+                            }),
+                            other => Err(RecordError::Lost(other)),
+                        },
+                    };
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                    ) && e.failed_operation.unwrap_or(0) == 0 =>
+                {
+                    match self.work_state(scan_id, shard, work_id).await? {
+                        // Our row is as we read it: the counter was what changed (the service
+                        // did not say which operation failed).
+                        Some(WorkState::Pending { etag })
+                            if etag == pending_etag && !children.is_empty() =>
+                        {
+                            again(&mut schedule, Verdict::Retry, &what).await?
+                        }
+                        other => return Err(RecordError::Lost(other)),
+                    }
+                }
+                // The counter row changed (or was created) since it was read.
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::Conflict
+                    ) && e.failed_operation == Some(ops.len() - 1) =>
+                {
+                    again(&mut schedule, Verdict::Retry, &what).await?
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
     }
 
@@ -156,15 +190,11 @@ impl<T: TableStore> Tracker<'_, T> {
     pub async fn register_children(
         &self,
         scan_id: &str,
-        shards: u32,
         children: &[&NewWork],
     ) -> Result<(), StorageError> {
         let mut by_shard: std::collections::BTreeMap<u32, Vec<&NewWork>> = Default::default();
         for child in children {
-            by_shard
-                .entry(shard_of(&child.id, shards))
-                .or_default()
-                .push(child);
+            by_shard.entry(child.shard).or_default().push(child);
         }
         let groups: Vec<(u32, Vec<&NewWork>)> = by_shard
             .into_iter()
@@ -176,12 +206,17 @@ impl<T: TableStore> Tracker<'_, T> {
                     .collect::<Vec<_>>()
             })
             .collect();
+        let busy = groups.first().map(|(shard, _)| *shard);
         try_join_all(
             groups
                 .into_iter()
                 .map(|(shard, items)| self.register_group(scan_id, shard, items)),
         )
         .await?;
+        // A shard that just got unfinished work: where this thread's next drained check starts.
+        if let Some(shard) = busy {
+            super::counters::remember_busy(scan_id, shard);
+        }
         Ok(())
     }
 
@@ -198,7 +233,7 @@ impl<T: TableStore> Tracker<'_, T> {
             if items.is_empty() {
                 return Ok(());
             }
-            let (counters, etag) = self.read_counter(scan_id, shard).await?;
+            let (counters, etag) = self.counter_or_new(scan_id, shard).await?;
             let mut ops: Vec<BatchOperation> = items
                 .iter()
                 .map(|w| BatchOperation::Insert(work_row(&pk, w)))
@@ -207,13 +242,17 @@ impl<T: TableStore> Tracker<'_, T> {
                 created: counters.created + items.len() as i64,
                 ..counters
             };
-            ops.push(BatchOperation::Replace {
-                entity: updated.to_entity(&pk),
-                etag: Some(etag),
-            });
+            ops.push(counter_write(&pk, updated, etag));
             match self.store.submit_batch(self.work_table, &pk, &ops).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                    again(&mut schedule, Verdict::Retry, &what).await?
+                }
+                // Another registration created the counter row first: read it again.
+                Err(e)
+                    if e.kind == StorageErrorKind::Conflict
+                        && e.failed_operation == Some(items.len()) =>
+                {
                     again(&mut schedule, Verdict::Retry, &what).await?
                 }
                 Err(e) if e.kind == StorageErrorKind::Conflict => {
@@ -246,27 +285,31 @@ impl<T: TableStore> Tracker<'_, T> {
 
     /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
     /// counter row. `delta.completed` is set here. `result`: the driver's result for the item
-    /// (a short string, see [`RESULT_PROPERTY`]), kept on its finished row.
+    /// (a short string, see [`RESULT_PROPERTY`]), kept on its finished row. `counter`: the
+    /// shard's counter as this item last wrote it (see [`Tracker::record_outcome`]), tried
+    /// before reading it again.
     #[allow(clippy::too_many_arguments)]
     pub async fn complete(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         work_etag: &str,
         mut delta: Counters,
         failure: Option<&str>,
         result: Option<&str>,
+        counter: Option<(Counters, String)>,
     ) -> Result<Completion, StorageError> {
         delta.failed = i64::from(failure.is_some());
         delta.messages = 1;
         let state = if failure.is_some() { "failed" } else { "done" };
-        let ending = Ending {
+        let finish = Finish {
             state,
             error: failure,
             result,
+            counter,
         };
-        self.finish_work(scan_id, shards, work_id, work_etag, delta, ending)
+        self.finish_work(scan_id, shard, work_id, work_etag, delta, finish)
             .await
     }
 
@@ -334,7 +377,7 @@ impl<T: TableStore> Tracker<'_, T> {
     pub async fn drop_work(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         work_etag: &str,
     ) -> Result<Completion, StorageError> {
@@ -342,41 +385,50 @@ impl<T: TableStore> Tracker<'_, T> {
             dropped: 1,
             ..Counters::default()
         };
-        let ending = Ending {
+        let finish = Finish {
             state: "dropped",
             error: None,
             result: None,
+            counter: None,
         };
-        self.finish_work(scan_id, shards, work_id, work_etag, delta, ending)
+        self.finish_work(scan_id, shard, work_id, work_etag, delta, finish)
             .await
     }
 
-    /// Replaces an unfinished row (at `work_etag`) with a finished one as `ending` says and adds
+    /// Replaces an unfinished row (at `work_etag`) with a finished one in `finish.state` and adds
     /// `delta` plus one completion to the shard's counter, in one transaction.
     async fn finish_work(
         &self,
         scan_id: &str,
-        shards: u32,
+        shard: u32,
         work_id: &str,
         work_etag: &str,
         mut delta: Counters,
-        ending: Ending<'_>,
+        finish: Finish<'_>,
     ) -> Result<Completion, StorageError> {
-        let shard = shard_of(work_id, shards);
+        let Finish {
+            state,
+            error,
+            result,
+            mut counter,
+        } = finish;
         let pk = shard_partition(scan_id, shard);
         delta.completed = 1;
         let what = format!("counter of {pk}");
         let mut schedule = contention();
         loop {
-            let (counters, counter_etag) = self.read_counter(scan_id, shard).await?;
+            let (counters, counter_etag) = match counter.take() {
+                Some(known) => known,
+                None => self.read_counter(scan_id, shard).await?,
+            };
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
-            put_str(&mut row.properties, "State", ending.state);
+            put_str(&mut row.properties, "State", state);
             put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
-            if let Some(e) = ending.error {
+            if let Some(e) = error {
                 put_str(&mut row.properties, "Error", &diagnostic(e));
             }
-            if let Some(result) = ending.result {
+            if let Some(result) = result {
                 put_str(&mut row.properties, RESULT_PROPERTY, result);
             }
             if let Err(e) = row.check_limits() {
@@ -411,7 +463,7 @@ impl<T: TableStore> Tracker<'_, T> {
                     match e.failed_operation {
                         Some(0) => return Ok(Completion::Duplicate),
                         Some(_) => {}
-                        None => match self.work_state(scan_id, shards, work_id).await? {
+                        None => match self.work_state(scan_id, shard, work_id).await? {
                             Some(
                                 WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
                             ) if etag == work_etag => {}
@@ -423,6 +475,42 @@ impl<T: TableStore> Tracker<'_, T> {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// How [`Tracker::finish_work`] finishes a row: its state, error, and the counter as last known.
+struct Finish<'a> {
+    state: &'a str,
+    error: Option<&'a str>,
+    /// A driver's result for the item ([`RESULT_PROPERTY`]).
+    result: Option<&'a str>,
+    counter: Option<(Counters, String)>,
+}
+
+/// The property of a finished row holding its driver's result ([`Tracker::complete`]).
+pub const RESULT_PROPERTY: &str = "Result";
+
+/// What [`Tracker::record_outcome`] wrote: the row's new ETag, and the shard's counter with its
+/// ETag when children were registered with it.
+#[derive(Debug)]
+pub struct Recorded {
+    pub etag: String,
+    pub counter: Option<(Counters, String)>,
+}
+
+/// Most children registered in the transaction that records their parent's outcome (with the
+/// parent's row and the counter row, a transaction holds at most 100 operations).
+pub const MAX_FOLDED_CHILDREN: usize = MAX_BATCH_OPERATIONS - 2;
+
+/// Writes a shard's counter: replaces the row read at `etag`, or inserts it (the shard's first
+/// registration).
+fn counter_write(pk: &str, counters: Counters, etag: Option<String>) -> BatchOperation {
+    match etag {
+        Some(etag) => BatchOperation::Replace {
+            entity: counters.to_entity(pk),
+            etag: Some(etag),
+        },
+        None => BatchOperation::Insert(counters.to_entity(pk)),
     }
 }
 

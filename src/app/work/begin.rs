@@ -38,10 +38,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         tracker: &Tracker<'_, S>,
         scan: &ScanContext,
         work_id: &str,
+        shard_hint: Option<u32>,
         last_attempt: bool,
     ) -> Result<bool, StorageError> {
+        let shard = messages::item_shard(shard_hint, work_id, scan.shards);
         let state = patiently(last_attempt, || {
-            tracker.work_state(&scan.scan_id, scan.shards, work_id)
+            tracker.work_state(&scan.scan_id, shard, work_id)
         })
         .await?;
         let etag = match state {
@@ -49,7 +51,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             Some(WorkState::Finished) | None => return Ok(false),
         };
         let completion = patiently(last_attempt, || {
-            tracker.drop_work(&scan.scan_id, scan.shards, work_id, &etag)
+            tracker.drop_work(&scan.scan_id, shard, work_id, &etag)
         })
         .await?;
         Ok(matches!(completion, Completion::Committed { .. }))
@@ -67,18 +69,21 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let tracker = self.tracker_on(&store);
         let last_attempt = invocation.dequeue_count >= self.config.max_dequeue_count;
+        let hint = message.shard_hint();
         let scan = self
-            .running_scan(&tracker, &scan_id, &work_id, last_attempt)
+            .running_scan(&tracker, &scan_id, &work_id, hint, last_attempt)
             .await?;
+        let shard = messages::item_shard(hint, &work_id, scan.shards);
         if sent_context.is_some_and(|sent| sent != *scan) {
             tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
         }
-        let progress = progress_of(self, &tracker, &scan, &work_id, last_attempt).await?;
+        let progress = progress_of(self, &tracker, &scan, &work_id, shard, last_attempt).await?;
         Ok(Begun {
             message,
             scan,
             invocation,
             work_id,
+            shard,
             progress,
             requests,
         })
@@ -91,6 +96,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         tracker: &Tracker<'_, S>,
         scan_id: &str,
         work_id: &str,
+        shard_hint: Option<u32>,
         last_attempt: bool,
     ) -> Result<Arc<ScanContext>, InvocationResponse> {
         let (state, scan) = match self.scan_of(tracker, scan_id, last_attempt).await {
@@ -120,7 +126,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             return Ok(scan);
         }
         let dropped = self
-            .drop_work_item(tracker, &scan, work_id, last_attempt)
+            .drop_work_item(tracker, &scan, work_id, shard_hint, last_attempt)
             .await
             .map_err(|e| storage_failure(work_id, e))?;
         Err(reply(
@@ -175,10 +181,11 @@ async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore
     tracker: &Tracker<'_, S>,
     scan: &ScanContext,
     work_id: &str,
+    shard: u32,
     last_attempt: bool,
 ) -> Result<Progress, InvocationResponse> {
     let state = patiently(last_attempt, || {
-        tracker.work_state(&scan.scan_id, scan.shards, work_id)
+        tracker.work_state(&scan.scan_id, shard, work_id)
     })
     .await
     .map_err(|e| storage_failure(work_id, e))?;
@@ -193,7 +200,7 @@ async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore
             // The delivery that finished it may have died before checking for the end of the
             // scan (handler killed between the two): check on its behalf.
             let completed = app
-                .complete_if_drained(tracker, scan, Some(shard_of(work_id, scan.shards)))
+                .complete_if_drained(tracker, scan, Some(shard))
                 .await
                 .map_err(|e| storage_failure(work_id, e))?;
             Err(reply(

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::app::tracking::MAX_FOLDED_CHILDREN;
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
@@ -52,7 +53,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             M::NAME,
             begun.invocation.dequeue_count
         );
-        self.fail_work_item(&begun.scan, &begun.work_id, &reason)
+        self.fail_work_item(&begun.scan, &begun.work_id, begun.shard, &reason)
             .await
             .map(|_| ())
     }
@@ -65,23 +66,38 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let scan = &*begun.scan;
         let store = self.counted_table(STORAGE_SETTING, &begun.requests)?;
         let tracker = self.tracker_on(&store);
-        let (etag, outcome) = match (&begun.progress, result) {
-            (Progress::Recorded { etag, outcome }, _) => (etag.clone(), outcome.clone()),
+        let own = begun.shard;
+        let (etag, outcome, counter, children) = match (&begun.progress, result) {
+            (Progress::Recorded { etag, outcome }, _) => {
+                let children = self.children_of(scan, own, outcome)?;
+                (etag.clone(), outcome.clone(), None, children)
+            }
             // Without children there is nothing two executions could disagree on but counters,
             // and only one completion can commit: no need to record the outcome first.
             (Progress::Fresh { etag }, Ok(outcome)) if outcome.children.is_empty() => {
-                (etag.clone(), outcome)
+                (etag.clone(), outcome, None, Vec::new())
             }
-            (Progress::Fresh { etag }, Ok(outcome)) => {
+            (Progress::Fresh { etag }, Ok(mut outcome)) => {
+                outcome.grouped = true;
+                let children = self.children_of(scan, own, &outcome)?;
+                // The children in the item's own shard are registered with the outcome.
+                let folded: Vec<&NewWork> = children
+                    .iter()
+                    .map(|c| &c.work)
+                    .filter(|w| w.shard == own)
+                    .take(MAX_FOLDED_CHILDREN)
+                    .collect();
                 let json = serde_json::to_string(&outcome).expect("outcomes serialize");
                 match tracker
-                    .record_outcome(&scan.scan_id, scan.shards, &begun.work_id, etag, &json)
+                    .record_outcome(&scan.scan_id, own, &begun.work_id, etag, &json, &folded)
                     .await
                 {
-                    Ok(etag) => (etag, outcome),
+                    Ok(recorded) => (recorded.etag, outcome, recorded.counter, children),
                     // Another execution got there first: its outcome is the one that counts.
                     Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
-                        (etag, parse_outcome(&begun.work_id, &outcome)?)
+                        let outcome = parse_outcome(&begun.work_id, &outcome)?;
+                        let children = self.children_of(scan, own, &outcome)?;
+                        (etag, outcome, None, children)
                     }
                     Err(RecordError::Lost(_)) => {
                         return Ok(format!("{}: finished by another delivery", begun.work_id))
@@ -93,34 +109,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
         };
 
-        let children = outcome
-            .children
-            .iter()
-            .map(|c| self.child_message(scan, c))
-            .collect::<Result<Vec<_>, _>>()?;
-        let new_work: Vec<&NewWork> = children.iter().map(|c| &c.work).collect();
-        tracker
-            .register_children(&scan.scan_id, scan.shards, &new_work)
+        let registered = counter.is_some().then_some(own);
+        self.register_and_queue(&tracker, begun, &children, registered)
             .await?;
-        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
-        try_join_all(
-            children
-                .iter()
-                .map(|c| queues.put_message(&c.queue, &c.text, Duration::ZERO)),
-        )
-        .await?;
         let mut delta = outcome.delta;
-        // Count the completion's own counter read and transaction too.
-        delta.storage_requests = begun.requests.load(Ordering::Relaxed) as i64 + 2;
+        // Count the completion's own transaction (and counter read) too.
+        delta.storage_requests =
+            begun.requests.load(Ordering::Relaxed) as i64 + if counter.is_some() { 1 } else { 2 };
         let completion = tracker
             .complete(
                 &scan.scan_id,
-                scan.shards,
+                own,
                 &begun.work_id,
                 &etag,
                 delta,
                 None,
                 outcome.result.as_deref(),
+                counter,
             )
             .await?;
         // Check for the end of the scan also after a duplicate completion: it may have been our
@@ -130,14 +135,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             Completion::Committed { shard_idle: true } => {
                 self.complete_if_drained(&tracker, scan, None).await?
             }
-            Completion::Duplicate => {
-                self.complete_if_drained(
-                    &tracker,
-                    scan,
-                    Some(shard_of(&begun.work_id, scan.shards)),
-                )
-                .await?
-            }
+            Completion::Duplicate => self.complete_if_drained(&tracker, scan, Some(own)).await?,
         };
         if scan_completed {
             tracing::info!(scan = %scan.scan_id, "scan completed");
@@ -155,5 +153,59 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 delta.rows_written
             )),
         }
+    }
+
+    /// Registers `children` (except those in shard `registered`, registered with the outcome),
+    /// then queues them all. Registering is idempotent (rows already there are left alone), so a
+    /// delivery that adopted a recorded outcome registers every child again.
+    async fn register_and_queue<M: WorkMessage, S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        begun: &Begun<M>,
+        children: &[ChildMessage],
+        registered: Option<u32>,
+    ) -> Result<(), WorkError> {
+        let new_work: Vec<&NewWork> = children
+            .iter()
+            .map(|c| &c.work)
+            .filter(|w| Some(w.shard) != registered)
+            .collect();
+        tracker
+            .register_children(&begun.scan.scan_id, &new_work)
+            .await?;
+        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
+        try_join_all(
+            children
+                .iter()
+                .map(|c| queues.put_message(&c.queue, &c.text, Duration::ZERO)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The messages of an outcome's children: its first driver work item in `own` shard when the
+    /// outcome says so (see [`WorkOutcome::grouped`]), every other child in the shard its id
+    /// hashes to. One, not all: siblings that share a shard finish at about the same time and
+    /// contend for its counter (measured in the simulator: all items in the parent's shard cost
+    /// more requests in retries than their registrations saved).
+    fn children_of(
+        &self,
+        scan: &ScanContext,
+        own: u32,
+        outcome: &WorkOutcome,
+    ) -> Result<Vec<ChildMessage>, MessageError> {
+        let first_item = outcome
+            .children
+            .iter()
+            .position(|c| matches!(c, ChildSpec::Item(_)));
+        outcome
+            .children
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let shard = (outcome.grouped && Some(i) == first_item).then_some(own);
+                self.child_message_in(scan, c, shard)
+            })
+            .collect()
     }
 }

@@ -34,7 +34,7 @@ use super::config::STORAGE_SETTING;
 use super::functions::start_scan::recorded_context;
 use super::functions::status::is_valid_scan_id;
 use super::messages::{
-    self, shard_of, ChildSpec, ItemMessage, MessageError, ScanContext, StepMessage, WorkMessage,
+    self, ChildSpec, ItemMessage, MessageError, ScanContext, StepMessage, WorkMessage,
 };
 use super::observe;
 use super::protocol::{InvocationRequest, InvocationResponse, QueueInvocation};
@@ -52,6 +52,11 @@ pub struct WorkOutcome {
     /// descriptor; read back with `Tracker::work_results`). Short: the row must fit an entity.
     #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
+    /// The item's driver work children live in its own shard (set when the outcome is recorded,
+    /// with those children registered in the same transaction). Outcomes recorded by earlier
+    /// versions lack it: their children live in the shards their ids hash to.
+    #[serde(rename = "g", default, skip_serializing_if = "std::ops::Not::not")]
+    pub grouped: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +113,8 @@ pub struct Begun<M> {
     pub scan: Arc<ScanContext>,
     pub invocation: QueueInvocation,
     pub work_id: String,
+    /// The counter shard of the item's row (see [`messages::shard_for`]).
+    pub shard: u32,
     progress: Progress,
     /// Storage requests made on behalf of this item.
     pub requests: Arc<AtomicU64>,
@@ -169,10 +176,12 @@ pub(crate) struct ChildMessage {
 }
 
 impl ChildMessage {
-    fn new<M: WorkMessage>(message: &M, queue: &str) -> Result<Self, MessageError> {
+    fn new<M: WorkMessage>(message: &M, queue: &str, shards: u32) -> Result<Self, MessageError> {
+        let id = messages::work_id(message);
         Ok(ChildMessage {
             work: NewWork {
-                id: messages::work_id(message),
+                shard: messages::shard_for(message, &id, shards),
+                id,
                 kind: M::NAME,
             },
             queue: queue.to_string(),
@@ -262,6 +271,18 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         scan: &ScanContext,
         child: &ChildSpec,
     ) -> Result<ChildMessage, MessageError> {
+        self.child_message_in(scan, child, None)
+    }
+
+    /// [`AppState::child_message`]; a driver work item names `shard` (its parent's) for its row.
+    /// Steps always live in the shard their id hashes to, so the scan's tree spreads over the
+    /// shards while each step's items share its own.
+    pub(crate) fn child_message_in(
+        &self,
+        scan: &ScanContext,
+        child: &ChildSpec,
+        shard: Option<u32>,
+    ) -> Result<ChildMessage, MessageError> {
         let scan_id = scan.scan_id.clone();
         match child {
             ChildSpec::Step(step) => ChildMessage::new(
@@ -270,13 +291,16 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                     step: step.clone(),
                 },
                 &self.config.prefix_scan_queue,
+                scan.shards,
             ),
             ChildSpec::Item(work) => ChildMessage::new(
                 &ItemMessage {
                     scan_id,
                     work: work.clone(),
+                    shard,
                 },
                 &self.config.table_copy_queue,
+                scan.shards,
             ),
         }
     }

@@ -10,14 +10,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         &self,
         scan: &ScanContext,
         work_id: &str,
+        shard: u32,
         reason: &str,
     ) -> Result<bool, StorageError> {
         let store = self.bookkeeping();
         let tracker = self.tracker_on(store);
-        let state = patiently(true, || {
-            tracker.work_state(&scan.scan_id, scan.shards, work_id)
-        })
-        .await?;
+        let state = patiently(true, || tracker.work_state(&scan.scan_id, shard, work_id)).await?;
         let etag = match state {
             Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
             Some(WorkState::Finished) | None => return Ok(false),
@@ -32,11 +30,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         patiently(true, || {
             tracker.complete(
                 &scan.scan_id,
-                scan.shards,
+                shard,
                 work_id,
                 &etag,
                 Counters::default(),
                 Some(reason),
+                None,
                 None,
             )
         })
@@ -107,7 +106,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             }
         };
         if state != ScanState::Running {
-            return match self.drop_work_item(&tracker, &scan, &work_id, true).await {
+            return match self
+                .drop_work_item(&tracker, &scan, &work_id, message.shard_hint(), true)
+                .await
+            {
                 Ok(true) => reply(
                     StatusCode::OK,
                     format!(
@@ -130,7 +132,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
              outcome (handler killed or timed out, or storage unreachable)",
             M::NAME
         );
-        match self.fail_work_item(&scan, &work_id, &reason).await {
+        let shard = messages::shard_for(&message, &work_id, scan.shards);
+        match self.fail_work_item(&scan, &work_id, shard, &reason).await {
             Ok(true) => reply(
                 StatusCode::OK,
                 format!(
