@@ -1,4 +1,4 @@
-//! The copy driver (`"driver": "copy"`): every scanned page becomes one [`RangeWork`] item; an
+//! The copy driver (`"driver": "copy"`): every scanned key range (up to 2,000 rows) becomes one [`RangeWork`] item; an
 //! item re-reads its key range with every column (bounded: see [`read_item`]) and upserts the
 //! rows into `destinationTable` in same-partition entity group transactions (≤ 100 operations,
 //! < 4 MiB), several in flight. Typed properties travel with their `@odata.type`, as the

@@ -1,6 +1,6 @@
 //! The export driver (`"driver": "export"`): backs a table (its key range, its `filter`'s rows,
 //! its `select`'s columns) up to Blob Storage in the `tablescan-export/1` format
-//! (docs/export-format.md). Every scanned page becomes one [`RangeWork`] item; an item re-reads
+//! (docs/export-format.md). Every scanned key range (up to 2,000 rows) becomes one [`RangeWork`] item; an item re-reads
 //! its range (bounded like every range item) and writes its rows as one part blob,
 //! `<prefix>parts/<scan id>/<work item id>.jsonl.gz`. Once every item has finished, the
 //! completion step writes `<prefix>manifest.json` listing the parts.
@@ -57,8 +57,8 @@ use super::{check_connection, default_connection, Driver, Segment, Setup};
 /// what a reader inflates (`export_format::MAX_PART_DECOMPRESSED_BYTES`).
 pub const PART_SPLIT_BYTES: u64 = 48 * 1024 * 1024;
 /// Most parts one export may have: its manifest stays under `MAX_MANIFEST_BYTES` (about 200
-/// bytes per part) and its completion step within seconds. About 250 million rows at the usual
-/// 1,000 rows per part; export a bigger table as several key ranges.
+/// bytes per part) and its completion step within seconds. At least 250 million rows (a part
+/// holds up to 2,000); export a bigger table as several key ranges.
 pub const MAX_EXPORT_PARTS: usize = 250_000;
 
 pub struct ExportDriver;
