@@ -48,7 +48,7 @@ async fn crash_run(instances: usize, per_instance: usize, rows: u64, take: u32, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_crashes() {
-    crash_run(3, 2, 800, 4, SCAN_TIMEOUT).await;
+    crash_run(3, 2, 1600, 4, SCAN_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,7 +304,7 @@ async fn verify_delete(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_with_handler_crashes() {
-    delete_fault_run(DeleteFault::Crash, 500, 4).await;
+    delete_fault_run(DeleteFault::Crash, 1500, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,13 +507,21 @@ async fn verify_copy_keep_poison(
     destination: &str,
 ) -> support::faults::Verdict {
     let deadline = Instant::now() + Duration::from_secs(90);
-    while queue_len(&app.names.prefix_queue).await + queue_len(&app.names.copy_queue).await > 0
+    let poison_len = || async {
+        queue_len(&format!("{}-poison", app.names.prefix_queue)).await
+            + queue_len(&format!("{}-poison", app.names.copy_queue)).await
+    };
+    // The live queues drain, and the poison functions settle (delete) what reached the poison
+    // queues: counted before they are done, a message settled meanwhile looks missing.
+    while queue_len(&app.names.prefix_queue).await
+        + queue_len(&app.names.copy_queue).await
+        + poison_len().await
+        > 0
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let poison = queue_len(&format!("{}-poison", app.names.prefix_queue)).await
-        + queue_len(&format!("{}-poison", app.names.copy_queue)).await;
+    let poison = poison_len().await;
     let mut v = verify_copy_inner(app, id, source_rows, destination, poison).await;
     if queue_len(&app.names.prefix_queue).await + queue_len(&app.names.copy_queue).await > 0 {
         v.problems.push("live queues did not drain".into());

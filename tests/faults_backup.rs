@@ -172,7 +172,7 @@ async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_and_import_with_handler_crashes() {
-    backup_fault_run(Fault::Crash, 400, 4).await;
+    backup_fault_run(Fault::Crash, 2400, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
