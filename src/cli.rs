@@ -24,8 +24,6 @@ struct Cli {
     command: Command,
 }
 
-// Parsed once per process: the size of its largest variant does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the custom handler (what the Functions host starts; reads app settings from the environment).

@@ -213,8 +213,10 @@ async fn a_copy_scan_outlives_many_short_lived_tokens() {
     let app = TestApp::start_on(1, &storage, store, &[]).await;
     let source = support::unique_name("ShortTokenSource");
     let destination = support::unique_name("ShortTokenDestination");
-    let mut entities: Vec<_> = (0..600)
-        .map(|i| entity(&format!("p{}", i % 11), &format!("r{i:03}"), i))
+    // Long enough to outlive a refresh interval however fast the copy gets.
+    const ROWS: i64 = 6000;
+    let mut entities: Vec<_> = (0..ROWS)
+        .map(|i| entity(&format!("p{}", i % 11), &format!("r{i:04}"), i))
         .collect();
     seed(&app.store, &source, entities.clone()).await;
 
@@ -231,7 +233,7 @@ async fn a_copy_scan_outlives_many_short_lived_tokens() {
     let elapsed = started.elapsed();
     let during = identity.issued() - before;
     assert_eq!(end["state"], "completed", "{end}");
-    assert_eq!(end["rowsWritten"], 600, "{end}");
+    assert_eq!(end["rowsWritten"], ROWS, "{end}");
     // Exactly the source's rows, every property, in key order.
     entities.sort_by(|a, b| {
         tablescan::storage::compare_keys(&a.partition_key, &b.partition_key)
