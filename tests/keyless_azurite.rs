@@ -133,35 +133,11 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
     // A backup to Blob Storage and its restore, with the same bearer tokens.
     let container = support::unique_name("keyless");
     let export = json!({"driver": "export", "sourceTable": source, "takeCount": 40, "destinationContainer": container});
-    let (status, reply, _) = app.post_scan(&export).await;
-    assert_eq!(status, 202, "{reply}");
-    let end = app
-        .wait_for_end(
-            reply["id"].as_str().unwrap(),
-            std::time::Duration::from_secs(120),
-        )
-        .await;
-    assert_eq!(
-        (&end["state"], &end["rowsWritten"]),
-        (&json!("completed"), &json!(120)),
-        "{end}"
-    );
+    completes_writing(&app, &export, 120).await;
     let restored = support::unique_name("KeylessRestored");
     let import =
         json!({"driver": "import", "sourceContainer": container, "destinationTable": restored});
-    let (status, reply, _) = app.post_scan(&import).await;
-    assert_eq!(status, 202, "{reply}");
-    let end = app
-        .wait_for_end(
-            reply["id"].as_str().unwrap(),
-            std::time::Duration::from_secs(120),
-        )
-        .await;
-    assert_eq!(
-        (&end["state"], &end["rowsWritten"]),
-        (&json!("completed"), &json!(120)),
-        "{end}"
-    );
+    completes_writing(&app, &import, 120).await;
     assert_eq!(
         rows(&app.store, &restored).await,
         rows(&app.store, &source).await
@@ -183,6 +159,21 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
         "{logs}"
     );
     app.shutdown().await;
+}
+
+/// Starts a scan and waits for it to complete having written `rows` rows.
+async fn completes_writing(app: &support::e2e::TestApp, body: &serde_json::Value, rows: i64) {
+    let (status, reply, _) = app.post_scan(body).await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap();
+    let end = app
+        .wait_for_end(id, std::time::Duration::from_secs(120))
+        .await;
+    assert_eq!(
+        (&end["state"], &end["rowsWritten"]),
+        (&json!("completed"), &json!(rows)),
+        "{end}"
+    );
 }
 
 /// Tokens that live 2 seconds (`expires_in`): every process's provider refreshes at half the
