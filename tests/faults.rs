@@ -971,6 +971,7 @@ async fn hostile_queue_messages_are_poisoned_without_harm() {
             row_key_skip: None,
             depth: 1,
         },
+        shard: None,
     };
     let forged = messages::encode(&live).unwrap();
     let forged_json = String::from_utf8(MessageEncoding::Base64.decode(&forged).unwrap()).unwrap();

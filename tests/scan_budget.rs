@@ -183,6 +183,17 @@ fn run<S: TableStore>(
         let out = block_on(scanner.execute(&step)).expect("step succeeds");
         let sent = store.count() - before;
         assert_eq!(sent, out.queries, "{}", step.describe());
+        assert_eq!(out.rows, out.row_count(), "{}", step.describe());
+        // A step stops reading once its row budget is reached; its first page and a
+        // partition's page read inline come first, so it reads at most two pages more.
+        let take = params.take as usize;
+        assert!(
+            out.rows <= budget.max_rows.saturating_add(2 * take),
+            "{} read {} rows, row budget {}",
+            step.describe(),
+            out.rows,
+            budget.max_rows
+        );
         assert!(
             sent <= limit,
             "{} sent {sent} queries, budget {limit}",
@@ -234,6 +245,7 @@ fn a_budget_spent_on_empty_pages_splits_the_step() {
     let budget = StepBudget {
         max_pages: 2,
         max_queries: 3,
+        max_rows: usize::MAX,
     };
     let partition = keys[0].0.clone();
     let cases = [
@@ -312,6 +324,7 @@ fn single_key_ranges_cannot_split_but_still_change() {
     let budget = StepBudget {
         max_pages: 1,
         max_queries: 2,
+        max_rows: usize::MAX,
     };
     let scanner = Scanner::new(&store, TABLE, &params, budget);
     let cases = [
@@ -467,6 +480,7 @@ proptest! {
         first in segments(),
         subsequent in segments(),
         (max_pages, max_queries) in prop::sample::select(vec![(1, 1), (2, 3), (1, 2), (3, 2), (8, 16)]),
+        max_rows in prop::sample::select(vec![usize::MAX, usize::MAX, 1, 3, 10]),
         seed in any::<u64>(),
         quirk in 0.0f64..0.4,
         injected in prop::sample::select(vec![0.0, 0.0, 0.2, 0.4]),
@@ -478,7 +492,7 @@ proptest! {
         };
         // Every parameter valid except, possibly, the segments, which go to the engine as they are.
         prop_assume!(ScanParameters { segments_per_first_prefix: 1, segments_per_subsequent_prefix: 1, ..params.clone() }.validate().is_ok());
-        let budget = StepBudget { max_pages, max_queries };
+        let budget = StepBudget { max_pages, max_queries, max_rows };
         let want = expected(&keys, &params);
         for strategy in [Strategy::Prefix, Strategy::Serial] {
             let store = Counting::with_empty_pages(

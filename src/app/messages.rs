@@ -65,6 +65,15 @@ pub struct ScanContext {
     /// The driver's own recorded settings (its `Driver::setup`), read only by that driver.
     #[serde(rename = "o", default, skip_serializing_if = "Option::is_none")]
     pub options: Option<Value>,
+    /// Scan steps do the driver's work on the rows they read (`Driver::work_rows`), reading
+    /// the columns the driver needs, and make no work items. `false` (and every scan recorded
+    /// before this existed): steps read keys only and segments become work items.
+    #[serde(rename = "is", default, skip_serializing_if = "is_false")]
+    pub in_step: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 fn is_default_split(split: &WorkSplit) -> bool {
@@ -93,6 +102,10 @@ pub struct StepMessage {
     pub scan_id: String,
     #[serde(rename = "w")]
     pub step: Step,
+    /// The counter shard the step's row lives in, as for [`ItemMessage::shard`]: its parent's
+    /// when the parent registered it with its outcome. Absent: the shard its id hashes to.
+    #[serde(rename = "h", default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
 }
 
 impl WorkMessage for StepMessage {
@@ -106,6 +119,9 @@ impl WorkMessage for StepMessage {
     }
     fn scan_id(&self) -> &str {
         &self.scan_id
+    }
+    fn shard_hint(&self) -> Option<u32> {
+        self.shard
     }
 }
 
@@ -333,6 +349,7 @@ mod tests {
             filter: None,
             select: None,
             options: None,
+            in_step: false,
         }
     }
 
@@ -341,6 +358,7 @@ mod tests {
         let m = StepMessage {
             scan_id: "s1".into(),
             step: Step::Start,
+            shard: None,
         };
         let text = encode(&m).unwrap();
         let json = String::from_utf8(MessageEncoding::Base64.decode(&text).unwrap()).unwrap();
@@ -373,6 +391,7 @@ mod tests {
                 row_key_skip: None,
                 depth: 1,
             },
+            shard: None,
         };
         assert!(matches!(encode(&huge), Err(MessageError::TooLarge(_))));
     }
@@ -428,10 +447,12 @@ mod tests {
         let a = StepMessage {
             scan_id: "s1".into(),
             step: Step::Start,
+            shard: None,
         };
         let b = StepMessage {
             scan_id: "s2".into(),
             step: Step::Start,
+            shard: None,
         };
         assert_eq!(
             work_id(&a),
@@ -441,6 +462,7 @@ mod tests {
         let c = StepMessage {
             scan_id: "s1".into(),
             step: Step::Serial { after: None },
+            shard: None,
         };
         assert_ne!(work_id(&a), work_id(&c));
         assert!(shard_of(&work_id(&a), 16) < 16);

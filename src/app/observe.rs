@@ -283,6 +283,7 @@ mod tests {
                 row_key_skip: None,
                 depth: 1,
             },
+            shard: None,
         }
     }
 

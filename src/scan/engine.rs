@@ -18,6 +18,12 @@ pub struct StepBudget {
     /// Queries one step of any kind sends, counting empty pages and the partition-key queries
     /// a prefix-query step runs inline. Checked before every query. 0 counts as 1.
     pub max_queries: usize,
+    /// Rows after which a step reads no further page of its own: for steps that do work on
+    /// every row they read. Checked before each next page of a query and before each next
+    /// round of a prefix query; the first page of a step, and the one page of a partition a
+    /// prefix step reads inline, are always read, so a step reads at most `max_rows` plus two
+    /// pages.
+    pub max_rows: usize,
 }
 
 impl StepBudget {
@@ -25,13 +31,23 @@ impl StepBudget {
     pub const UNLIMITED: StepBudget = StepBudget {
         max_pages: usize::MAX,
         max_queries: usize::MAX,
+        max_rows: usize::MAX,
     };
 
     /// The budget of the Functions app.
     pub const DEFAULT: StepBudget = StepBudget {
         max_pages: 8,
         max_queries: 16,
+        max_rows: usize::MAX,
     };
+
+    /// This budget, reading no further page once `rows` rows were read (see `max_rows`).
+    pub fn with_max_rows(self, rows: usize) -> StepBudget {
+        StepBudget {
+            max_rows: rows,
+            ..self
+        }
+    }
 }
 
 impl Default for StepBudget {
@@ -46,6 +62,8 @@ impl Default for StepBudget {
 pub struct StepOutput {
     pub steps: Vec<Step>,
     pub queries: usize,
+    /// Rows read (the rows of the segments).
+    pub rows: usize,
 }
 
 impl StepOutput {
@@ -102,6 +120,12 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             budget,
             select,
         }
+    }
+
+    /// This scanner with another `$select` (`None`: every column): the columns it reads are
+    /// the caller's choice, whatever the parameters say.
+    pub fn with_select(self, select: Option<Vec<String>>) -> Self {
+        Scanner { select, ..self }
     }
 
     /// The root step of a scan with the given strategy.
@@ -230,6 +254,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         };
         out.queries += 1;
         let page = self.store.query_page(self.table, &query).await?;
+        out.rows += page.entities.len();
         // Discovery needs every key of a page to place its bounds; a key it cannot name stops
         // the step, naming the row (see `storage::UnaddressableRow`).
         match page.unaddressable.first() {
@@ -241,6 +266,12 @@ impl<'a, T: TableStore> Scanner<'a, T> {
     /// Queries this step may still send (at least one per step).
     fn queries_left(&self, out: &StepOutput) -> bool {
         out.queries < self.budget.max_queries.max(1)
+    }
+
+    /// Whether this step may read another page of its own: queries left and the row budget
+    /// not reached.
+    fn pages_left(&self, out: &StepOutput) -> bool {
+        self.queries_left(out) && out.rows < self.budget.max_rows
     }
 
     /// The prefix query loop: read up to N non-empty pages of the range; if more rows remain,
@@ -264,7 +295,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         // Whether `lower` moved past the step's own lower bound.
         let mut advanced = false;
         loop {
-            if !self.queries_left(out) {
+            if !self.pages_left(out) {
                 // Only after a jump: the first round always has budget.
                 out.steps.push(Step::PrefixQuery {
                     prefix: prefix.to_string(),
@@ -289,7 +320,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                 }
                 match page.continuation {
                     None => break false,
-                    Some(_) if non_empty >= wanted || !self.queries_left(out) => break true,
+                    Some(_) if non_empty >= wanted || !self.pages_left(out) => break true,
                     Some(c) => continuation = Some(c),
                 }
             };
@@ -409,7 +440,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             let Some(c) = page.continuation else {
                 return Ok(());
             };
-            if pages < max_pages && self.queries_left(out) {
+            if pages < max_pages && self.pages_left(out) {
                 continuation = Some(c);
                 continue;
             }

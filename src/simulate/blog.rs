@@ -201,6 +201,7 @@ impl Blog {
         let budget = StepBudget {
             max_pages: 1,
             max_queries: usize::MAX,
+            max_rows: usize::MAX,
         };
         let scanner = Scanner::new(&self.tables, &self.source, &self.params, budget);
         loop {

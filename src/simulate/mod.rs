@@ -321,6 +321,7 @@ fn app_state(
     config.step_budget = StepBudget {
         max_pages: d.budget_pages,
         max_queries: d.budget_queries,
+        max_rows: usize::MAX,
     };
     Ok(AppState::new(
         config,

@@ -1,9 +1,14 @@
-//! The copy driver (`"driver": "copy"`): every scanned key range (up to 2,000 rows) becomes one [`RangeWork`] item; an
-//! item re-reads its key range with every column (bounded: see [`read_item`]) and upserts the
-//! rows into `destinationTable` in same-partition entity group transactions (≤ 100 operations,
-//! < 4 MiB), several in flight. Typed properties travel with their `@odata.type`, as the
-//! service's JSON text; read-only metadata is dropped. Re-running an item rewrites the same
-//! rows, so duplicates are harmless.
+//! The copy driver (`"driver": "copy"`): upserts the rows of the scanned key range into
+//! `destinationTable` in same-partition entity group transactions (≤ 100 operations, < 4 MiB),
+//! several in flight. Typed properties travel with their `@odata.type`, as the service's JSON
+//! text; read-only metadata is dropped. Re-running a step or item rewrites the same rows, so
+//! duplicates are harmless.
+//!
+//! Where the rows are read: without a `filter`, the scan's steps read every column (or the
+//! `select`ed ones) and write what they read ([`StepWork::Rows`]); with one (which discovery
+//! cannot apply), or with the reference design's `workSplit: "partitionKey"`, every scanned key
+//! range (up to 2,000 rows) becomes one [`RangeWork`] item that re-reads its range with the
+//! filter (bounded: see `range::read_item`) and writes what it finds.
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
@@ -11,13 +16,18 @@ use serde::{Deserialize, Serialize};
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ItemMessage, ScanContext, TableRef, WorkSplit};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::app::messages::{ItemMessage, ScanContext, StepMessage, TableRef, WorkSplit};
 use crate::app::state::AppState;
+use crate::app::tracking::Counters;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::scan::Strategy;
 use crate::storage::{Entity, QueueStore, TableStore};
 
 use super::range::{batches, begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{check_destination, default_connection, Driver, Segment, Setup};
+use super::{check_destination, default_connection, Driver, Segment, Setup, StepWork};
 
 pub struct CopyDriver;
 
@@ -79,7 +89,10 @@ impl Driver for CopyDriver {
         Ok(())
     }
 
-    fn setup(fields: &CopyFields, _request: &ScanRequest) -> Setup {
+    fn setup(fields: &CopyFields, request: &ScanRequest) -> Setup {
+        let in_step = fields.work_split == WorkSplit::Page
+            && request.filter.is_none()
+            && request.strategy == Strategy::Prefix;
         Setup {
             destination: Some(TableRef {
                 connection: fields.destination_connection.clone(),
@@ -87,6 +100,12 @@ impl Driver for CopyDriver {
             }),
             work_split: fields.work_split,
             options: None,
+            step_work: match in_step {
+                true => StepWork::Rows {
+                    select: request.select.clone(),
+                },
+                false => StepWork::Items,
+            },
         }
     }
 
@@ -109,33 +128,29 @@ impl Driver for CopyDriver {
         }
     }
 
+    async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<StepMessage>,
+        rows: Vec<Entity>,
+    ) -> Result<Counters, WorkError> {
+        let matched = rows.len() as i64;
+        let written = upsert(state, &begun.scan, &begun.requests, rows).await?;
+        Ok(Counters {
+            rows_matched: matched,
+            rows_written: written,
+            ..Counters::default()
+        })
+    }
+
     async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
         let scan = &*begun.scan;
-        let destination = scan
-            .destination
-            .as_ref()
-            .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
-        let target = state.counted_table(&destination.connection, &begun.requests)?;
-        let (_, mut read, mut outcome) =
+        let (_, read, mut outcome) =
             begin_range_item::<Self, T, Q>(state, begun, &item, scan.select.clone()).await?;
-        if scan.select.is_some() {
-            // The service answers a selected property an entity lacks as null; it stores no
-            // nulls, so writing one back would be refused or invent a property.
-            read.rows.iter_mut().for_each(drop_nulls);
-        }
-        let written = read.rows.len() as i64;
-        let target = &target;
-        stream::iter(batches(read.rows))
-            .map(
-                |(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await },
-            )
-            .buffer_unordered(state.config.copy_concurrency)
-            .try_collect::<Vec<()>>()
-            .await?;
+        let written = upsert(state, scan, &begun.requests, read.rows).await?;
         // Every other row is written; a row that cannot be addressed fails the item, named exactly.
         if let Some(e) = unaddressable_error("copied", &read.unaddressable) {
             return Err(e);
@@ -143,6 +158,33 @@ impl Driver for CopyDriver {
         outcome.delta.rows_written = written;
         Ok(outcome)
     }
+}
+
+/// Upserts `rows` (read from the scan's source, in key order) into the scan's destination;
+/// returns how many were written.
+async fn upsert<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    requests: &Arc<AtomicU64>,
+    mut rows: Vec<Entity>,
+) -> Result<i64, WorkError> {
+    let destination = scan
+        .destination
+        .as_ref()
+        .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
+    let target = &state.counted_table(&destination.connection, requests)?;
+    if scan.select.is_some() {
+        // The service answers a selected property an entity lacks as null; it stores no
+        // nulls, so writing one back would be refused or invent a property.
+        rows.iter_mut().for_each(drop_nulls);
+    }
+    let written = rows.len() as i64;
+    stream::iter(batches(rows))
+        .map(|(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await })
+        .buffer_unordered(state.config.copy_concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(written)
 }
 
 /// Removes the properties whose value is `null` (and their annotations).

@@ -1,13 +1,16 @@
 //! The delete driver (`"driver": "delete"`): deletes every row of `sourceTable` in the scan's
-//! key range (and matching its `filter`). Every scanned page becomes one [`RangeWork`] item;
-//! an item re-reads its key range (keys only, with the filter: bounded like every range item)
-//! and deletes the rows it finds with same-partition entity group transactions of deletes with
-//! `If-Match: *`.
+//! key range (and matching its `filter`) with same-partition entity group transactions of
+//! deletes with `If-Match: *`. Without a filter, the scan's steps delete the rows they read
+//! (keys only: [`StepWork::Rows`]); with one (which discovery cannot apply), every scanned key
+//! range becomes one [`RangeWork`] item that re-reads its range (keys only, with the filter:
+//! bounded like every range item) and deletes the rows it finds.
 //!
 //! Safety rules (README "Delete safety rules"):
 //! - The request must carry `"confirm"` equal to `sourceTable`, or nothing is written.
-//! - Only rows the item's own re-read returned are deleted, and that read's filter covers
-//!   exactly the item's key range ([`super::range`]); rows outside it are never named.
+//! - Only rows a read of the scan returned are deleted: a step's own read, whose queries the
+//!   scan engine keeps inside the scan's range (and stops on a row outside it), or an item's
+//!   re-read, whose filter covers exactly the item's key range ([`super::range`]); rows
+//!   outside the range are never named.
 //! - Delivery is at-least-once: rows already gone (an earlier or concurrent delivery deleted
 //!   them) are tolerated. A transaction fails whole when one of its deletes finds no row (404);
 //!   the batch's rows are then read again and only those still there are deleted, at most
@@ -21,16 +24,18 @@ use serde::{Deserialize, Serialize};
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
+use crate::app::messages::{ItemMessage, ScanContext, StepMessage, WorkSplit};
 use crate::app::state::AppState;
+use crate::app::tracking::Counters;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
+use crate::scan::Strategy;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError, StorageErrorKind,
     TableStore, MAX_TAKE,
 };
 
 use super::range::{batches_of, begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{Driver, Segment, Setup};
+use super::{Driver, Segment, Setup, StepWork};
 
 /// Transactions tried per batch before the item gives up for this delivery (each after the
 /// first re-reads which of the batch's rows are still there).
@@ -70,8 +75,17 @@ impl Driver for DeleteDriver {
         Ok(())
     }
 
-    fn setup(_: &DeleteFields, _: &ScanRequest) -> Setup {
-        Setup::default()
+    fn setup(_: &DeleteFields, request: &ScanRequest) -> Setup {
+        let step_work = match (&request.filter, request.strategy) {
+            (None, Strategy::Prefix) => StepWork::Rows {
+                select: Some(Vec::new()),
+            },
+            _ => StepWork::Items,
+        };
+        Setup {
+            step_work,
+            ..Setup::default()
+        }
     }
 
     fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
@@ -81,26 +95,51 @@ impl Driver for DeleteDriver {
         }
     }
 
+    async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<StepMessage>,
+        rows: Vec<Entity>,
+    ) -> Result<Counters, WorkError> {
+        let source = state.counted_table(&begun.scan.source.connection, &begun.requests)?;
+        let matched = rows.len() as i64;
+        let deleted = delete_rows(state, &source, &begun.scan.source.table, rows).await?;
+        Ok(Counters {
+            rows_matched: matched,
+            rows_written: deleted,
+            ..Counters::default()
+        })
+    }
+
     async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
-        let table = &begun.scan.source.table;
         let (source, read, mut outcome) =
             begin_range_item::<Self, T, Q>(state, begun, &item, Some(Vec::new())).await?;
-        let source = &source;
-        let deleted: Vec<usize> = stream::iter(batches_of(read.rows, delete_op))
-            .map(|(pk, ops)| async move { delete_batch(source, table, &pk, ops).await })
-            .buffer_unordered(state.config.copy_concurrency)
-            .try_collect()
-            .await?;
+        let deleted = delete_rows(state, &source, &begun.scan.source.table, read.rows).await?;
         if let Some(e) = unaddressable_error("deleted", &read.unaddressable) {
             return Err(e);
         }
-        outcome.delta.rows_written = deleted.iter().sum::<usize>() as i64;
+        outcome.delta.rows_written = deleted;
         Ok(outcome)
     }
+}
+
+/// Deletes `rows` (keys, in key order) from `table`, several transactions in flight; returns
+/// how many this call deleted (rows already gone are not counted).
+async fn delete_rows<T, Q, S: TableStore>(
+    state: &AppState<T, Q>,
+    source: &S,
+    table: &str,
+    rows: Vec<Entity>,
+) -> Result<i64, WorkError> {
+    let deleted: Vec<usize> = stream::iter(batches_of(rows, delete_op))
+        .map(|(pk, ops)| async move { delete_batch(source, table, &pk, ops).await })
+        .buffer_unordered(state.config.copy_concurrency)
+        .try_collect()
+        .await?;
+    Ok(deleted.iter().sum::<usize>() as i64)
 }
 
 fn delete_op(row: Entity) -> BatchOperation {

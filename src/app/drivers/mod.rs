@@ -10,7 +10,9 @@
 //!   ([`Driver::prepare`], e.g. the destination table);
 //! - what the scan's root work is ([`Driver::root`]: the scan engine's root step, or the
 //!   driver's own item for drivers that scan no table);
-//! - what one scanned segment becomes ([`Driver::segment`]: counters and/or work items);
+//! - what one scanned segment becomes ([`Driver::segment`]: counters and/or work items), or,
+//!   for a driver that works in the scan's steps ([`Setup::step_work`]), the work done on the
+//!   rows a step read ([`Driver::work_rows`]: no work item, no queue message, no re-read);
 //! - how one work item runs ([`Driver::run`], in the `TableCopy` function, which runs every
 //!   driver's items): bounded like every invocation (at most [`MAX_ITEM_QUERIES`] queries and
 //!   [`MAX_ITEM_ROWS`] rows for items that read a key range); the rest is handed on as new items
@@ -48,7 +50,9 @@ use serde_json::Value;
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ChildSpec, ItemJson, ItemMessage, ScanContext, TableRef, WorkSplit};
+use crate::app::messages::{
+    ChildSpec, ItemJson, ItemMessage, ScanContext, StepMessage, TableRef, WorkSplit,
+};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanState, Tracker};
 use crate::app::work::{Begun, WorkError, WorkOutcome};
@@ -72,6 +76,26 @@ pub struct Setup {
     pub work_split: WorkSplit,
     /// The driver's own settings, read back with [`ScanContext::options`].
     pub options: Option<Value>,
+    /// Where the driver's work on scanned rows is done.
+    pub step_work: StepWork,
+}
+
+/// Where a driver's work on scanned rows is done (recorded on the scan: `ScanContext::in_step`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum StepWork {
+    /// Scan steps read keys only; each segment becomes counters and/or work items
+    /// ([`Driver::segment`]), and the items read what they need.
+    #[default]
+    Items,
+    /// A prefix scan's prefix-query steps read `select` (`None`: every column; `Some(vec![])`:
+    /// the keys) and do the driver's work on the rows they read ([`Driver::work_rows`]),
+    /// reading at most [`MAX_ITEM_ROWS`] rows (plus the page that crosses it and a partition's
+    /// page read inline: `StepBudget::max_rows`), so that they are bounded like a work item.
+    /// This saves each work item's queue message, bookkeeping and re-read; the price is that
+    /// such a step's follow-up steps are queued after its rows are written rather than before.
+    /// Steps that walk one partition (and serial scans) read keys only and make items
+    /// ([`Driver::segment`]), so a huge partition is still written by many invocations.
+    Rows { select: Option<Vec<String>> },
 }
 
 /// What one scanned segment becomes: counters to add and work items to queue.
@@ -141,6 +165,24 @@ pub trait Driver: Send + Sync + 'static {
     /// What one scanned segment (rows with keys only, in key order) becomes. The scan counts
     /// `rowsScanned` itself.
     fn segment(context: &ScanContext, rows: &[Entity]) -> Segment<Self::Item>;
+
+    /// Does this driver's work on rows a scan step read (scans recorded with
+    /// [`StepWork::Rows`]), returning what to count (`rowsWritten`, `rowsMatched`; the step
+    /// counts `rowsScanned`). At most a step's row budget; may run more than once for the same
+    /// rows (at-least-once delivery), so it must be idempotent.
+    fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<StepMessage>,
+        rows: Vec<Entity>,
+    ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
+        let _ = (state, begun, rows);
+        async {
+            Err(WorkError::Permanent(format!(
+                "the {} driver does no work in scan steps",
+                Self::NAME
+            )))
+        }
+    }
 
     /// Runs one work item of this driver (bounded; hands the rest on as children).
     fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
@@ -333,6 +375,26 @@ pub fn segment_outcome(
         }
         Ok(())
     })
+}
+
+/// Does the scan's driver's work on the rows one of its steps read ([`Driver::work_rows`]).
+pub async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    begun: &Begun<StepMessage>,
+    rows: Vec<Entity>,
+) -> Result<Counters, WorkError> {
+    if let Some(prefix) = &state.config.test_fail_prefix {
+        if let Some(row) = rows
+            .iter()
+            .find(|r| r.partition_key.starts_with(prefix.as_str()))
+        {
+            return Err(WorkError::Failed(format!(
+                "forced failure for partition {:?} (TABLESCAN_TEST_FAIL_PREFIX)",
+                row.partition_key
+            )));
+        }
+    }
+    with_driver!(begun.scan.driver, D => D::work_rows(state, begun, rows).await)
 }
 
 /// Runs one work item with the scan's driver.

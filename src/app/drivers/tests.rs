@@ -84,6 +84,7 @@ fn test_context(id: &str) -> ScanContext {
         filter: None,
         select: None,
         options: None,
+        in_step: false,
     }
 }
 
@@ -111,6 +112,7 @@ async fn drained_scan(
     let root_id = messages::work_id(&crate::app::messages::StepMessage {
         scan_id: id.into(),
         step: crate::scan::Step::Start,
+        shard: None,
     });
     let root = NewWork {
         shard: messages::shard_of(&root_id, 2),

@@ -1,57 +1,123 @@
 //! `PrefixScan` (queue trigger): executes one scan step per message — a bounded handful of
 //! queries — then queues its follow-up steps and hands every scanned segment to the scan's
-//! driver (`drivers::Driver::segment`), which turns it into counters and/or work items (the
-//! copy driver: one copy item per up to 2,000 scanned rows, adjacent segments joined; the count
-//! driver: nothing more).
+//! driver: either as segments (`drivers::Driver::segment`), which it turns into counters and/or
+//! work items (a filtered copy: one copy item per up to 2,000 scanned rows, adjacent segments
+//! joined; the count driver: nothing more), or, for scans that work in their steps
+//! (`ScanContext::in_step`: an unfiltered prefix copy or delete), as rows to work on now
+//! (`drivers::Driver::work_rows`). Only prefix-query steps work on their rows, reading at most
+//! `MAX_ITEM_ROWS` rows (plus two pages) with the columns the driver needs; a step that walks
+//! one partition (or a serial scan's chain) still reads keys only and makes work items, so a
+//! huge partition is still written by many invocations at once.
 
 pub use crate::app::drivers::range::page_items as copy_work;
-use crate::app::drivers::segment_outcome;
-use crate::app::messages::{ChildSpec, StepMessage};
+use crate::app::drivers::{segment_outcome, work_rows, MAX_ITEM_ROWS};
+use crate::app::messages::{ChildSpec, ScanContext, StepMessage};
 use crate::app::state::AppState;
 use crate::app::work::{Begun, Work, WorkError, WorkOutcome};
 use crate::scan::{Scanner, Step};
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::{Entity, QueueStore, TableStore};
 
 impl Work for StepMessage {
     async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         begun: &Begun<Self>,
     ) -> Result<WorkOutcome, WorkError> {
-        let message = &begun.message;
         let scan = &*begun.scan;
-        if let (
-            Some(prefix),
-            Step::PartitionKeyQuery { partition_key, .. }
-            | Step::PartitionKeyRange { partition_key, .. },
-        ) = (&state.config.test_fail_prefix, &message.step)
-        {
-            if partition_key.starts_with(prefix.as_str()) {
-                return Err(WorkError::Failed(format!(
-                    "forced failure for partition {partition_key:?} (TABLESCAN_TEST_FAIL_PREFIX)"
-                )));
-            }
-        }
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let scanner = Scanner::new(
-            &source,
-            &scan.source.table,
-            &scan.params,
-            state.config.step_budget,
-        );
-        let output = scanner.execute(&message.step).await?;
-
-        let mut outcome = WorkOutcome::default();
-        for step in joined_segments(output.steps) {
-            match step {
-                Step::Segment { entities, .. } => {
-                    outcome.delta.rows_scanned += entities.len() as i64;
-                    segment_outcome(scan, &entities, &mut outcome)?;
+        let mut done = Done::default();
+        match &begun.message.step {
+            // The root runs the scan's initial steps (known without a query) in its own
+            // invocation, as the reference design does: the partition whose key equals the
+            // prefix is empty in most tables, and neither costs a message of its own. Each
+            // runs on its own budget, so the root does at most twice a step's work.
+            Step::Start => {
+                let scanner = scanner(state, scan, &source, &Step::Start);
+                for step in scanner.execute(&Step::Start).await?.steps {
+                    run_step(state, scan, &source, &step, &mut done).await?;
                 }
-                next => outcome.children.push(ChildSpec::Step(next)),
             }
+            step => run_step(state, scan, &source, step, &mut done).await?,
+        }
+        let mut outcome = done.outcome;
+        if !done.rows.is_empty() {
+            let worked = work_rows(state, begun, done.rows).await?;
+            outcome.delta = outcome.delta.plus(&worked);
         }
         Ok(outcome)
     }
+}
+
+/// What the steps of one invocation produced: the outcome so far, and the rows the driver
+/// works on in the step (scans that work in their steps).
+#[derive(Default)]
+struct Done {
+    outcome: WorkOutcome,
+    rows: Vec<Entity>,
+}
+
+/// Whether `step` of `scan` does the driver's work on its rows: prefix queries of scans that
+/// work in their steps (see the module documentation).
+fn works_in_step(scan: &ScanContext, step: &Step) -> bool {
+    scan.in_step && matches!(step, Step::Start | Step::PrefixQuery { .. })
+}
+
+/// The scanner for `step`: with the scan's columns and a row budget where the step works on
+/// its rows, keys only and the step budget otherwise.
+fn scanner<'a, T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
+    state: &AppState<T, Q>,
+    scan: &'a ScanContext,
+    source: &'a S,
+    step: &Step,
+) -> Scanner<'a, S> {
+    let budget = state.config.step_budget;
+    if works_in_step(scan, step) {
+        let budget = budget.with_max_rows(MAX_ITEM_ROWS);
+        return Scanner::new(source, &scan.source.table, &scan.params, budget);
+    }
+    if scan.in_step {
+        return Scanner::new(source, &scan.source.table, &scan.params, budget)
+            .with_select(Some(vec!["PartitionKey".into(), "RowKey".into()]));
+    }
+    Scanner::new(source, &scan.source.table, &scan.params, budget)
+}
+
+/// Executes one step, adding its follow-up steps, counters and work items (or rows to work on)
+/// to `done`.
+async fn run_step<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    source: &S,
+    step: &Step,
+    done: &mut Done,
+) -> Result<(), WorkError> {
+    if let (
+        Some(prefix),
+        Step::PartitionKeyQuery { partition_key, .. }
+        | Step::PartitionKeyRange { partition_key, .. },
+    ) = (&state.config.test_fail_prefix, step)
+    {
+        if partition_key.starts_with(prefix.as_str()) {
+            return Err(WorkError::Failed(format!(
+                "forced failure for partition {partition_key:?} (TABLESCAN_TEST_FAIL_PREFIX)"
+            )));
+        }
+    }
+    let in_step = works_in_step(scan, step);
+    let output = scanner(state, scan, source, step).execute(step).await?;
+    for step in joined_segments(output.steps) {
+        match step {
+            Step::Segment { entities, .. } => {
+                done.outcome.delta.rows_scanned += entities.len() as i64;
+                if in_step {
+                    done.rows.extend(entities);
+                } else {
+                    segment_outcome(scan, &entities, &mut done.outcome)?;
+                }
+            }
+            next => done.outcome.children.push(ChildSpec::Step(next)),
+        }
+    }
+    Ok(())
 }
 
 /// Joins segments that follow each other in a step's output into one. The engine's output is in

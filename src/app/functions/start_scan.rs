@@ -23,7 +23,9 @@ use time::OffsetDateTime;
 use serde_json::{Map, Value};
 
 use crate::app::config::{Config, STORAGE_SETTING};
-use crate::app::drivers::{check_connection, check_table, with_driver, Driver, DriverId, Setup};
+use crate::app::drivers::{
+    check_connection, check_table, with_driver, Driver, DriverId, Setup, StepWork,
+};
 use crate::app::error::ApiError;
 use crate::app::messages::{ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
@@ -241,7 +243,8 @@ impl ScanRequest {
             lower: self.partition_key_lower_bound.clone(),
             upper: self.partition_key_upper_bound.clone(),
             take: self.take_count,
-            // Every driver reads keys only while scanning; items re-read what they need.
+            // Keys only while scanning; items re-read what they need. A driver that works in
+            // the steps says what its steps read instead (`context`).
             select: Some(Vec::new()),
             expand_partition_keys: self.expand_partition_keys,
             // tablescan's design: small partitions are read where they are discovered.
@@ -253,6 +256,14 @@ impl ScanRequest {
 
     /// The context every work item of scan `scan_id` runs with.
     fn context(&self, scan_id: &str, shards: u32, setup: Setup) -> ScanContext {
+        let mut params = self.params();
+        let in_step = match setup.step_work {
+            StepWork::Items => false,
+            StepWork::Rows { select } => {
+                params.select = select;
+                true
+            }
+        };
         ScanContext {
             scan_id: scan_id.to_string(),
             shards,
@@ -263,11 +274,12 @@ impl ScanRequest {
                 table: self.source_table().to_string(),
             },
             destination: setup.destination,
-            params: self.params(),
+            params,
             work_split: setup.work_split,
             filter: self.filter.clone(),
             select: self.select.clone(),
             options: setup.options,
+            in_step,
         }
     }
 }
@@ -305,6 +317,7 @@ pub fn recorded_context(record: &ScanRecord) -> Result<ScanContext, String> {
         }),
         work_split: legacy.work_split,
         options: None,
+        step_work: StepWork::Items,
     };
     Ok(legacy.common.context(&record.id, record.shards, setup))
 }

@@ -78,7 +78,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 (etag.clone(), outcome, None, Vec::new())
             }
             (Progress::Fresh { etag }, Ok(mut outcome)) => {
-                outcome.grouped = true;
+                outcome.first_grouped = true;
                 let children = self.children_of(scan, own, &outcome)?;
                 // The children in the item's own shard are registered with the outcome.
                 let folded: Vec<&NewWork> = children
@@ -183,27 +183,24 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         Ok(())
     }
 
-    /// The messages of an outcome's children: its first driver work item in `own` shard when the
-    /// outcome says so (see [`WorkOutcome::grouped`]), every other child in the shard its id
-    /// hashes to. One, not all: siblings that share a shard finish at about the same time and
-    /// contend for its counter (measured in the simulator: all items in the parent's shard cost
-    /// more requests in retries than their registrations saved).
+    /// The messages of an outcome's children: one in `own` shard when the outcome says so (see
+    /// [`WorkOutcome::child_in_own_shard`]), every other child in the shard its id hashes to.
+    /// One, not all: siblings that share a shard finish at about the same time and contend for
+    /// its counter (measured in the simulator: all items in the parent's shard cost more
+    /// requests in retries than their registrations saved).
     fn children_of(
         &self,
         scan: &ScanContext,
         own: u32,
         outcome: &WorkOutcome,
     ) -> Result<Vec<ChildMessage>, MessageError> {
-        let first_item = outcome
-            .children
-            .iter()
-            .position(|c| matches!(c, ChildSpec::Item(_)));
+        let grouped = outcome.child_in_own_shard();
         outcome
             .children
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let shard = (outcome.grouped && Some(i) == first_item).then_some(own);
+                let shard = (Some(i) == grouped).then_some(own);
                 self.child_message_in(scan, c, shard)
             })
             .collect()

@@ -52,11 +52,36 @@ pub struct WorkOutcome {
     /// descriptor; read back with `Tracker::work_results`). Short: the row must fit an entity.
     #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
-    /// The item's driver work children live in its own shard (set when the outcome is recorded,
-    /// with those children registered in the same transaction). Outcomes recorded by earlier
-    /// versions lack it: their children live in the shards their ids hash to.
+    /// The outcome's first driver work item lives in the item's own shard (registered in the
+    /// transaction that recorded the outcome). Written by the version before [`first_grouped`]
+    /// and still honoured when read; outcomes with neither flag (earlier versions) have their
+    /// children in the shards their ids hash to.
+    ///
+    /// [`first_grouped`]: WorkOutcome::first_grouped
     #[serde(rename = "g", default, skip_serializing_if = "std::ops::Not::not")]
     pub grouped: bool,
+    /// The outcome's first child, of either kind (a scan step's follow-up step, or a work
+    /// item), lives in the item's own shard, registered in the transaction that recorded the
+    /// outcome (what this version records).
+    #[serde(rename = "g1", default, skip_serializing_if = "std::ops::Not::not")]
+    pub first_grouped: bool,
+}
+
+impl WorkOutcome {
+    /// Which child lives in the recording item's own shard, if any (see [`WorkOutcome::grouped`]
+    /// and [`WorkOutcome::first_grouped`]).
+    pub fn child_in_own_shard(&self) -> Option<usize> {
+        if self.first_grouped {
+            return (!self.children.is_empty()).then_some(0);
+        }
+        if self.grouped {
+            return self
+                .children
+                .iter()
+                .position(|c| matches!(c, ChildSpec::Item(_)));
+        }
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +314,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 &StepMessage {
                     scan_id,
                     step: step.clone(),
+                    shard,
                 },
                 &self.config.prefix_scan_queue,
                 scan.shards,
