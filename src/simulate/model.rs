@@ -231,7 +231,7 @@ impl Default for Model {
             queue_update_ms: 9.0,
             queue_messages_per_sec: 2_000.0,
 
-            retry_max_attempts: 6,
+            retry_max_attempts: 8,
             retry_base_ms: 100.0,
             retry_max_ms: 10_000.0,
 

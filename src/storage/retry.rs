@@ -30,7 +30,7 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            max_attempts: 6,
+            max_attempts: 8,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(10),
         }

@@ -19,7 +19,7 @@ use crate::app::functions::start_scan::ScanRequest;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::app::messages::{ItemMessage, ScanContext, StepMessage, TableRef, WorkSplit};
+use crate::app::messages::{ItemMessage, ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
 use crate::app::tracking::Counters;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
@@ -130,11 +130,12 @@ impl Driver for CopyDriver {
 
     async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        begun: &Begun<StepMessage>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
     ) -> Result<Counters, WorkError> {
         let matched = rows.len() as i64;
-        let written = upsert(state, &begun.scan, &begun.requests, rows).await?;
+        let written = upsert(state, scan, requests, rows).await?;
         Ok(Counters {
             rows_matched: matched,
             rows_written: written,

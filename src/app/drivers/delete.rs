@@ -24,7 +24,10 @@ use serde::{Deserialize, Serialize};
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ItemMessage, ScanContext, StepMessage, WorkSplit};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
 use crate::app::state::AppState;
 use crate::app::tracking::Counters;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
@@ -97,12 +100,13 @@ impl Driver for DeleteDriver {
 
     async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        begun: &Begun<StepMessage>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
     ) -> Result<Counters, WorkError> {
-        let source = state.counted_table(&begun.scan.source.connection, &begun.requests)?;
+        let source = state.counted_table(&scan.source.connection, requests)?;
         let matched = rows.len() as i64;
-        let deleted = delete_rows(state, &source, &begun.scan.source.table, rows).await?;
+        let deleted = delete_rows(state, &source, &scan.source.table, rows).await?;
         Ok(Counters {
             rows_matched: matched,
             rows_written: deleted,

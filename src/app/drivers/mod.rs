@@ -42,6 +42,8 @@ pub mod range;
 mod tests;
 
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use serde::de::{self, DeserializeOwned};
 use serde::{Deserialize, Serialize};
@@ -50,9 +52,7 @@ use serde_json::Value;
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{
-    ChildSpec, ItemJson, ItemMessage, ScanContext, StepMessage, TableRef, WorkSplit,
-};
+use crate::app::messages::{ChildSpec, ItemJson, ItemMessage, ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanState, Tracker};
 use crate::app::work::{Begun, WorkError, WorkOutcome};
@@ -172,10 +172,11 @@ pub trait Driver: Send + Sync + 'static {
     /// rows (at-least-once delivery), so it must be idempotent.
     fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
-        begun: &Begun<StepMessage>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
     ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
-        let _ = (state, begun, rows);
+        let _ = (state, scan, requests, rows);
         async {
             Err(WorkError::Permanent(format!(
                 "the {} driver does no work in scan steps",
@@ -380,7 +381,8 @@ pub fn segment_outcome(
 /// Does the scan's driver's work on the rows one of its steps read ([`Driver::work_rows`]).
 pub async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
-    begun: &Begun<StepMessage>,
+    scan: &ScanContext,
+    requests: &Arc<AtomicU64>,
     rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
     if let Some(prefix) = &state.config.test_fail_prefix {
@@ -394,7 +396,49 @@ pub async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
             )));
         }
     }
-    with_driver!(begun.scan.driver, D => D::work_rows(state, begun, rows).await)
+    with_driver!(scan.driver, D => D::work_rows(state, scan, requests, rows).await)
+}
+
+/// Reads of a range that grew since it was scanned, before [`rework_range`] gives up for this
+/// delivery.
+const MAX_REWORK_ROUNDS: usize = 8;
+
+/// Reads one key range of a step's rows again and does the driver's work on them
+/// ([`work_rows`]): for a delivery that adopted a step's recorded outcome, whose rows the
+/// recording delivery may not have worked on. A range that grew since it was scanned is read
+/// to its end (within [`MAX_REWORK_ROUNDS`] reads of [`range::read_item`]).
+pub async fn rework_range<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    requests: &Arc<AtomicU64>,
+    range: &range::RangeWork,
+) -> Result<Counters, WorkError> {
+    let source = state.counted_table(&scan.source.connection, requests)?;
+    // What the step read: its columns, no filter (scans with a filter do not work in steps).
+    let spec = range::ReadSpec {
+        select: scan.params.select.clone(),
+        ..range::ReadSpec::default()
+    };
+    let mut total = Counters::default();
+    let mut next = Some(range.clone());
+    for _ in 0..MAX_REWORK_ROUNDS {
+        let Some(work) = next.take() else {
+            return Ok(total);
+        };
+        let read = range::read_item(&source, &scan.source.table, &work, &spec).await?;
+        if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
+            return Err(e);
+        }
+        total = total.plus(&work_rows(state, scan, requests, read.rows).await?);
+        next = read.next;
+    }
+    match next {
+        None => Ok(total),
+        Some(_) => Err(WorkError::Storage(StorageError::new(
+            StorageErrorKind::Transient,
+            "a scanned range kept growing while it was read again; trying again later",
+        ))),
+    }
 }
 
 /// Runs one work item with the scan's driver.

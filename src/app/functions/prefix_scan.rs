@@ -10,12 +10,13 @@
 //! huge partition is still written by many invocations at once.
 
 pub use crate::app::drivers::range::page_items as copy_work;
-use crate::app::drivers::{segment_outcome, work_rows, MAX_ITEM_ROWS};
+use crate::app::drivers::range::RangeWork;
+use crate::app::drivers::{segment_outcome, MAX_ITEM_ROWS};
 use crate::app::messages::{ChildSpec, ScanContext, StepMessage};
 use crate::app::state::AppState;
 use crate::app::work::{Begun, Work, WorkError, WorkOutcome};
 use crate::scan::{Scanner, Step};
-use crate::storage::{Entity, QueueStore, TableStore};
+use crate::storage::{QueueStore, TableStore};
 
 impl Work for StepMessage {
     async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
@@ -24,7 +25,7 @@ impl Work for StepMessage {
     ) -> Result<WorkOutcome, WorkError> {
         let scan = &*begun.scan;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let mut done = Done::default();
+        let mut done = WorkOutcome::default();
         match &begun.message.step {
             // The root runs the scan's initial steps (known without a query) in its own
             // invocation, as the reference design does: the partition whose key equals the
@@ -38,21 +39,9 @@ impl Work for StepMessage {
             }
             step => run_step(state, scan, &source, step, &mut done).await?,
         }
-        let mut outcome = done.outcome;
-        if !done.rows.is_empty() {
-            let worked = work_rows(state, begun, done.rows).await?;
-            outcome.delta = outcome.delta.plus(&worked);
-        }
-        Ok(outcome)
+        // The driver works on the rows once the children are queued (`AppState::finish`).
+        Ok(done)
     }
-}
-
-/// What the steps of one invocation produced: the outcome so far, and the rows the driver
-/// works on in the step (scans that work in their steps).
-#[derive(Default)]
-struct Done {
-    outcome: WorkOutcome,
-    rows: Vec<Entity>,
 }
 
 /// Whether `step` of `scan` does the driver's work on its rows: prefix queries of scans that
@@ -81,14 +70,14 @@ fn scanner<'a, T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
     Scanner::new(source, &scan.source.table, &scan.params, budget)
 }
 
-/// Executes one step, adding its follow-up steps, counters and work items (or rows to work on)
-/// to `done`.
+/// Executes one step, adding its follow-up steps, counters and work items to `done`, or, where
+/// the step works on its rows, the rows and their key ranges.
 async fn run_step<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
     source: &S,
     step: &Step,
-    done: &mut Done,
+    done: &mut WorkOutcome,
 ) -> Result<(), WorkError> {
     if let (
         Some(prefix),
@@ -107,14 +96,20 @@ async fn run_step<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
     for step in joined_segments(output.steps) {
         match step {
             Step::Segment { entities, .. } => {
-                done.outcome.delta.rows_scanned += entities.len() as i64;
-                if in_step {
+                done.delta.rows_scanned += entities.len() as i64;
+                if let (true, Some(first), Some(last)) =
+                    (in_step, entities.first(), entities.last())
+                {
+                    done.in_step.push(RangeWork::Range {
+                        from: (first.partition_key.clone(), first.row_key.clone()),
+                        to: (last.partition_key.clone(), last.row_key.clone()),
+                    });
                     done.rows.extend(entities);
                 } else {
-                    segment_outcome(scan, &entities, &mut done.outcome)?;
+                    segment_outcome(scan, &entities, done)?;
                 }
             }
-            next => done.outcome.children.push(ChildSpec::Step(next)),
+            next => done.children.push(ChildSpec::Step(next)),
         }
     }
     Ok(())

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::app::drivers;
 use crate::app::tracking::MAX_FOLDED_CHILDREN;
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
@@ -112,7 +113,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let registered = counter.is_some().then_some(own);
         self.register_and_queue(&tracker, begun, &children, registered)
             .await?;
-        let mut delta = outcome.delta;
+        let mut outcome = outcome;
+        let worked = self.work_in_step(begun, &mut outcome).await?;
+        let mut delta = outcome.delta.plus(&worked);
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
             begun.requests.load(Ordering::Relaxed) as i64 + if counter.is_some() { 1 } else { 2 };
@@ -153,6 +156,26 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 delta.rows_written
             )),
         }
+    }
+
+    /// A scan step's work on the rows it read, done after its children were queued: on the
+    /// rows in memory, or, for an adopted outcome, on its recorded ranges read again.
+    async fn work_in_step<M: WorkMessage>(
+        &self,
+        begun: &Begun<M>,
+        outcome: &mut WorkOutcome,
+    ) -> Result<Counters, WorkError> {
+        let (scan, requests) = (&*begun.scan, &begun.requests);
+        if !outcome.rows.is_empty() {
+            let rows = std::mem::take(&mut outcome.rows);
+            return drivers::work_rows(self, scan, requests, rows).await;
+        }
+        let mut total = Counters::default();
+        for range in &outcome.in_step {
+            let worked = drivers::rework_range(self, scan, requests, range).await?;
+            total = total.plus(&worked);
+        }
+        Ok(total)
     }
 
     /// Registers `children` (except those in shard `registered`, registered with the outcome),

@@ -28,9 +28,10 @@ use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 
 use crate::retry::{retry, Backoff, Failure, NoJitter};
-use crate::storage::{QueueStore, StorageError, TableStore};
+use crate::storage::{Entity, QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
+use super::drivers::range::RangeWork;
 use super::functions::start_scan::recorded_context;
 use super::functions::status::is_valid_scan_id;
 use super::messages::{
@@ -65,6 +66,17 @@ pub struct WorkOutcome {
     /// outcome (what this version records).
     #[serde(rename = "g1", default, skip_serializing_if = "std::ops::Not::not")]
     pub first_grouped: bool,
+    /// Rows a scan step read for its driver to work on (scans that work in their steps), once
+    /// the step's children are registered and queued, so that they start meanwhile. Never
+    /// recorded: see `in_step`.
+    #[serde(skip)]
+    pub rows: Vec<Entity>,
+    /// The key ranges of `rows`, one per run of contiguous rows, recorded with the outcome: a
+    /// delivery that adopts the outcome (the recording one died, or lost the race) reads them
+    /// again and works on them (`drivers::rework_range`), since it cannot know whether the
+    /// recording delivery did.
+    #[serde(rename = "ir", default, skip_serializing_if = "Vec::is_empty")]
+    pub in_step: Vec<RangeWork>,
 }
 
 impl WorkOutcome {
