@@ -296,7 +296,7 @@ fn tablescan_runs_with_the_settings_it_ships() {
 fn flex_scales_each_function_on_its_own_instances_within_the_cap() {
     let a = args(&["--plan", "flex", "--max-instances", "3"]);
     let model = Model::default();
-    let scenario = Scenario::new(60_000, Variant::Prefix, &a).on(Plan::Flex);
+    let scenario = Scenario::new(400_000, Variant::Prefix, &a).on(Plan::Flex);
     assert_eq!(scenario.flex.max_instances, 3);
     let first = run_scenario(&scenario, &model, 4, 30.0).unwrap();
     let second = run_scenario(&scenario, &model, 4, 30.0).unwrap();
@@ -306,11 +306,12 @@ fn flex_scales_each_function_on_its_own_instances_within_the_cap() {
     assert_eq!(first.instances_over_time, second.instances_over_time);
     // Per-function scaling: each queue function had instances of its own, and neither had more
     // on-demand instances than the maximum instance count, which caps each function group, not
-    // the app combined.
+    // the app combined. (Prefix steps write the rows they read, so the copy runs in PrefixScan;
+    // TableCopy runs only the items of partitions too big for one step, if any.)
     assert!((1..=3).contains(&first.peak_instances["PrefixScan"]));
-    assert!((1..=3).contains(&first.peak_instances["TableCopy"]));
+    assert!(first.peak_instances.get("TableCopy").copied().unwrap_or(0) <= 3);
     assert_eq!(
-        first.peak_instances["TableCopy"], 3,
+        first.peak_instances["PrefixScan"], 3,
         "the copy wanted more than the cap"
     );
     assert!(first.max_instances <= 6, "{:?}", first.peak_instances);
@@ -322,9 +323,9 @@ fn flex_scales_each_function_on_its_own_instances_within_the_cap() {
 
 #[test]
 fn flex_adds_at_most_the_published_step_per_decision() {
-    // A table big enough that the copy queue wants many instances at once; one scale decision
-    // a minute, so the steps are visible: each decision adds at most 4 instances per function.
-    let a = args(&["--plan", "flex", "--flex-scale-interval", "60"]);
+    // A table big enough that the scan queue wants many instances at once; one scale decision
+    // every 20 s, so the steps are visible: each decision adds at most 4 instances per function.
+    let a = args(&["--plan", "flex", "--flex-scale-interval", "20"]);
     let scenario = Scenario::new(200_000, Variant::Prefix, &a).on(Plan::Flex);
     let r = run_scenario(&scenario, &Model::default(), 2, 30.0).unwrap();
     assert!(r.completed && r.copy_verified);
@@ -337,7 +338,7 @@ fn flex_adds_at_most_the_published_step_per_decision() {
     }
     for (t, (before, after)) in by_time {
         assert!(after <= before + 8, "at {t} s: {before} -> {after}");
-        assert_eq!(t % 60, 0, "instances change only at decisions");
+        assert_eq!(t % 20, 0, "instances change only at decisions");
     }
     assert!(
         r.max_instances > 2,
@@ -360,6 +361,7 @@ fn flex_always_ready_instances_bill_a_baseline() {
         r.cost.always_ready_baseline_usd
     );
     assert!(r.peak_instances["PrefixScan"] >= 1 && r.peak_instances["TableCopy"] >= 1);
+    // (An idle function still has its always-ready instance.)
     // Always-ready instances do not count toward the maximum instance count: with a maximum of
     // 1, a busy function runs its always-ready instance and one on-demand instance.
     let a = args(&[
@@ -373,7 +375,7 @@ fn flex_always_ready_instances_bill_a_baseline() {
     let scenario = Scenario::new(200_000, Variant::Prefix, &a).on(Plan::Flex);
     let r = run_scenario(&scenario, &Model::default(), 4, 30.0).unwrap();
     assert!(r.completed && r.copy_verified);
-    assert_eq!(r.peak_instances["TableCopy"], 2, "{:?}", r.peak_instances);
+    assert_eq!(r.peak_instances["PrefixScan"], 2, "{:?}", r.peak_instances);
 }
 
 #[test]

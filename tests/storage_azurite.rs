@@ -1204,8 +1204,8 @@ async fn every_request_is_counted_by_kind() {
 #[tokio::test]
 async fn client_errors_are_not_retried_and_keep_the_service_code() {
     let (store, counters) = table_store();
-    // The default policy allows 6 attempts; a 404 must use exactly one.
-    assert_eq!(account().retry_policy().max_attempts, 6);
+    // The default policy allows 8 attempts; a 404 must use exactly one.
+    assert_eq!(account().retry_policy().max_attempts, 8);
     let err = store
         .query_page(&unique_name("absent"), &Query::default())
         .await

@@ -57,6 +57,7 @@ pub struct DeleteFields {
 impl Driver for DeleteDriver {
     const NAME: &'static str = "delete";
     const FILTER: bool = true;
+    const CHANGES_SOURCE: bool = true;
     type Fields = DeleteFields;
     type Item = RangeWork;
 

@@ -127,6 +127,10 @@ pub trait Driver: Send + Sync + 'static {
     const SELECT: bool = false;
     /// Whether [`Driver::complete`] does anything (saves the drained checks it needs otherwise).
     const COMPLETES: bool = false;
+    /// Whether [`Driver::work_rows`] changes the rows a scan reads (a delete): a step then
+    /// records what it read before working on it, so that a duplicate delivery reading after
+    /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
+    const CHANGES_SOURCE: bool = false;
 
     /// The driver's own request fields; `#[serde(rename_all = "camelCase",
     /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.
@@ -385,18 +389,12 @@ pub async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
     requests: &Arc<AtomicU64>,
     rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
-    if let Some(prefix) = &state.config.test_fail_prefix {
-        if let Some(row) = rows
-            .iter()
-            .find(|r| r.partition_key.starts_with(prefix.as_str()))
-        {
-            return Err(WorkError::Failed(format!(
-                "forced failure for partition {:?} (TABLESCAN_TEST_FAIL_PREFIX)",
-                row.partition_key
-            )));
-        }
-    }
     with_driver!(scan.driver, D => D::work_rows(state, scan, requests, rows).await)
+}
+
+/// Whether the driver's step work changes the rows a scan reads ([`Driver::CHANGES_SOURCE`]).
+pub fn changes_source(driver: DriverId) -> bool {
+    with_driver!(driver, D => D::CHANGES_SOURCE)
 }
 
 /// Reads of a range that grew since it was scanned, before [`rework_range`] gives up for this

@@ -4,10 +4,13 @@
 //! Layout (both tables live in the `AzureWebJobsStorage` account):
 //! - scans table: one row per scan, PK = scan id (newest first), RK = `scan`.
 //! - work table: per scan, `shards` partitions `{scanId}-{shard:02}`. Each holds the rows of the
-//!   work items registered there and, once the first is, one `counter` row. A step lives in the
-//!   shard its id hashes to; a driver work item in the shard its message names (`"h"`: the first
-//!   item of a step goes to its parent's shard, the others where their ids hash; items queued by
-//!   earlier versions name none and hash too).
+//!   work items registered there and, once the first is, one `counter` row. A step or driver
+//!   work item lives in the shard its message names (`"h"`: a parent's first child goes to the
+//!   parent's shard, the others where their ids hash; messages queued by earlier versions name
+//!   none and hash too, except the first *item* of a step, which the previous version put in its
+//!   parent's shard: see `WorkOutcome::grouped`). Every instance working on one scan must run
+//!   the same version: an older one adopting a newer outcome would register its children
+//!   elsewhere.
 //!
 //! Invariants that make completion exact:
 //! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
@@ -33,7 +36,13 @@
 //!    read with a double collect (two passes over the monotonic counters that agree; each pass
 //!    one query over the scan's shard partitions, reading each counter row once), which is a
 //!    consistent snapshot. A counter row that appears between the passes makes them differ.
-//! 5. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
+//! 5. A step that works on the rows it read (`ScanContext::in_step`) does that work after it
+//!    recorded its outcome and queued its children, and before it completes; the outcome records
+//!    the rows' key ranges, and an execution that adopts it works on those ranges again (the
+//!    recording one may have died before or during the work). A step whose work changes what it
+//!    reads (a delete) records its outcome even without children, so its `rowsScanned` is the
+//!    first reading's, not a duplicate's that ran after some rows were deleted.
+//! 6. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
 //!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
 //!    the queued messages clean up an ended scan's work rows as they are delivered.
 //!

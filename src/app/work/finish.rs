@@ -74,8 +74,13 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 (etag.clone(), outcome.clone(), None, children)
             }
             // Without children there is nothing two executions could disagree on but counters,
-            // and only one completion can commit: no need to record the outcome first.
-            (Progress::Fresh { etag }, Ok(outcome)) if outcome.children.is_empty() => {
+            // and only one completion can commit: no need to record the outcome first — unless
+            // the step's own work changes what it read (a delete): a duplicate delivery reading
+            // after it would count fewer rows, so the first reading is recorded before working.
+            (Progress::Fresh { etag }, Ok(outcome))
+                if outcome.children.is_empty()
+                    && (outcome.in_step.is_empty() || !drivers::changes_source(scan.driver)) =>
+            {
                 (etag.clone(), outcome, None, Vec::new())
             }
             (Progress::Fresh { etag }, Ok(mut outcome)) => {
