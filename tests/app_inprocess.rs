@@ -17,9 +17,11 @@ use tablescan::app::server::app;
 use tablescan::app::state::AppState;
 use tablescan::storage::memory::{MemoryTableStore, Pagination};
 use tablescan::storage::memory_queue::MemoryQueueStore;
-use tablescan::storage::{Entity, MessageEncoding, QueueStore};
+use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
 type State = Arc<AppState<MemoryTableStore, MemoryQueueStore>>;
+/// The app over any table store (a fault-injecting one), with the in-memory queues.
+type AnyState<T> = Arc<AppState<T, MemoryQueueStore>>;
 
 fn state_with(tables: MemoryTableStore, extra: &[(&str, &str)]) -> (State, MemoryQueueStore) {
     let mut settings: BTreeMap<String, String> = BTreeMap::new();
@@ -38,8 +40,8 @@ fn state_with(tables: MemoryTableStore, extra: &[(&str, &str)]) -> (State, Memor
     (AppState::new(config, map, queues.clone()), queues)
 }
 
-async fn call(
-    state: &State,
+async fn call<T: TableStore + Clone>(
+    state: &AnyState<T>,
     method: &str,
     uri: &str,
     content_type: Option<&str>,
@@ -103,8 +105,8 @@ const WORK_QUEUES: [(&str, &str); 2] = [
 
 /// Delivers messages until both queues are empty. With `duplicates`, each message is delivered
 /// twice concurrently before it is deleted. Returns invocations made.
-async fn pump(
-    state: &State,
+async fn pump<T: TableStore + Clone>(
+    state: &AnyState<T>,
     queues: &MemoryQueueStore,
     duplicates: bool,
     max_dequeue: u64,
@@ -121,8 +123,8 @@ async fn pump(
 }
 
 /// Like [`pump`], over the given queues only, stopping after `limit` messages.
-async fn pump_some(
-    state: &State,
+async fn pump_some<T: TableStore + Clone>(
+    state: &AnyState<T>,
     queues: &MemoryQueueStore,
     which: &[(&str, &str)],
     duplicates: bool,
@@ -957,12 +959,14 @@ async fn queue_functions_reject_malformed_invocations_with_json_errors() {
     }
 }
 
-/// A table store whose inserts into one table always fail with a transient error once armed.
+/// A table store whose inserts (or, with `upserts`, upserts) into one table always fail with a
+/// transient error once armed.
 #[derive(Clone)]
 struct FailingInserts {
     inner: MemoryTableStore,
     table: String,
     armed: Arc<std::sync::atomic::AtomicBool>,
+    upserts: bool,
 }
 
 impl tablescan::storage::TableStore for FailingInserts {
@@ -979,9 +983,11 @@ impl tablescan::storage::TableStore for FailingInserts {
         pk: &str,
         ops: &[tablescan::storage::BatchOperation],
     ) -> tablescan::storage::StorageResult<()> {
-        let inserting = ops
-            .iter()
-            .any(|o| matches!(o, tablescan::storage::BatchOperation::Insert(_)));
+        let inserting = ops.iter().any(|o| match o {
+            BatchOperation::Insert(_) => !self.upserts,
+            BatchOperation::Upsert(_) => self.upserts,
+            _ => false,
+        });
         if t == self.table && inserting && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tablescan::storage::StorageError::from_status(
                 503,
@@ -1016,6 +1022,7 @@ async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_han
         inner: tables.clone(),
         table: "TablescanWork".into(),
         armed: armed.clone(),
+        upserts: false,
     };
     let mut settings: BTreeMap<String, String> = BTreeMap::new();
     settings.insert(
@@ -1184,4 +1191,80 @@ async fn copy_ranges_that_grew_after_the_scan_are_handed_on_and_copied_whole() {
         copy_invocations >= 3,
         "4,510 rows at 2,000 per item need at least 3 copy items, got {copy_invocations}"
     );
+}
+
+/// A prefix step of a copy records its outcome and queues its children before it writes the
+/// rows it read; when the writes fail, the next delivery adopts the recorded outcome and must
+/// read those rows' ranges again and write them (the recording delivery wrote nothing).
+#[tokio::test]
+async fn a_step_whose_writes_fail_after_its_outcome_is_recorded_is_finished_by_the_next_delivery() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = FailingInserts {
+        inner: tables.clone(),
+        table: "Dest".into(),
+        armed: armed.clone(),
+        upserts: true,
+    };
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    settings.insert(
+        "AzureWebJobsStorage".into(),
+        "UseDevelopmentStorage=true".into(),
+    );
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    let mut map = BTreeMap::new();
+    map.insert("AzureWebJobsStorage".to_string(), store);
+    let state = AppState::new(config, map, queues.clone());
+    let (status, body) = call(
+        &state,
+        "POST",
+        "/api/scans",
+        Some("application/json"),
+        json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest", "takeCount": 4})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+
+    // The root's first delivery: it reads rows, records its outcome and queues its children,
+    // then its writes fail.
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let root = peek_all(&queues, "tablescan-prefixscan").await;
+    assert_eq!(root.len(), 1);
+    let payload = host_payload("PrefixScan", &root[0], 1, "first");
+    let (status, _) = call(
+        &state,
+        "POST",
+        "/PrefixScan",
+        Some("application/json"),
+        payload,
+    )
+    .await;
+    assert!(status.is_server_error(), "{status}");
+    assert!(tables.rows("Dest").is_empty());
+    let queued = peek_all(&queues, "tablescan-prefixscan").await;
+    assert!(
+        queued.len() > 1,
+        "the children were queued before the writes: {queued:?}"
+    );
+    let recorded: Vec<Entity> = tables
+        .rows("TablescanWork")
+        .into_iter()
+        .filter(|e| e.properties.get_str("State").as_deref() == Some("expanded"))
+        .collect();
+    assert_eq!(recorded.len(), 1, "the root's outcome is recorded");
+
+    // Every later delivery (the root's included) runs with working writes.
+    armed.store(false, std::sync::atomic::Ordering::SeqCst);
+    pump(&state, &queues, false, 5).await;
+    let (_, body) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(body["state"], "completed", "{body}");
+    let source = tables.rows("Source");
+    assert_eq!(body["rowsScanned"], source.len() as i64, "{body}");
+    assert_eq!(body["rowsWritten"], source.len() as i64, "{body}");
+    assert_eq!(tables.rows("Dest"), source);
 }

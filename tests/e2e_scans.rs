@@ -144,7 +144,10 @@ async fn copy_and_count_scans_are_exact() {
 async fn cancel_and_poison() {
     let app = TestApp::start(1, &[("TABLESCAN_TEST_FAIL_PREFIX", "System.")]).await;
     let source = unique_name("Source");
-    seed(&app.store, &source, source_entities()).await;
+    // A partition bigger than a step reads of it: its rest is a partition-key step, which fails.
+    let mut all = source_entities();
+    all.extend((0..400).map(|i| dataset::entity("System.Failing", i)));
+    seed(&app.store, &source, all).await;
 
     // A poisoned work item fails the scan with the failing item and its error, within bounded time.
     let destination = unique_name("Dest");

@@ -243,7 +243,7 @@ mod tests {
         let backoff = Backoff::from(RetryPolicy::default());
         assert_eq!(
             backoff,
-            Backoff::new(6, Duration::from_millis(100), Duration::from_secs(10))
+            Backoff::new(8, Duration::from_millis(100), Duration::from_secs(10))
         );
         assert_eq!(backoff.ceiling(4), Duration::from_millis(800));
         assert_eq!(RetryPolicy::none().max_attempts, 1);
