@@ -389,7 +389,7 @@ fn flex_instance_sizes_billing_and_cpu() {
         [0.25, 1.0, 2.0]
     );
     assert_eq!(sized(2048).memory_gb(), 2.0);
-    assert_eq!(Flex::default().max_instances, 100);
+    assert_eq!(Flex::default().max_instances, 20, "the template's default");
     // The regional quota (250 cores) caps 4,096 MB instances at 125 whatever the maximum.
     let big = Flex {
         max_instances: 1000,
@@ -398,7 +398,14 @@ fn flex_instance_sizes_billing_and_cpu() {
     assert_eq!(big.instance_cap(), 125);
     assert_eq!(big.quota_instances(), 125);
     assert_eq!(sized(512).quota_instances(), 1000);
-    assert_eq!(sized(2048).instance_cap(), 100);
+    assert_eq!(
+        Flex {
+            max_instances: 100,
+            ..sized(2048)
+        }
+        .instance_cap(),
+        100
+    );
     assert!(sized(1024).validate().is_err());
     assert!(Flex {
         max_instances: 1001,
@@ -485,4 +492,21 @@ fn calibration_anchors() {
     // must leave room for ~20 ms of CPU on a shared vCPU within ~90 ms.
     let keys = m.query_ms(1000, m.key_row_bytes) + m.queue_put_ms;
     assert!((65.0..85.0).contains(&keys), "{keys} ms");
+}
+
+/// The Flex rows run with what tablescan's template deploys.
+#[test]
+fn flex_defaults_are_the_templates() {
+    let parameters: serde_json::Value =
+        serde_json::from_str(include_str!("../infra/main.parameters.json")).unwrap();
+    let flex = tablescan::simulate::model::Flex::default();
+    let p = &parameters["parameters"];
+    assert_eq!(
+        p["maximumInstanceCount"]["value"],
+        flex.max_instances as u64
+    );
+    assert_eq!(
+        p["instanceMemoryMB"]["value"],
+        flex.instance_memory_mb as u64
+    );
 }

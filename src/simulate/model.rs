@@ -34,7 +34,8 @@ pub struct Flex {
     pub instance_memory_mb: u32,
     /// `maximumInstanceCount`: on-demand instances of each per-function scale group (here: each
     /// queue function), not of the app combined; always-ready instances do not count toward it
-    /// (default 100, lowest 1, highest 1,000).
+    /// (the platform's default 100, lowest 1, highest 1,000). Default here: what tablescan's
+    /// template deploys (20, `infra/main.parameters.json`; tested to agree).
     pub max_instances: usize,
     /// Always-ready instances per queue function (default 0: on demand only).
     pub always_ready: usize,
@@ -59,7 +60,7 @@ impl Default for Flex {
     fn default() -> Self {
         Flex {
             instance_memory_mb: 2048,
-            max_instances: 100,
+            max_instances: 20,
             always_ready: 0,
             regional_quota_cores: 250.0,
             instances_per_decision: 4,
