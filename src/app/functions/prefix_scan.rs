@@ -3,8 +3,9 @@
 //! driver: either as segments (`drivers::Driver::segment`), which it turns into counters and/or
 //! work items (a filtered copy: one copy item per up to 2,000 scanned rows, adjacent segments
 //! joined; the count driver: nothing more), or, for scans that work in their steps
-//! (`ScanContext::in_step`: an unfiltered prefix copy or delete), as rows to work on now
-//! (`drivers::Driver::work_rows`). Only prefix-query steps work on their rows, reading at most
+//! (`ScanContext::in_step`: an unfiltered prefix copy or delete), as rows and their key ranges,
+//! which the driver works on once the step's children are queued (`drivers::Driver::work_rows`,
+//! run by `AppState::finish`). Only prefix-query steps work on their rows, reading at most
 //! `MAX_ITEM_ROWS` rows (plus two pages) with the columns the driver needs; a step that walks
 //! one partition (or a serial scan's chain) still reads keys only and makes work items, so a
 //! huge partition is still written by many invocations at once.

@@ -115,8 +115,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
         };
 
-        let registered = counter.is_some().then_some(own);
-        self.register_and_queue(&tracker, begun, &children, registered)
+        // With a counter, the record registered the first own-shard children (as `folded`).
+        let folded = counter.is_some().then(|| {
+            let in_own = children.iter().filter(|c| c.work.shard == own).count();
+            (own, in_own.min(MAX_FOLDED_CHILDREN))
+        });
+        self.register_and_queue(&tracker, begun, &children, folded)
             .await?;
         let mut outcome = outcome;
         let worked = self.work_in_step(begun, &mut outcome).await?;
@@ -183,20 +187,26 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         Ok(total)
     }
 
-    /// Registers `children` (except those in shard `registered`, registered with the outcome),
-    /// then queues them all. Registering is idempotent (rows already there are left alone), so a
-    /// delivery that adopted a recorded outcome registers every child again.
+    /// Registers `children` (except, with `folded` = `(shard, n)`, the first `n` children in
+    /// `shard`, registered with the outcome), then queues them all. Registering is idempotent
+    /// (rows already there are left alone), so a delivery that adopted a recorded outcome
+    /// registers every child again.
     async fn register_and_queue<M: WorkMessage, S: TableStore>(
         &self,
         tracker: &Tracker<'_, S>,
         begun: &Begun<M>,
         children: &[ChildMessage],
-        registered: Option<u32>,
+        folded: Option<(u32, usize)>,
     ) -> Result<(), WorkError> {
+        let (folded_shard, mut skip) = folded.unwrap_or((u32::MAX, 0));
         let new_work: Vec<&NewWork> = children
             .iter()
             .map(|c| &c.work)
-            .filter(|w| Some(w.shard) != registered)
+            .filter(|w| {
+                let was_folded = w.shard == folded_shard && skip > 0;
+                skip -= usize::from(was_folded);
+                !was_folded
+            })
             .collect();
         tracker
             .register_children(&begun.scan.scan_id, &new_work)
@@ -211,24 +221,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         Ok(())
     }
 
-    /// The messages of an outcome's children: one in `own` shard when the outcome says so (see
-    /// [`WorkOutcome::child_in_own_shard`]), every other child in the shard its id hashes to.
-    /// One, not all: siblings that share a shard finish at about the same time and contend for
-    /// its counter (measured in the simulator: all items in the parent's shard cost more
-    /// requests in retries than their registrations saved).
+    /// The messages of an outcome's children: those the outcome puts in `own` shard there (see
+    /// [`WorkOutcome::in_own_shard`]), every other child in the shard its id hashes to. Not every
+    /// item: the items of one step finish at about the same time and would contend for one
+    /// counter (measured in the simulator: all items in the parent's shard cost more requests in
+    /// retries than their registrations saved).
     fn children_of(
         &self,
         scan: &ScanContext,
         own: u32,
         outcome: &WorkOutcome,
     ) -> Result<Vec<ChildMessage>, MessageError> {
-        let grouped = outcome.child_in_own_shard();
         outcome
             .children
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let shard = (Some(i) == grouped).then_some(own);
+                let shard = outcome.in_own_shard(i).then_some(own);
                 self.child_message_in(scan, c, shard)
             })
             .collect()
