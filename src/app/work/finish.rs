@@ -105,6 +105,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                         let children = self.children_of(scan, own, &outcome)?;
                         (etag, outcome, None, children)
                     }
+                    // Still pending under another ETag than the one this delivery read (it
+                    // changed in between without being recorded). Try again, reading the row.
+                    Err(RecordError::Lost(Some(WorkState::Pending { .. }))) => {
+                        return Err(changed_under(&begun.work_id))
+                    }
                     Err(RecordError::Lost(_)) => {
                         return Ok(format!("{}: finished by another delivery", begun.work_id))
                     }
@@ -140,6 +145,20 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 counter,
             )
             .await?;
+        if completion == Completion::Duplicate
+            && !matches!(
+                tracker
+                    .work_state(&scan.scan_id, own, &begun.work_id)
+                    .await?,
+                Some(WorkState::Finished) | None
+            )
+        {
+            // Not finished, only changed: a concurrent delivery recorded an outcome after this
+            // one read the row, which this one must adopt, not answer as done (its message
+            // would be deleted with the other delivery's outcome unfinished if that one dies).
+            // Try again, reading the row.
+            return Err(changed_under(&begun.work_id));
+        }
         // Check for the end of the scan also after a duplicate completion: it may have been our
         // own commit whose answer was lost, and then nobody else would notice.
         let scan_completed = match completion {
@@ -242,4 +261,13 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             })
             .collect()
     }
+}
+
+/// The transient error of a delivery whose work row changed under it without being finished:
+/// the message is retried, and its next delivery reads the row.
+fn changed_under(work_id: &str) -> WorkError {
+    WorkError::Storage(StorageError::new(
+        crate::storage::StorageErrorKind::Transient,
+        format!("{work_id}: its work row changed under this delivery; trying again"),
+    ))
 }
