@@ -38,7 +38,7 @@ param storageAccountName string = 'st${uniqueString(resourceGroup().id)}'
 
 // Instance sizes (MB): 512 (0.25 core), 2048 (1 core), 4096 (2 cores); 2048 is the platform's
 // default. https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan#instance-sizes
-// The handler peaks under 64 MiB; README ("Flex Consumption") explains the choice.
+// The handler peaks at 27–81 MiB in the benchmark; README ("Flex Consumption") explains the choice.
 @description('Memory of each instance in MB.')
 @allowed([
   512
