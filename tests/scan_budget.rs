@@ -437,6 +437,19 @@ fn a_key_outside_the_prefix_is_an_error_not_a_panic() {
         }
         other => panic!("expected an error naming the key, got {other:?}"),
     }
+
+    // The same answer to a partition-key step: the row is outside the partition queried.
+    let step = Step::PartitionKeyQuery {
+        partition_key: "a".into(),
+        row_key_skip: None,
+        depth: 1,
+    };
+    match block_on(scanner.execute(&step)) {
+        Err(e @ ScanError::StoreMisbehaved(_)) => {
+            assert!(e.to_string().contains("\"éx\""), "{e}")
+        }
+        other => panic!("expected an error naming the key, got {other:?}"),
+    }
 }
 
 fn key_strategy() -> impl proptest::strategy::Strategy<Value = String> {

@@ -429,6 +429,22 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         let mut last_row: Option<(String, String)> = None;
         loop {
             let page = self.page(filter.as_ref(), continuation.take(), out).await?;
+            // As in a prefix query: a row outside the region stops the step (rows a step
+            // reads may be written or deleted where they are read).
+            if let Some(f) = &filter {
+                let outside = page
+                    .entities
+                    .iter()
+                    .find(|e| !f.matches(&e.partition_key, &e.row_key));
+                if let Some(e) = outside {
+                    return Err(ScanError::StoreMisbehaved(format!(
+                        "row ({:?}, {:?}) is outside the query {}",
+                        e.partition_key,
+                        e.row_key,
+                        f.to_odata()
+                    )));
+                }
+            }
             if let Some(last) = page.entities.last() {
                 pages += 1;
                 last_row = Some((last.partition_key.clone(), last.row_key.clone()));

@@ -1,14 +1,16 @@
 //! The delete driver (`"driver": "delete"`): deletes every row of `sourceTable` in the scan's
 //! key range (and matching its `filter`) with same-partition entity group transactions of
-//! deletes with `If-Match: *`. Without a filter, the scan's steps delete the rows they read
-//! (keys only: [`StepWork::Rows`]); with one (which discovery cannot apply), every scanned key
-//! range becomes one [`RangeWork`] item that re-reads its range (keys only, with the filter:
-//! bounded like every range item) and deletes the rows it finds.
+//! deletes with `If-Match: *`. Without a filter, a prefix scan's prefix-query steps delete the
+//! rows they read (keys only: [`StepWork::Rows`]); the pages of a partition too big for one
+//! step, a serial scan's pages, and with a filter (which discovery cannot apply) every scanned
+//! key range, become [`RangeWork`] items that re-read their range (keys only, with the filter:
+//! bounded like every range item) and delete the rows they find.
 //!
 //! Safety rules (README "Delete safety rules"):
 //! - The request must carry `"confirm"` equal to `sourceTable`, or nothing is written.
 //! - Only rows a read of the scan returned are deleted: a step's own read, whose queries the
-//!   scan engine keeps inside the scan's range (and stops on a row outside it), or an item's
+//!   scan engine keeps inside the scan's range (a row the service answers outside a query's
+//!   range stops the step), or an item's
 //!   re-read, whose filter covers exactly the item's key range ([`super::range`]); rows
 //!   outside the range are never named.
 //! - Delivery is at-least-once: rows already gone (an earlier or concurrent delivery deleted
