@@ -1013,27 +1013,39 @@ impl tablescan::storage::TableStore for FailingInserts {
     }
 }
 
+/// The app over `tables` behind [`FailingInserts`] for `table` (disarmed: arm it with the flag
+/// returned), with default settings and in-memory queues.
+fn failing_app(
+    tables: &MemoryTableStore,
+    table: &str,
+    upserts: bool,
+) -> (
+    AnyState<FailingInserts>,
+    MemoryQueueStore,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = FailingInserts {
+        inner: tables.clone(),
+        table: table.into(),
+        armed: armed.clone(),
+        upserts,
+    };
+    let settings = BTreeMap::from([(
+        "AzureWebJobsStorage".to_string(),
+        "UseDevelopmentStorage=true".to_string(),
+    )]);
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    let map = BTreeMap::from([("AzureWebJobsStorage".to_string(), store)]);
+    (AppState::new(config, map, queues.clone()), queues, armed)
+}
+
 #[tokio::test]
 async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_hanging() {
     let tables = MemoryTableStore::default();
     tables.load("Source", source_rows());
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = FailingInserts {
-        inner: tables.clone(),
-        table: "TablescanWork".into(),
-        armed: armed.clone(),
-        upserts: false,
-    };
-    let mut settings: BTreeMap<String, String> = BTreeMap::new();
-    settings.insert(
-        "AzureWebJobsStorage".into(),
-        "UseDevelopmentStorage=true".into(),
-    );
-    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
-    let queues = MemoryQueueStore::new();
-    let mut map = BTreeMap::new();
-    map.insert("AzureWebJobsStorage".to_string(), store);
-    let state = AppState::new(config, map, queues.clone());
+    let (state, queues, armed) = failing_app(&tables, "TablescanWork", false);
     let request = json!({"driver": "count", "sourceTable": "Source", "takeCount": 2})
         .to_string()
         .into_bytes();
@@ -1200,23 +1212,7 @@ async fn copy_ranges_that_grew_after_the_scan_are_handed_on_and_copied_whole() {
 async fn a_step_whose_writes_fail_after_its_outcome_is_recorded_is_finished_by_the_next_delivery() {
     let tables = MemoryTableStore::default();
     tables.load("Source", source_rows());
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = FailingInserts {
-        inner: tables.clone(),
-        table: "Dest".into(),
-        armed: armed.clone(),
-        upserts: true,
-    };
-    let mut settings: BTreeMap<String, String> = BTreeMap::new();
-    settings.insert(
-        "AzureWebJobsStorage".into(),
-        "UseDevelopmentStorage=true".into(),
-    );
-    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
-    let queues = MemoryQueueStore::new();
-    let mut map = BTreeMap::new();
-    map.insert("AzureWebJobsStorage".to_string(), store);
-    let state = AppState::new(config, map, queues.clone());
+    let (state, queues, armed) = failing_app(&tables, "Dest", true);
     let (status, body) = call(
         &state,
         "POST",

@@ -4,11 +4,12 @@
 //! text; read-only metadata is dropped. Re-running a step or item rewrites the same rows, so
 //! duplicates are harmless.
 //!
-//! Where the rows are read: without a `filter`, the scan's steps read every column (or the
-//! `select`ed ones) and write what they read ([`StepWork::Rows`]); with one (which discovery
-//! cannot apply), or with the reference design's `workSplit: "partitionKey"`, every scanned key
-//! range (up to 2,000 rows) becomes one [`RangeWork`] item that re-reads its range with the
-//! filter (bounded: see `range::read_item`) and writes what it finds.
+//! Where the rows are read: without a `filter`, a prefix scan's prefix-query steps read every
+//! column (or the `select`ed ones) and write what they read ([`StepWork::Rows`]); the pages of
+//! a partition too big for one step, a serial scan's pages, and with a `filter` (which
+//! discovery cannot apply) or the reference design's `workSplit: "partitionKey"` every scanned
+//! key range, become [`RangeWork`] items (up to 2,000 rows) that re-read their range, with the
+//! filter (bounded: see `range::read_item`), and write what they find.
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
@@ -21,7 +22,6 @@ use std::sync::Arc;
 
 use crate::app::messages::{ItemMessage, ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
-use crate::app::tracking::Counters;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::Strategy;
 use crate::storage::{Entity, QueueStore, TableStore};
@@ -133,14 +133,8 @@ impl Driver for CopyDriver {
         scan: &ScanContext,
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
-    ) -> Result<Counters, WorkError> {
-        let matched = rows.len() as i64;
-        let written = upsert(state, scan, requests, rows).await?;
-        Ok(Counters {
-            rows_matched: matched,
-            rows_written: written,
-            ..Counters::default()
-        })
+    ) -> Result<i64, WorkError> {
+        upsert(state, scan, requests, rows).await
     }
 
     async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(

@@ -31,7 +31,6 @@ use std::sync::Arc;
 
 use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
 use crate::app::state::AppState;
-use crate::app::tracking::Counters;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::Strategy;
 use crate::storage::{
@@ -106,15 +105,9 @@ impl Driver for DeleteDriver {
         scan: &ScanContext,
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
-    ) -> Result<Counters, WorkError> {
+    ) -> Result<i64, WorkError> {
         let source = state.counted_table(&scan.source.connection, requests)?;
-        let matched = rows.len() as i64;
-        let deleted = delete_rows(state, &source, &scan.source.table, rows).await?;
-        Ok(Counters {
-            rows_matched: matched,
-            rows_written: deleted,
-            ..Counters::default()
-        })
+        delete_rows(state, &source, &scan.source.table, rows).await
     }
 
     async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(

@@ -171,15 +171,16 @@ pub trait Driver: Send + Sync + 'static {
     fn segment(context: &ScanContext, rows: &[Entity]) -> Segment<Self::Item>;
 
     /// Does this driver's work on rows a scan step read (scans recorded with
-    /// [`StepWork::Rows`]), returning what to count (`rowsWritten`, `rowsMatched`; the step
-    /// counts `rowsScanned`). At most a step's row budget; may run more than once for the same
-    /// rows (at-least-once delivery), so it must be idempotent.
+    /// [`StepWork::Rows`]), returning how many rows it wrote (`rowsWritten`; every row it is
+    /// given counts as matched, and the step counts `rowsScanned`). At most a step's row budget;
+    /// may run more than once for the same rows (at-least-once delivery), so it must be
+    /// idempotent.
     fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         scan: &ScanContext,
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
-    ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
+    ) -> impl Future<Output = Result<i64, WorkError>> + Send {
         let _ = (state, scan, requests, rows);
         async {
             Err(WorkError::Permanent(format!(
@@ -382,14 +383,21 @@ pub fn segment_outcome(
     })
 }
 
-/// Does the scan's driver's work on the rows one of its steps read ([`Driver::work_rows`]).
+/// Does the scan's driver's work on the rows one of its steps read ([`Driver::work_rows`]);
+/// every row counts as matched (scans with a filter do not work in steps).
 pub async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
     rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
-    with_driver!(scan.driver, D => D::work_rows(state, scan, requests, rows).await)
+    let matched = rows.len() as i64;
+    let written = with_driver!(scan.driver, D => D::work_rows(state, scan, requests, rows).await)?;
+    Ok(Counters {
+        rows_matched: matched,
+        rows_written: written,
+        ..Counters::default()
+    })
 }
 
 /// Whether the driver's step work changes the rows a scan reads ([`Driver::CHANGES_SOURCE`]).
