@@ -42,21 +42,34 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "prefix-delete"
         ]
     );
-    // The floor: the copy's data requests by a bare client (reads + batches = the minimum).
-    let floor = &report["floor"];
-    assert_eq!(floor["rows"], 300);
-    assert_eq!(
-        floor["requests"].as_u64(),
-        Some(
-            report["minimum"]["reads"].as_u64().unwrap()
-                + report["minimum"]["batches"].as_u64().unwrap()
-        ),
-        "{floor}"
+    // The floors, before and after the variants: each job's data requests by a bare client.
+    // Copy: reads + batches = the minimum; export: a read and a part per page; import: a part
+    // read per page + the batches; delete: reads + batches.
+    let floors = report["floors"].as_array().unwrap();
+    let (reads, batches) = (
+        report["minimum"]["reads"].as_u64().unwrap(),
+        report["minimum"]["batches"].as_u64().unwrap(),
     );
-    assert!(
-        floor["cpu_us_per_request"].as_f64().unwrap() > 0.0,
-        "{floor}"
-    );
+    let mut seen = Vec::new();
+    for floor in floors {
+        let job = floor["job"].as_str().unwrap();
+        seen.push((job, floor["pass"].as_u64().unwrap()));
+        assert_eq!(floor["rows"], 300, "{floor}");
+        let expected = match job {
+            "export" => 2 * reads,
+            _ => reads + batches,
+        };
+        assert_eq!(floor["requests"].as_u64(), Some(expected), "{floor}");
+        for field in ["cpu_us_per_request", "cpu_ms_per_1000_rows"] {
+            assert!(floor[field].as_f64().unwrap() > 0.0, "{floor}");
+        }
+    }
+    let jobs = ["copy", "export", "import", "delete"];
+    let expected: Vec<(&str, u64)> = [1, 2]
+        .iter()
+        .flat_map(|pass| jobs.iter().map(move |job| (*job, *pass)))
+        .collect();
+    assert_eq!(seen, expected);
     let minimum = &report["minimum"];
     let keys = minimum["partition_keys"].as_u64().unwrap();
     assert!(keys > 30 && keys < 300, "{keys} partition keys");

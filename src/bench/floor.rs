@@ -1,13 +1,23 @@
-//! The floor: a copy's data requests sent by a bare client — the storage adapter alone, no
+//! The floors: each job's data requests sent by a bare client — the storage adapters alone, no
 //! Functions host, no queues, no bookkeeping, no HTTP protocol between host and handler — so
-//! that the handler's CPU per storage request can be reported as a ratio to what the requests
-//! themselves cost on this machine (the goal: at most 1.5× the floor).
+//! that the handler's CPU per storage request can be reported as a ratio to what the same data
+//! requests cost on this machine (the goal: at most 1.5× the floor).
 //!
-//! The floor reads the source in pages of 1,000 rows (every column) and upserts the rows into
-//! a scratch table in same-partition batches, eight in flight, as a copy item does. It runs on
-//! an OS thread of its own with a current-thread runtime, so that thread's scheduler accounting
-//! (`/proc/thread-self/schedstat`) is all the CPU the requests took: building, signing,
-//! sending, parsing.
+//! One floor per job, each sending what that job must send however it is organised:
+//! - **copy**: reads the source in pages of 1,000 rows (every column) and upserts the rows into a
+//!   scratch table in same-partition batches, eight in flight, as a copy item does;
+//! - **export**: reads the same pages and writes each as one gzip JSON Lines part (the export
+//!   format's encoder: the part's body is part of the request);
+//! - **import**: downloads those parts, decodes and checks them, and upserts their rows into a
+//!   second scratch table;
+//! - **delete**: reads that table's keys in pages and deletes every row in same-partition
+//!   batches.
+//!
+//! The floors run on an OS thread of their own with a current-thread runtime, so that thread's
+//! scheduler accounting (`/proc/thread-self/schedstat`) is all the CPU the requests took:
+//! building, signing, sending, parsing, encoding. They run before the variants and again after
+//! them, because CPU per request on a shared machine drifts over minutes (frequency, cache,
+//! Azurite's own load on the other core); a variant is judged against the mean of the two.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,23 +25,148 @@ use std::time::Instant;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
-use crate::app::drivers::range::batches;
+use super::variant::Job;
+use crate::app::drivers::range::{batches, batches_of};
+use crate::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite};
 use crate::storage::connection::{ConnectionSettings, StorageAccount};
 use crate::storage::counters::RequestCounters;
-use crate::storage::{Query, TableStore, MAX_TAKE};
+use crate::storage::export_format::{decode_part, encode_part, DecodeLimits, PART_CONTENT_TYPE};
+use crate::storage::{BatchOperation, Entity, Query, TableStore, MAX_TAKE};
 
 /// Batches in flight (the handler's default `TABLESCAN_COPY_CONCURRENCY`).
 const CONCURRENCY: usize = 8;
 
-/// What the bare client measured.
+/// What a bare client measured for one job.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Floor {
+    /// Which job's data requests these were (copies and counts are judged against the copy's).
+    pub job: FloorJob,
+    /// 1 before the variants, 2 after them.
+    pub pass: u8,
     pub rows: u64,
-    /// Queries and batches sent.
+    /// Table and blob requests sent.
     pub requests: u64,
     pub wall_seconds: f64,
     /// CPU of the client's thread per request, in microseconds (`None` without `/proc`).
     pub cpu_us_per_request: Option<f64>,
+    /// CPU of the client's thread per 1,000 rows, in milliseconds.
+    pub cpu_ms_per_1000_rows: Option<f64>,
+}
+
+/// The jobs that have a floor of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FloorJob {
+    Copy,
+    Export,
+    Import,
+    Delete,
+}
+
+impl FloorJob {
+    /// The floor a variant of `job` is judged against.
+    pub fn of(job: Job) -> FloorJob {
+        match job {
+            Job::Copy | Job::Count => FloorJob::Copy,
+            Job::Export => FloorJob::Export,
+            Job::Import => FloorJob::Import,
+            Job::Delete => FloorJob::Delete,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FloorJob::Copy => "copy",
+            FloorJob::Export => "export",
+            FloorJob::Import => "import",
+            FloorJob::Delete => "delete",
+        }
+    }
+}
+
+/// Where one pass of the floors reads and writes.
+#[derive(Debug, Clone)]
+pub struct FloorTargets {
+    pub source: String,
+    /// The copy floor's destination (created).
+    pub copy_destination: String,
+    /// The export floor's container (created) and the import floor's source.
+    pub container: String,
+    /// The import floor's destination (created), which the delete floor empties.
+    pub import_destination: String,
+}
+
+/// Runs the floors of `jobs` (export is run for import, import for delete: each reads what the
+/// one before wrote) on a thread of their own, in the order copy, export, import, delete.
+pub fn measure_floors(
+    settings: ConnectionSettings,
+    targets: FloorTargets,
+    jobs: Vec<FloorJob>,
+    pass: u8,
+) -> Result<Vec<Floor>, String> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(run_floors(settings, targets, jobs, pass))
+    })
+    .join()
+    .map_err(|_| "the floor measurement panicked".to_string())?
+}
+
+async fn run_floors(
+    settings: ConnectionSettings,
+    targets: FloorTargets,
+    jobs: Vec<FloorJob>,
+    pass: u8,
+) -> Result<Vec<Floor>, String> {
+    let account = StorageAccount::new(settings);
+    let table_counters = Arc::new(RequestCounters::new());
+    let blob_counters = Arc::new(BlobRequestCounters::new());
+    let client = Client {
+        tables: account.table_store(table_counters.clone()),
+        blobs: account
+            .blob_store(blob_counters.clone())
+            .map_err(|e| e.to_string())?,
+        table_counters,
+        blob_counters,
+    };
+    // Each of export, import and delete reads what the floor before it wrote.
+    let wanted = |job: FloorJob| match job {
+        FloorJob::Copy => jobs.contains(&FloorJob::Copy),
+        _ => jobs.iter().any(|j| *j >= job),
+    };
+    let mut floors = Vec::new();
+    let mut parts = Vec::new();
+    // Tables and the container are made before the measured runs.
+    let t = &targets;
+    for table in [&t.copy_destination, &t.import_destination] {
+        client.create_table(table).await?;
+    }
+    client
+        .blobs
+        .create_container(&t.container)
+        .await
+        .map_err(|e| format!("floor: creating container {}: {e}", t.container))?;
+    if wanted(FloorJob::Copy) {
+        let run = client.copy(&t.source, &t.copy_destination);
+        floors.push(client.measure(FloorJob::Copy, pass, run).await?);
+    }
+    if wanted(FloorJob::Export) {
+        let run = client.export(&targets.source, &targets.container, &mut parts);
+        floors.push(client.measure(FloorJob::Export, pass, run).await?);
+    }
+    if wanted(FloorJob::Import) {
+        let run = client.import(&targets.container, &parts, &targets.import_destination);
+        floors.push(client.measure(FloorJob::Import, pass, run).await?);
+    }
+    if wanted(FloorJob::Delete) {
+        let run = client.delete(&targets.import_destination);
+        floors.push(client.measure(FloorJob::Delete, pass, run).await?);
+    }
+    floors.retain(|f| jobs.contains(&f.job));
+    Ok(floors)
 }
 
 /// CPU nanoseconds of the calling thread, from the scheduler's accounting.
@@ -40,67 +175,174 @@ fn thread_cpu_nanos() -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// Copies `source` into `destination` (created) with a bare client on its own thread.
-pub fn measure_floor(
-    settings: ConnectionSettings,
-    source: String,
-    destination: String,
-) -> Result<Floor, String> {
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        runtime.block_on(async move {
-            let counters = Arc::new(RequestCounters::new());
-            let store = StorageAccount::new(settings).table_store(counters.clone());
-            store
-                .create_table(&destination)
-                .await
-                .map_err(|e| e.to_string())?;
-            let before = (counters.snapshot().total(), thread_cpu_nanos());
-            let started = Instant::now();
-            let rows = copy(&store, &source, &destination).await?;
-            let wall_seconds = started.elapsed().as_secs_f64();
-            let requests = counters.snapshot().total() - before.0;
-            let cpu = thread_cpu_nanos().zip(before.1).map(|(a, b)| a - b);
-            Ok(Floor {
-                rows,
-                requests,
-                wall_seconds,
-                cpu_us_per_request: cpu.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
-            })
-        })
-    })
-    .join()
-    .map_err(|_| "the floor measurement panicked".to_string())?
+/// A part the export floor wrote: its blob name, rows and checksum.
+struct FloorPart {
+    name: String,
+    rows: u64,
+    bytes: u64,
+    sha256: String,
 }
 
-/// Pages through `source` and upserts every page's rows into `destination`.
-async fn copy<S: TableStore>(store: &S, source: &str, destination: &str) -> Result<u64, String> {
-    let mut query = Query {
-        filter: None,
-        top: Some(MAX_TAKE),
-        select: None,
-        continuation: None,
-    };
-    let mut rows = 0u64;
-    // Bounded by the table: every page but the last holds rows.
-    loop {
-        let page = store
-            .query_page(source, &query)
-            .await
-            .map_err(|e| format!("floor: reading {source}: {e}"))?;
-        rows += page.entities.len() as u64;
-        stream::iter(batches(page.entities))
-            .map(|(pk, ops)| async move { store.submit_batch(destination, &pk, &ops).await })
+/// The bare client: one table store and one blob store, each counting its requests.
+struct Client<T, B> {
+    tables: T,
+    blobs: B,
+    table_counters: Arc<RequestCounters>,
+    blob_counters: Arc<BlobRequestCounters>,
+}
+
+impl<T: TableStore, B: BlobStore> Client<T, B> {
+    fn requests(&self) -> u64 {
+        self.table_counters.snapshot().total() + self.blob_counters.snapshot().total()
+    }
+
+    /// Runs one floor and measures its requests, wall time and CPU; `run` returns the rows.
+    async fn measure(
+        &self,
+        job: FloorJob,
+        pass: u8,
+        run: impl std::future::Future<Output = Result<u64, String>>,
+    ) -> Result<Floor, String> {
+        let before = (self.requests(), thread_cpu_nanos());
+        let started = Instant::now();
+        let rows = run.await?;
+        let wall_seconds = started.elapsed().as_secs_f64();
+        let requests = self.requests() - before.0;
+        let cpu = thread_cpu_nanos().zip(before.1).map(|(a, b)| a - b);
+        Ok(Floor {
+            job,
+            pass,
+            rows,
+            requests,
+            wall_seconds,
+            cpu_us_per_request: cpu.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
+            cpu_ms_per_1000_rows: cpu.map(|ns| ns as f64 / 1e6 / rows.max(1) as f64 * 1000.0),
+        })
+    }
+
+    /// Reads `table` a page at a time (keys only with `select` `Some(vec![])`) and hands each
+    /// page's rows to `each`; returns the rows read.
+    async fn pages<F: std::future::Future<Output = Result<(), String>>>(
+        &self,
+        table: &str,
+        select: Option<Vec<String>>,
+        mut each: impl FnMut(Vec<Entity>) -> F,
+    ) -> Result<u64, String> {
+        let mut query = Query {
+            filter: None,
+            top: Some(MAX_TAKE),
+            select,
+            continuation: None,
+        };
+        let mut rows = 0u64;
+        // Bounded by the table: every page but the last holds rows.
+        loop {
+            let page = self
+                .tables
+                .query_page(table, &query)
+                .await
+                .map_err(|e| format!("floor: reading {table}: {e}"))?;
+            rows += page.entities.len() as u64;
+            each(page.entities).await?;
+            match page.continuation {
+                Some(c) => query.continuation = Some(c),
+                None => return Ok(rows),
+            }
+        }
+    }
+
+    /// Sends `batches` to `table`, eight in flight.
+    async fn submit(
+        &self,
+        table: &str,
+        batches: Vec<(String, Vec<BatchOperation>)>,
+    ) -> Result<(), String> {
+        stream::iter(batches)
+            .map(|(pk, ops)| async move { self.tables.submit_batch(table, &pk, &ops).await })
             .buffer_unordered(CONCURRENCY)
             .try_collect::<Vec<()>>()
             .await
-            .map_err(|e| format!("floor: writing {destination}: {e}"))?;
-        match page.continuation {
-            Some(c) => query.continuation = Some(c),
-            None => return Ok(rows),
+            .map(drop)
+            .map_err(|e| format!("floor: writing {table}: {e}"))
+    }
+
+    async fn copy(&self, source: &str, destination: &str) -> Result<u64, String> {
+        self.pages(source, None, |rows| self.submit(destination, batches(rows)))
+            .await
+    }
+
+    async fn export(
+        &self,
+        source: &str,
+        container: &str,
+        parts: &mut Vec<FloorPart>,
+    ) -> Result<u64, String> {
+        let parts = std::cell::RefCell::new(parts);
+        self.pages(source, None, |rows| {
+            let name = format!("floor/part-{:05}.jsonl.gz", parts.borrow().len());
+            let parts = &parts;
+            async move {
+                let encoded = encode_part(&rows).map_err(|e| format!("floor: encoding: {e}"))?;
+                let bytes = encoded.bytes.len() as u64;
+                let write = BlobWrite::new(PART_CONTENT_TYPE);
+                self.blobs
+                    .upload(container, &name, encoded.bytes, &write)
+                    .await
+                    .map_err(|e| format!("floor: writing {name}: {e}"))?;
+                parts.borrow_mut().push(FloorPart {
+                    name,
+                    rows: encoded.rows,
+                    bytes,
+                    sha256: encoded.sha256,
+                });
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    async fn import(
+        &self,
+        container: &str,
+        parts: &[FloorPart],
+        destination: &str,
+    ) -> Result<u64, String> {
+        let mut rows = 0;
+        for part in parts {
+            let downloaded = self
+                .blobs
+                .download(container, &part.name, part.bytes)
+                .await
+                .map_err(|e| format!("floor: reading {}: {e}", part.name))?;
+            let decoded = decode_part(
+                &downloaded.bytes,
+                part.rows,
+                &part.sha256,
+                &DecodeLimits::default(),
+            )
+            .map_err(|e| format!("floor: decoding {}: {e}", part.name))?;
+            rows += decoded.len() as u64;
+            self.submit(destination, batches(decoded)).await?;
         }
+        Ok(rows)
+    }
+
+    async fn delete(&self, table: &str) -> Result<u64, String> {
+        let delete = |row: Entity| BatchOperation::Delete {
+            row_key: row.row_key,
+            etag: None,
+        };
+        self.pages(table, Some(Vec::new()), |rows| {
+            self.submit(table, batches_of(rows, delete))
+        })
+        .await
+    }
+
+    async fn create_table(&self, table: &str) -> Result<(), String> {
+        self.tables
+            .create_table(table)
+            .await
+            .map(drop)
+            .map_err(|e| format!("floor: creating {table}: {e}"))
     }
 }

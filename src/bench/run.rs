@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::floor::measure_floor;
+use super::floor::{measure_floors, Floor, FloorJob, FloorTargets};
 use super::report::{BenchReport, VariantResult};
 use super::requests::{delta, per_1000, Minimum, Requests};
 use super::sampler::HandlerSampler;
@@ -65,21 +65,10 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         return Err("prefix-import restores prefix-export's backup: select both".into());
     }
     let source = seed_source(&store, args).await?;
-    // The floor's copy of the source is what prefix-delete empties.
+    // The copy floor's destination in the first pass is what prefix-delete empties.
     let doomed = format!("BenchFloor{}", source.suffix);
-    let floor = measure_floor(
-        storage.account.settings().clone(),
-        source.name.clone(),
-        doomed.clone(),
-    )?;
-    eprintln!(
-        "floor: {} requests by a bare client in {:.1} s, {} µs CPU per request",
-        floor.requests,
-        floor.wall_seconds,
-        floor
-            .cpu_us_per_request
-            .map_or("n/a".to_string(), |c| format!("{c:.0}"))
-    );
+    let jobs = floor_jobs(&variants);
+    let mut floors = run_floors(&storage, &source, &doomed, &jobs, 1)?;
     let mut results = Vec::new();
     for (i, variant) in variants.into_iter().enumerate() {
         let names = Names::new(&source.suffix, i);
@@ -104,6 +93,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         };
         results.push(run_with_timeout(&run, upstream).await?);
     }
+    floors.extend(run_floors(&storage, &source, &doomed, &jobs, 2)?);
     Ok(BenchReport {
         rows: source.rows,
         seed: args.seed,
@@ -112,7 +102,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         instances: args.instances,
         minimum: source.minimum,
         source_checksum: source.checksum,
-        floor: Some(floor),
+        floors,
         variants: results,
     })
 }
@@ -373,6 +363,7 @@ fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult 
         .collect();
     VariantResult {
         name: run.variant.name(),
+        job: run.variant.job(),
         wall_seconds: wall,
         rows_per_second: rows as f64 / wall.max(1e-9),
         requests_per_1000_rows: per_1000(requests.total, rows),
@@ -470,6 +461,53 @@ fn status_wall(status: &Value) -> Option<f64> {
     };
     let secs = (parse("completedAt")? - parse("startedAt")?).as_seconds_f64();
     (secs > 0.0).then_some(secs)
+}
+
+/// The floors the selected variants are judged against; the copy's always (its first pass
+/// makes the table prefix-delete empties).
+fn floor_jobs(variants: &[Variant]) -> Vec<FloorJob> {
+    let mut jobs = vec![FloorJob::Copy];
+    jobs.extend(variants.iter().map(|v| FloorJob::of(v.job())));
+    jobs.sort();
+    jobs.dedup();
+    jobs
+}
+
+/// One pass of the floors (1 before the variants, 2 after), each printed as it ends.
+fn run_floors(
+    storage: &Storage,
+    source: &Source,
+    doomed: &str,
+    jobs: &[FloorJob],
+    pass: u8,
+) -> Result<Vec<Floor>, String> {
+    let suffix = &source.suffix;
+    let targets = FloorTargets {
+        source: source.name.clone(),
+        copy_destination: match pass {
+            1 => doomed.to_string(),
+            _ => format!("BenchFloor{pass}{suffix}"),
+        },
+        container: format!("benchfloor{pass}{suffix}"),
+        import_destination: format!("BenchFloorImport{pass}{suffix}"),
+    };
+    let floors = measure_floors(
+        storage.account.settings().clone(),
+        targets,
+        jobs.to_vec(),
+        pass,
+    )?;
+    for f in &floors {
+        eprintln!(
+            "floor ({}, pass {pass}): {} requests by a bare client in {:.1} s, {} µs CPU per request",
+            f.job.name(),
+            f.requests,
+            f.wall_seconds,
+            f.cpu_us_per_request
+                .map_or("n/a".to_string(), |c| format!("{c:.0}"))
+        );
+    }
+    Ok(floors)
 }
 
 #[cfg(test)]
