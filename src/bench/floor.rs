@@ -13,6 +13,8 @@
 //! - **delete**: reads that table's keys in pages and deletes every row in same-partition
 //!   batches.
 //!
+//! The bare client talks to Azurite through a counting proxy of its own, as the handler does in
+//! every variant (the caller checks that the proxy saw the requests the client counted).
 //! The floors run on an OS thread of their own with a current-thread runtime, so that thread's
 //! scheduler accounting (`/proc/thread-self/schedstat`) is all the CPU the requests took:
 //! building, signing, sending, parsing, encoding. They run before the variants and again after

@@ -26,6 +26,7 @@ use crate::proxy::{Counts, FaultPolicy, StorageProxy};
 use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore};
+use crate::storage::connection::ConnectionSettings;
 use crate::storage::counters::RequestCounters;
 
 fn socket(endpoint_port: u16) -> SocketAddr {
@@ -68,7 +69,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     // The copy floor's destination in the first pass is what prefix-delete empties.
     let doomed = format!("BenchFloor{}", source.suffix);
     let jobs = floor_jobs(&variants);
-    let mut floors = run_floors(&storage, &source, &doomed, &jobs, 1)?;
+    let mut floors = run_floors(upstream, args.seed, &source, &doomed, &jobs, 1).await?;
     let mut results = Vec::new();
     for (i, variant) in variants.into_iter().enumerate() {
         let names = Names::new(&source.suffix, i);
@@ -93,7 +94,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         };
         results.push(run_with_timeout(&run, upstream).await?);
     }
-    floors.extend(run_floors(&storage, &source, &doomed, &jobs, 2)?);
+    floors.extend(run_floors(upstream, args.seed, &source, &doomed, &jobs, 2).await?);
     Ok(BenchReport {
         rows: source.rows,
         seed: args.seed,
@@ -473,9 +474,12 @@ fn floor_jobs(variants: &[Variant]) -> Vec<FloorJob> {
     jobs
 }
 
-/// One pass of the floors (1 before the variants, 2 after), each printed as it ends.
-fn run_floors(
-    storage: &Storage,
+/// One pass of the floors (1 before the variants, 2 after), each printed as it ends. The bare
+/// client talks to Azurite through a counting proxy of its own, as the handler does in every
+/// variant, so both sides pay for the same path.
+async fn run_floors(
+    upstream: Upstream,
+    seed: u64,
     source: &Source,
     doomed: &str,
     jobs: &[FloorJob],
@@ -491,12 +495,29 @@ fn run_floors(
         container: format!("benchfloor{pass}{suffix}"),
         import_destination: format!("BenchFloorImport{pass}{suffix}"),
     };
-    let floors = measure_floors(
-        storage.account.settings().clone(),
-        targets,
-        jobs.to_vec(),
-        pass,
-    )?;
+    let proxy = StorageProxy::start_with_blob(
+        upstream.table,
+        upstream.queue,
+        upstream.blob,
+        FaultPolicy::none(),
+        seed,
+    )
+    .await
+    .map_err(|e| format!("cannot start the floors' counting proxy: {e}"))?;
+    let settings = ConnectionSettings::parse(&proxy.connection_string())
+        .map_err(|e| format!("the floors' proxy: {e}"))?;
+    let jobs = jobs.to_vec();
+    let floors = tokio::task::spawn_blocking(move || measure_floors(settings, targets, jobs, pass))
+        .await
+        .map_err(|e| format!("the floor measurement: {e}"))??;
+    let sent: u64 = floors.iter().map(|f| f.requests).sum();
+    let counted: u64 = proxy.counts().values().sum();
+    // Tables and the container are created outside the measured runs: up to three requests.
+    if counted < sent || counted > sent + 3 {
+        return Err(format!(
+            "the floors counted {sent} requests but their proxy saw {counted}"
+        ));
+    }
     for f in &floors {
         eprintln!(
             "floor ({}, pass {pass}): {} requests by a bare client in {:.1} s, {} µs CPU per request",
