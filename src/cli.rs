@@ -51,6 +51,7 @@ enum Command {
     Simulate(crate::simulate::SimulateArgs),
 }
 
+#[cfg(feature = "lab")]
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -58,10 +59,47 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// The app setting that gives the handler more than one worker thread.
+pub const HANDLER_THREADS_SETTING: &str = "TABLESCAN_HANDLER_THREADS";
+
+/// The handler's worker threads from `TABLESCAN_HANDLER_THREADS` (unset: 1).
+fn handler_threads(value: Option<&str>) -> Result<usize, String> {
+    match value.map(str::trim) {
+        None => Ok(1),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n @ 1..=64) => Ok(n),
+            _ => Err(format!(
+                "{HANDLER_THREADS_SETTING} must be a whole number from 1 to 64, not {v:?}"
+            )),
+        },
+    }
+}
+
+/// The handler's runtime: one thread unless `TABLESCAN_HANDLER_THREADS` asks for more. The
+/// handler waits on storage almost all the time, and an instance of the plans it runs on has one
+/// core (Consumption, Flex at 2,048 MB) that it shares with the Functions host. On one thread it
+/// spent 10–20 % less CPU per storage request than on tokio's work-stealing pool of two, at the
+/// same speed (`tablescan bench`, docs/bench.md "One thread for the handler").
+fn handler_runtime() -> Result<tokio::runtime::Runtime, String> {
+    let value = std::env::var(HANDLER_THREADS_SETTING).ok();
+    let mut builder = match handler_threads(value.as_deref())? {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    builder.enable_all().build().map_err(|e| e.to_string())
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Handler => runtime().block_on(crate::app::handler::serve_from_env()),
+        Command::Handler => match handler_runtime() {
+            Ok(runtime) => runtime.block_on(crate::app::handler::serve_from_env()),
+            Err(e) => Err(e),
+        },
         Command::Stage(args) => crate::app::stage::run_stage(args)
             .map(|_| ())
             .map_err(|e| e.to_string()),
@@ -220,6 +258,21 @@ mod list {
             "partitionKeyLowerBound" => "lower",
             "segmentsPerFirstPrefix" | "segmentsPerSubsequentPrefix" => "segments",
             other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_threads_default_to_one_and_refuse_nonsense() {
+        assert_eq!(handler_threads(None), Ok(1));
+        assert_eq!(handler_threads(Some(" 4 ")), Ok(4));
+        for bad in ["0", "65", "two", "-1", ""] {
+            let e = handler_threads(Some(bad)).unwrap_err();
+            assert!(e.contains("TABLESCAN_HANDLER_THREADS"), "{e}");
         }
     }
 }
