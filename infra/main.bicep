@@ -215,6 +215,11 @@ var appSettings = [
     name: 'TABLESCAN_MAX_DEQUEUE_COUNT'
     value: '5'
   }
+  // The handler runs on one thread; a 4,096 MB instance has two cores (README, Instance memory).
+  {
+    name: 'TABLESCAN_HANDLER_THREADS'
+    value: instanceMemoryMB >= 4096 ? '2' : '1'
+  }
   {
     name: 'RUST_LOG'
     value: rustLog
