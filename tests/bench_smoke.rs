@@ -166,3 +166,35 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
         assert!(chart.contains(name), "{name} in the legend");
     }
 }
+
+/// A delete alone still runs the export and import floors (the delete floor empties the import
+/// floor's table), checks them against its proxy, and reports only the floors it is judged by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_alone_reports_the_copy_and_delete_floors() {
+    std::env::remove_var("AzureWebJobsStorage");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let args = BenchArgs {
+        rows: 120,
+        seed: 3,
+        out: Some(out.clone()),
+        quiet: true,
+        timeout_seconds: 240,
+        variants: vec![tablescan::bench::Variant::PrefixDelete],
+        handler_binary: Some(env!("CARGO_BIN_EXE_tablescan").into()),
+        ..BenchArgs::default()
+    };
+    run_bench(args).await.expect("bench runs");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let floors: Vec<(&str, u64)> = report["floors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["job"].as_str().unwrap(), f["pass"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        floors,
+        [("copy", 1), ("delete", 1), ("copy", 2), ("delete", 2)]
+    );
+    assert_eq!(report["variants"][0]["verified"], true);
+}
