@@ -68,10 +68,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let store = self.counted_table(STORAGE_SETTING, &begun.requests)?;
         let tracker = self.tracker_on(&store);
         let own = begun.shard;
-        let (etag, outcome, counter, children) = match (&begun.progress, result) {
+        // `folded`: how many of the first own-shard children the record registered.
+        let (etag, outcome, counter, children, folded) = match (&begun.progress, result) {
             (Progress::Recorded { etag, outcome }, _) => {
                 let children = self.children_of(scan, own, outcome)?;
-                (etag.clone(), outcome.clone(), None, children)
+                (etag.clone(), outcome.clone(), None, children, 0)
             }
             // Without children there is nothing two executions could disagree on but counters,
             // and only one completion can commit: no need to record the outcome first — unless
@@ -81,7 +82,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 if outcome.children.is_empty()
                     && (outcome.in_step.is_empty() || !drivers::changes_source(scan.driver)) =>
             {
-                (etag.clone(), outcome, None, Vec::new())
+                (etag.clone(), outcome, None, Vec::new(), 0)
             }
             (Progress::Fresh { etag }, Ok(mut outcome)) => {
                 outcome.first_grouped = true;
@@ -98,12 +99,15 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                     .record_outcome(&scan.scan_id, own, &begun.work_id, etag, &json, &folded)
                     .await
                 {
-                    Ok(recorded) => (recorded.etag, outcome, recorded.counter, children),
+                    Ok(recorded) => {
+                        let n = folded.len();
+                        (recorded.etag, outcome, recorded.counter, children, n)
+                    }
                     // Another execution got there first: its outcome is the one that counts.
                     Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
                         let outcome = parse_outcome(&begun.work_id, &outcome)?;
                         let children = self.children_of(scan, own, &outcome)?;
-                        (etag, outcome, None, children)
+                        (etag, outcome, None, children, 0)
                     }
                     // Still pending under another ETag than the one this delivery read (it
                     // changed in between without being recorded). Try again, reading the row.
@@ -120,11 +124,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             (Progress::Fresh { .. }, Err(e)) => return Err(e),
         };
 
-        // With a counter, the record registered the first own-shard children (as `folded`).
-        let folded = counter.is_some().then(|| {
-            let in_own = children.iter().filter(|c| c.work.shard == own).count();
-            (own, in_own.min(MAX_FOLDED_CHILDREN))
-        });
+        // With a counter, the record registered the first `folded` own-shard children.
+        let folded = counter.is_some().then_some((own, folded));
         self.register_and_queue(&tracker, begun, &children, folded)
             .await?;
         let mut outcome = outcome;
