@@ -42,7 +42,8 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "prefix-delete"
         ]
     );
-    // The floors, before and after the variants: each job's data requests by a bare client.
+    // The floors, before and after the variants: each job's data requests by a bare client;
+    // the third pass as many at a time as the job's variants had requests in flight.
     // Copy: reads + batches = the minimum; export: a read and a part per page; import: a part
     // read per page + the batches; delete: reads + batches.
     let floors = report["floors"].as_array().unwrap();
@@ -60,12 +61,23 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             _ => reads + batches,
         };
         assert_eq!(floor["requests"].as_u64(), Some(expected), "{floor}");
-        for field in ["cpu_us_per_request", "cpu_ms_per_1000_rows"] {
+        for field in [
+            "cpu_us_per_request",
+            "cpu_ms_per_1000_rows",
+            "mean_in_flight",
+        ] {
             assert!(floor[field].as_f64().unwrap() > 0.0, "{floor}");
         }
+        let at_a_time = floor["in_flight"].as_u64().unwrap();
+        let expected = match (job, floor["pass"].as_u64().unwrap()) {
+            ("export", _) => 1,
+            (_, 3) => matched_in_flight(variants, job),
+            _ => 8,
+        };
+        assert_eq!(at_a_time, expected, "{floor}");
     }
     let jobs = ["copy", "export", "import", "delete"];
-    let expected: Vec<(&str, u64)> = [1, 2]
+    let expected: Vec<(&str, u64)> = [1, 2, 3]
         .iter()
         .flat_map(|pass| jobs.iter().map(move |job| (*job, *pass)))
         .collect();
@@ -86,6 +98,7 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "max_invocation_seconds",
             "handler_cpu_ms_per_1000_rows",
             "handler_peak_rss_bytes",
+            "mean_in_flight",
         ] {
             let x = v[field]
                 .as_f64()
@@ -167,6 +180,23 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
     }
 }
 
+/// The third floor pass's batches at a time for `job`: the most requests its variants had in
+/// flight on average, rounded up (copies and counts share the copy's floor).
+fn matched_in_flight(variants: &[Value], job: &str) -> u64 {
+    variants
+        .iter()
+        .filter(|v| {
+            let name = v["name"].as_str().unwrap();
+            match job {
+                "copy" => name.ends_with("-copy") || name.ends_with("-count"),
+                _ => name.ends_with(&format!("-{job}")),
+            }
+        })
+        .map(|v| v["mean_in_flight"].as_f64().unwrap().ceil().max(1.0) as u64)
+        .max()
+        .unwrap()
+}
+
 /// A delete alone still runs the export and import floors (the delete floor empties the import
 /// floor's table), checks them against its proxy, and reports only the floors it is judged by.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -194,7 +224,13 @@ async fn a_delete_alone_reports_the_copy_and_delete_floors() {
         .collect();
     assert_eq!(
         floors,
-        [("copy", 1), ("delete", 1), ("copy", 2), ("delete", 2)]
+        [
+            ("copy", 1),
+            ("delete", 1),
+            ("copy", 2),
+            ("delete", 2),
+            ("delete", 3)
+        ]
     );
     assert_eq!(report["variants"][0]["verified"], true);
 }

@@ -15,12 +15,19 @@
 //!
 //! The bare client talks to Azurite through a counting proxy of its own, as the handler does in
 //! every variant (the caller checks that the proxy saw the requests the client counted).
+//! Batches are sent eight at a time (one work item's `TABLESCAN_COPY_CONCURRENCY`) in the passes
+//! before and after the variants. A third pass sends them as many at a time as the handler had
+//! requests in flight on average (the proxy's gauge): on this machine the bare client's own CPU
+//! per request grows with the requests in flight, so only that pass compares the handler with
+//! the same requests sent the same way, and the difference is its bookkeeping.
+//!
 //! The floors run on an OS thread of their own with a current-thread runtime, so that thread's
 //! scheduler accounting (`/proc/thread-self/schedstat`) is all the CPU the requests took:
 //! building, signing, sending, parsing, encoding. They run before the variants and again after
 //! them, because CPU per request on a shared machine drifts over minutes (frequency, cache,
 //! Azurite's own load on the other core); a variant is judged against the mean of the two.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,22 +36,34 @@ use serde::Serialize;
 
 use super::variant::Job;
 use crate::app::drivers::range::{batches, batches_of};
+use crate::proxy::InFlight;
+use crate::storage::azure_blob::AzureBlobStore;
+use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite};
 use crate::storage::connection::{ConnectionSettings, StorageAccount};
 use crate::storage::counters::RequestCounters;
 use crate::storage::export_format::{decode_part, encode_part, DecodeLimits, PART_CONTENT_TYPE};
 use crate::storage::{BatchOperation, Entity, Query, TableStore, MAX_TAKE};
 
-/// Batches in flight (the handler's default `TABLESCAN_COPY_CONCURRENCY`).
-const CONCURRENCY: usize = 8;
+/// Batches in flight in passes 1 and 2 (the handler's default `TABLESCAN_COPY_CONCURRENCY`).
+pub const FLOOR_IN_FLIGHT: usize = 8;
+
+/// The most batches in flight a floor sends with.
+pub const MAX_FLOOR_IN_FLIGHT: usize = 256;
 
 /// What a bare client measured for one job.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Floor {
     /// Which job's data requests these were (copies and counts are judged against the copy's).
     pub job: FloorJob,
-    /// 1 before the variants, 2 after them.
+    /// 1 before the variants, 2 after them (both [`FLOOR_IN_FLIGHT`] batches at a time); 3 after
+    /// them too, as many at a time as the handler had requests in flight.
     pub pass: u8,
+    /// Batches sent at a time (the export sends its parts one at a time).
+    pub in_flight: usize,
+    /// Requests in flight on average, as the floors' proxy saw them (below `in_flight`: each
+    /// page is read before its batches are sent).
+    pub mean_in_flight: f64,
     pub rows: u64,
     /// Table and blob requests sent.
     pub requests: u64,
@@ -100,11 +119,14 @@ pub struct FloorTargets {
 
 /// Runs the floors of `jobs` (export is run for import, import for delete: each reads what the
 /// one before wrote) on a thread of their own, in the order copy, export, import, delete, and
-/// returns every floor it ran, the ones run only for the next one's sake included.
+/// returns every floor it ran, the ones run only for the next one's sake included. `in_flight`
+/// sets a job's batches at a time ([`FLOOR_IN_FLIGHT`] for a job it does not name).
 pub fn measure_floors(
     settings: ConnectionSettings,
     targets: FloorTargets,
     jobs: Vec<FloorJob>,
+    in_flight: BTreeMap<FloorJob, usize>,
+    gauge: InFlight,
     pass: u8,
 ) -> Result<Vec<Floor>, String> {
     std::thread::spawn(move || {
@@ -112,28 +134,26 @@ pub fn measure_floors(
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
-        runtime.block_on(run_floors(settings, targets, jobs, pass))
+        let client = Client::new(settings, gauge)?;
+        runtime.block_on(run_floors(client, targets, jobs, in_flight, pass))
     })
     .join()
     .map_err(|_| "the floor measurement panicked".to_string())?
 }
 
-async fn run_floors(
-    settings: ConnectionSettings,
+async fn run_floors<T: TableStore, B: BlobStore>(
+    client: Client<T, B>,
     targets: FloorTargets,
     jobs: Vec<FloorJob>,
+    in_flight: BTreeMap<FloorJob, usize>,
     pass: u8,
 ) -> Result<Vec<Floor>, String> {
-    let account = StorageAccount::new(settings);
-    let table_counters = Arc::new(RequestCounters::new());
-    let blob_counters = Arc::new(BlobRequestCounters::new());
-    let client = Client {
-        tables: account.table_store(table_counters.clone()),
-        blobs: account
-            .blob_store(blob_counters.clone())
-            .map_err(|e| e.to_string())?,
-        table_counters,
-        blob_counters,
+    let n = |job| {
+        in_flight
+            .get(&job)
+            .copied()
+            .unwrap_or(FLOOR_IN_FLIGHT)
+            .clamp(1, MAX_FLOOR_IN_FLIGHT)
     };
     // Each of export, import and delete reads what the floor before it wrote.
     let wanted = |job: FloorJob| match job {
@@ -158,20 +178,29 @@ async fn run_floors(
             .map_err(|e| format!("floor: creating container {}: {e}", t.container))?;
     }
     if wanted(FloorJob::Copy) {
-        let run = client.copy(&t.source, &t.copy_destination);
-        floors.push(client.measure(FloorJob::Copy, pass, run).await?);
+        let run = client.copy(&t.source, &t.copy_destination, n(FloorJob::Copy));
+        floors.push(
+            client
+                .measure(FloorJob::Copy, pass, n(FloorJob::Copy), run)
+                .await?,
+        );
     }
     if wanted(FloorJob::Export) {
         let run = client.export(&targets.source, &targets.container, &mut parts);
-        floors.push(client.measure(FloorJob::Export, pass, run).await?);
+        floors.push(client.measure(FloorJob::Export, pass, 1, run).await?);
     }
     if wanted(FloorJob::Import) {
-        let run = client.import(&targets.container, &parts, &targets.import_destination);
-        floors.push(client.measure(FloorJob::Import, pass, run).await?);
+        let (job, t) = (FloorJob::Import, &targets);
+        let run = client.import(&t.container, &parts, &t.import_destination, n(job));
+        floors.push(client.measure(job, pass, n(job), run).await?);
     }
     if wanted(FloorJob::Delete) {
-        let run = client.delete(&targets.import_destination);
-        floors.push(client.measure(FloorJob::Delete, pass, run).await?);
+        let run = client.delete(&targets.import_destination, n(FloorJob::Delete));
+        floors.push(
+            client
+                .measure(FloorJob::Delete, pass, n(FloorJob::Delete), run)
+                .await?,
+        );
     }
     Ok(floors)
 }
@@ -190,12 +219,31 @@ struct FloorPart {
     sha256: String,
 }
 
-/// The bare client: one table store and one blob store, each counting its requests.
+/// The bare client: one table store and one blob store, each counting its requests, and the
+/// gauge of its requests in flight at its proxy.
 struct Client<T, B> {
     tables: T,
     blobs: B,
     table_counters: Arc<RequestCounters>,
     blob_counters: Arc<BlobRequestCounters>,
+    gauge: InFlight,
+}
+
+impl Client<AzureTableStore, AzureBlobStore> {
+    fn new(settings: ConnectionSettings, gauge: InFlight) -> Result<Self, String> {
+        let account = StorageAccount::new(settings);
+        let table_counters = Arc::new(RequestCounters::new());
+        let blob_counters = Arc::new(BlobRequestCounters::new());
+        Ok(Client {
+            tables: account.table_store(table_counters.clone()),
+            blobs: account
+                .blob_store(blob_counters.clone())
+                .map_err(|e| e.to_string())?,
+            table_counters,
+            blob_counters,
+            gauge,
+        })
+    }
 }
 
 impl<T: TableStore, B: BlobStore> Client<T, B> {
@@ -208,17 +256,22 @@ impl<T: TableStore, B: BlobStore> Client<T, B> {
         &self,
         job: FloorJob,
         pass: u8,
+        in_flight: usize,
         run: impl std::future::Future<Output = Result<u64, String>>,
     ) -> Result<Floor, String> {
         let before = (self.requests(), thread_cpu_nanos());
+        let mark = self.gauge.mark();
         let started = Instant::now();
         let rows = run.await?;
+        let mean_in_flight = self.gauge.mean_since(&mark);
         let wall_seconds = started.elapsed().as_secs_f64();
         let requests = self.requests() - before.0;
         let cpu = thread_cpu_nanos().zip(before.1).map(|(a, b)| a - b);
         Ok(Floor {
             job,
             pass,
+            in_flight,
+            mean_in_flight,
             rows,
             requests,
             wall_seconds,
@@ -228,7 +281,8 @@ impl<T: TableStore, B: BlobStore> Client<T, B> {
     }
 
     /// Reads `table` a page at a time (keys only with `select` `Some(vec![])`) and hands each
-    /// page's rows to `each`; returns the rows read.
+    /// page's rows to `each` while the next page is read (as the handler's items overlap);
+    /// returns the rows read.
     async fn pages<F: std::future::Future<Output = Result<(), String>>>(
         &self,
         table: &str,
@@ -241,41 +295,49 @@ impl<T: TableStore, B: BlobStore> Client<T, B> {
             select,
             continuation: None,
         };
+        let read = |query: Query| async move {
+            self.tables
+                .query_page(table, &query)
+                .await
+                .map_err(|e| format!("floor: reading {table}: {e}"))
+        };
+        let mut page = read(query.clone()).await?;
         let mut rows = 0u64;
         // Bounded by the table: every page but the last holds rows.
         loop {
-            let page = self
-                .tables
-                .query_page(table, &query)
-                .await
-                .map_err(|e| format!("floor: reading {table}: {e}"))?;
             rows += page.entities.len() as u64;
-            each(page.entities).await?;
-            match page.continuation {
-                Some(c) => query.continuation = Some(c),
-                None => return Ok(rows),
-            }
+            let Some(c) = page.continuation.take() else {
+                each(page.entities).await?;
+                return Ok(rows);
+            };
+            query.continuation = Some(c);
+            let (done, next) = futures::join!(each(page.entities), read(query.clone()));
+            done?;
+            page = next?;
         }
     }
 
-    /// Sends `batches` to `table`, eight in flight.
+    /// Sends `batches` to `table`, `in_flight` at a time.
     async fn submit(
         &self,
         table: &str,
         batches: Vec<(String, Vec<BatchOperation>)>,
+        in_flight: usize,
     ) -> Result<(), String> {
         stream::iter(batches)
             .map(|(pk, ops)| async move { self.tables.submit_batch(table, &pk, &ops).await })
-            .buffer_unordered(CONCURRENCY)
+            .buffer_unordered(in_flight)
             .try_collect::<Vec<()>>()
             .await
             .map(drop)
             .map_err(|e| format!("floor: writing {table}: {e}"))
     }
 
-    async fn copy(&self, source: &str, destination: &str) -> Result<u64, String> {
-        self.pages(source, None, |rows| self.submit(destination, batches(rows)))
-            .await
+    async fn copy(&self, source: &str, destination: &str, n: usize) -> Result<u64, String> {
+        self.pages(source, None, |rows| {
+            self.submit(destination, batches(rows), n)
+        })
+        .await
     }
 
     async fn export(
@@ -313,6 +375,7 @@ impl<T: TableStore, B: BlobStore> Client<T, B> {
         container: &str,
         parts: &[FloorPart],
         destination: &str,
+        n: usize,
     ) -> Result<u64, String> {
         let mut rows = 0;
         for part in parts {
@@ -329,18 +392,18 @@ impl<T: TableStore, B: BlobStore> Client<T, B> {
             )
             .map_err(|e| format!("floor: decoding {}: {e}", part.name))?;
             rows += decoded.len() as u64;
-            self.submit(destination, batches(decoded)).await?;
+            self.submit(destination, batches(decoded), n).await?;
         }
         Ok(rows)
     }
 
-    async fn delete(&self, table: &str) -> Result<u64, String> {
+    async fn delete(&self, table: &str, n: usize) -> Result<u64, String> {
         let delete = |row: Entity| BatchOperation::Delete {
             row_key: row.row_key,
             etag: None,
         };
         self.pages(table, Some(Vec::new()), |rows| {
-            self.submit(table, batches_of(rows, delete))
+            self.submit(table, batches_of(rows, delete), n)
         })
         .await
     }

@@ -69,7 +69,8 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     // The copy floor's destination in the first pass is what prefix-delete empties.
     let doomed = format!("BenchFloor{}", source.suffix);
     let jobs = floor_jobs(&variants);
-    let mut floors = run_floors(upstream, args.seed, &source, &doomed, &jobs, 1).await?;
+    let eight = BTreeMap::new();
+    let mut floors = run_floors(upstream, args.seed, &source, &doomed, &jobs, &eight, 1).await?;
     let mut results = Vec::new();
     for (i, variant) in variants.into_iter().enumerate() {
         let names = Names::new(&source.suffix, i);
@@ -94,7 +95,16 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         };
         results.push(run_with_timeout(&run, upstream).await?);
     }
-    floors.extend(run_floors(upstream, args.seed, &source, &doomed, &jobs, 2).await?);
+    floors.extend(run_floors(upstream, args.seed, &source, &doomed, &jobs, &eight, 2).await?);
+    // The third pass sends each job's batches as many at a time as its variants had requests
+    // in flight (the busiest of them), so the handler is compared with the same requests sent
+    // the same way.
+    let matched = matched_in_flight(&results);
+    let third: Vec<FloorJob> = jobs
+        .into_iter()
+        .filter(|j| matched.contains_key(j))
+        .collect();
+    floors.extend(run_floors(upstream, args.seed, &source, &doomed, &third, &matched, 3).await?);
     Ok(BenchReport {
         rows: source.rows,
         seed: args.seed,
@@ -351,6 +361,7 @@ fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult 
         sampler,
         stats,
         started,
+        mean_in_flight,
         ..
     } = driven;
     let rows = run.source_rows;
@@ -367,6 +378,7 @@ fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult 
         job: run.variant.job(),
         wall_seconds: wall,
         rows_per_second: rows as f64 / wall.max(1e-9),
+        mean_in_flight,
         requests_per_1000_rows: per_1000(requests.total, rows),
         requests_per_1000_rows_by_kind: requests.per_1000(rows),
         minimum_requests_per_1000_rows: per_1000(minimum, rows),
@@ -402,6 +414,8 @@ struct Driven {
     stats: BTreeMap<String, FunctionStats>,
     /// The proxy's counts just before the POST.
     before: Counts,
+    /// Table and blob requests in flight on average from the POST to the end.
+    mean_in_flight: f64,
     started: Instant,
 }
 
@@ -417,6 +431,7 @@ async fn drive(
     let mut sampler = HandlerSampler::default();
     sampler.sample(host);
     let before = proxy.counts();
+    let in_flight = proxy.in_flight().mark();
     let started = Instant::now();
     let body = run.variant.request(&run.targets);
     eprintln!("$ curl -X POST {base}/api/scans -H 'Content-Type: application/json' -d '{body}'");
@@ -440,8 +455,10 @@ async fn drive(
     )
     .await?;
     sampler.sample(host);
+    let mean_in_flight = proxy.in_flight().mean_since(&in_flight);
     let stats = host.invocation_stats();
     Ok(Driven {
+        mean_in_flight,
         status,
         progress,
         sampler,
@@ -464,6 +481,18 @@ fn status_wall(status: &Value) -> Option<f64> {
     (secs > 0.0).then_some(secs)
 }
 
+/// Batches at a time for each job's third floor pass: the most requests any of the job's
+/// variants had in flight on average, rounded up.
+fn matched_in_flight(results: &[VariantResult]) -> BTreeMap<FloorJob, usize> {
+    let mut n = BTreeMap::new();
+    for v in results {
+        let want = v.mean_in_flight.ceil().max(1.0) as usize;
+        let entry = n.entry(FloorJob::of(v.job)).or_insert(want);
+        *entry = (*entry).max(want);
+    }
+    n
+}
+
 /// The floors the selected variants are judged against; the copy's always (its first pass
 /// makes the table prefix-delete empties).
 fn floor_jobs(variants: &[Variant]) -> Vec<FloorJob> {
@@ -483,6 +512,7 @@ async fn run_floors(
     source: &Source,
     doomed: &str,
     jobs: &[FloorJob],
+    in_flight: &BTreeMap<FloorJob, usize>,
     pass: u8,
 ) -> Result<Vec<Floor>, String> {
     let suffix = &source.suffix;
@@ -506,11 +536,12 @@ async fn run_floors(
     .map_err(|e| format!("cannot start the floors' counting proxy: {e}"))?;
     let settings = ConnectionSettings::parse(&proxy.connection_string())
         .map_err(|e| format!("the floors' proxy: {e}"))?;
-    let wanted = jobs.to_vec();
-    let mut floors =
-        tokio::task::spawn_blocking(move || measure_floors(settings, targets, wanted, pass))
-            .await
-            .map_err(|e| format!("the floor measurement: {e}"))??;
+    let (wanted, n, gauge) = (jobs.to_vec(), in_flight.clone(), proxy.in_flight().clone());
+    let mut floors = tokio::task::spawn_blocking(move || {
+        measure_floors(settings, targets, wanted, n, gauge, pass)
+    })
+    .await
+    .map_err(|e| format!("the floor measurement: {e}"))??;
     let sent: u64 = floors.iter().map(|f| f.requests).sum();
     let counted: u64 = proxy.counts().values().sum();
     // Tables and the container are created outside the measured runs: up to three requests.
@@ -523,8 +554,10 @@ async fn run_floors(
     floors.retain(|f| jobs.contains(&f.job));
     for f in &floors {
         eprintln!(
-            "floor ({}, pass {pass}): {} requests by a bare client in {:.1} s, {} µs CPU per request",
+            "floor ({}, pass {pass}, {} at a time, {:.1} in flight): {} requests by a bare client in {:.1} s, {} µs CPU per request",
             f.job.name(),
+            f.in_flight,
+            f.mean_in_flight,
             f.requests,
             f.wall_seconds,
             f.cpu_us_per_request

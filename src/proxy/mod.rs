@@ -7,6 +7,8 @@
 //! [`StorageProxy::start_with_blob`] (export and import): blob requests are counted by kind
 //! ([`BlobRequestKind`]) and container, and faulted like the others.
 
+mod in_flight;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+pub use in_flight::{InFlight, InFlightMark};
 
 use crate::storage::blob::BlobRequestKind;
 use crate::storage::connection::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
@@ -115,6 +119,8 @@ struct Shared {
     /// Faults injected by request kind (`kind_name`/`blob_kind_name`).
     injected_by_kind: Mutex<BTreeMap<&'static str, u64>>,
     duplicated: AtomicU64,
+    /// Table and blob requests in flight (queue requests, mostly the host's polls, are not).
+    in_flight: InFlight,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -369,6 +375,7 @@ async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Reset> {
+    let _in_flight = (service != Service::Queue).then(|| shared.in_flight.enter());
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map_err(|_| Reset)?.to_bytes();
     let path = parts.uri.path().to_string();
@@ -516,6 +523,7 @@ impl StorageProxy {
             injected: AtomicU64::new(0),
             injected_by_kind: Mutex::new(BTreeMap::new()),
             duplicated: AtomicU64::new(0),
+            in_flight: InFlight::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let (stop, _) = watch::channel(false);
@@ -543,6 +551,11 @@ impl StorageProxy {
             }
         }
         Ok(proxy)
+    }
+
+    /// The gauge of table and blob requests in flight through this proxy.
+    pub fn in_flight(&self) -> &InFlight {
+        &self.shared.in_flight
     }
 
     /// A connection string for the development account that goes through this proxy (its
