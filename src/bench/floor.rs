@@ -16,10 +16,11 @@
 //! The bare client talks to Azurite through a counting proxy of its own, as the handler does in
 //! every variant (the caller checks that the proxy saw the requests the client counted).
 //! Batches are sent eight at a time (one work item's `TABLESCAN_COPY_CONCURRENCY`) in the passes
-//! before and after the variants. A third pass sends them as many at a time as the handler had
-//! requests in flight on average (the proxy's gauge): on this machine the bare client's own CPU
-//! per request grows with the requests in flight, so only that pass compares the handler with
-//! the same requests sent the same way, and the difference is its bookkeeping.
+//! before and after the variants. A third pass, right after each variant, sends them as many at
+//! a time as that variant's handler had requests in flight on average (the proxy's gauge): on
+//! this machine the bare client's own CPU per request grows with the requests in flight, so only
+//! that pass compares the handler with the same requests sent the same way, and the difference
+//! is its bookkeeping (`bench::passes`).
 //!
 //! The floors run on an OS thread of their own with a current-thread runtime, so that thread's
 //! scheduler accounting (`/proc/thread-self/schedstat`) is all the CPU the requests took:
@@ -56,9 +57,12 @@ pub const MAX_FLOOR_IN_FLIGHT: usize = 256;
 pub struct Floor {
     /// Which job's data requests these were (copies and counts are judged against the copy's).
     pub job: FloorJob,
-    /// 1 before the variants, 2 after them (both [`FLOOR_IN_FLIGHT`] batches at a time); 3 after
-    /// them too, as many at a time as the handler had requests in flight.
+    /// 1 before the variants, 2 after them (both [`FLOOR_IN_FLIGHT`] batches at a time); 3 right
+    /// after `variant`, as many at a time as its handler had requests in flight.
     pub pass: u8,
+    /// The variant a pass-3 floor was matched to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<&'static str>,
     /// Batches sent at a time (the export sends its parts one at a time).
     pub in_flight: usize,
     /// Requests in flight on average, as the floors' proxy saw them (below `in_flight`: each
@@ -270,6 +274,7 @@ impl<T: TableStore, B: BlobStore> Client<T, B> {
         Ok(Floor {
             job,
             pass,
+            variant: None,
             in_flight,
             mean_in_flight,
             rows,

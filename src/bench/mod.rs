@@ -12,6 +12,7 @@
 //! goals), [`svg`] (the chart).
 
 mod floor;
+mod passes;
 mod report;
 mod requests;
 mod run;

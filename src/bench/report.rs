@@ -91,12 +91,12 @@ impl BenchReport {
         Some(variant.handler_cpu_us_per_request? / floor)
     }
 
-    /// A job's third-pass floor: its batches as many at a time as its variants had requests in
-    /// flight.
-    pub fn matched_floor_of(&self, job: FloorJob) -> Option<&Floor> {
+    /// A variant's third-pass floor: its job's batches as many at a time as it had requests in
+    /// flight, measured right after it.
+    pub fn matched_floor_of(&self, variant: &str) -> Option<&Floor> {
         self.floors
             .iter()
-            .find(|f| f.job == job && f.pass == 3 && f.cpu_us_per_request.is_some())
+            .find(|f| f.pass == 3 && f.variant == Some(variant) && f.cpu_us_per_request.is_some())
     }
 }
 
@@ -190,15 +190,16 @@ fn floor_line(report: &BenchReport) -> String {
     if !report.floors.is_empty() {
         s.push_str(
             "floors (a bare client sending each job's data requests: no host, queues or bookkeeping; \
-             pass 1 before the variants, 2 and 3 after; 3 as many at a time as the handler had in flight):\n",
+             pass 1 before the variants, 2 after them, 3 right after each variant, as many at a time as it had in flight):\n",
         );
     }
     for f in &report.floors {
         let _ = writeln!(
             s,
-            "  {:<7} pass {} ({:>3} at a time, {:5.1} in flight): {:.1} requests per 1,000 rows, {} µs CPU per request, {} ms CPU per 1,000 rows, {:.1} s",
+            "  {:<7} pass {}{} ({:>3} at a time, {:5.1} in flight): {:.1} requests per 1,000 rows, {} µs CPU per request, {} ms CPU per 1,000 rows, {:.1} s",
             f.job.name(),
             f.pass,
+            f.variant.map(|v| format!(" for {v}")).unwrap_or_default(),
             f.in_flight,
             f.mean_in_flight,
             per_1000(f.requests, f.rows.max(1)),
@@ -283,7 +284,7 @@ fn cpu_goal(report: &BenchReport, v: &VariantResult) -> String {
         .map_or(0, |f| f.in_flight);
     let eight =
         format!("{ratio:.2} × ({cpu:.0} µs vs {floor:.0} µs; per 1,000 rows {floor_ms:.1} ms)");
-    match report.matched_floor_of(job) {
+    match report.matched_floor_of(v.name) {
         Some(m) => {
             let matched = m.cpu_us_per_request.unwrap_or(f64::NAN);
             let r = cpu / matched;
@@ -412,6 +413,7 @@ pub(super) mod tests {
                 Floor {
                     job: FloorJob::Copy,
                     pass: 1,
+                    variant: None,
                     in_flight: 8,
                     mean_in_flight: 7.5,
                     rows: 2000,
@@ -423,6 +425,7 @@ pub(super) mod tests {
                 Floor {
                     job: FloorJob::Copy,
                     pass: 2,
+                    variant: None,
                     in_flight: 8,
                     mean_in_flight: 7.5,
                     rows: 2000,
@@ -434,6 +437,7 @@ pub(super) mod tests {
                 Floor {
                     job: FloorJob::Copy,
                     pass: 3,
+                    variant: Some("prefix-copy"),
                     in_flight: 21,
                     mean_in_flight: 19.6,
                     rows: 2000,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::floor::{measure_floors, Floor, FloorJob, FloorTargets};
+use super::passes::{floor_jobs, FloorRuns};
 use super::report::{BenchReport, VariantResult};
 use super::requests::{delta, per_1000, Minimum, Requests};
 use super::sampler::HandlerSampler;
@@ -26,7 +26,6 @@ use crate::proxy::{Counts, FaultPolicy, StorageProxy};
 use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore};
-use crate::storage::connection::ConnectionSettings;
 use crate::storage::counters::RequestCounters;
 
 fn socket(endpoint_port: u16) -> SocketAddr {
@@ -69,8 +68,16 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     // The copy floor's destination in the first pass is what prefix-delete empties.
     let doomed = format!("BenchFloor{}", source.suffix);
     let jobs = floor_jobs(&variants);
-    let eight = BTreeMap::new();
-    let mut floors = run_floors(upstream, args.seed, &source, &doomed, &jobs, &eight, 1).await?;
+    let floor_runs = FloorRuns {
+        table: upstream.table,
+        queue: upstream.queue,
+        blob: upstream.blob,
+        seed: args.seed,
+        source: &source.name,
+        suffix: &source.suffix,
+        doomed: &doomed,
+    };
+    let mut floors = floor_runs.pass(&jobs, 1).await?;
     let mut results = Vec::new();
     for (i, variant) in variants.into_iter().enumerate() {
         let names = Names::new(&source.suffix, i);
@@ -93,18 +100,13 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
             names,
             args,
         };
-        results.push(run_with_timeout(&run, upstream).await?);
+        let result = run_with_timeout(&run, upstream).await?;
+        // Right after the variant, while the machine is as it was: its job's data requests as
+        // many at a time as it had in flight.
+        floors.extend(floor_runs.matched(&result, i).await?);
+        results.push(result);
     }
-    floors.extend(run_floors(upstream, args.seed, &source, &doomed, &jobs, &eight, 2).await?);
-    // The third pass sends each job's batches as many at a time as its variants had requests
-    // in flight (the busiest of them), so the handler is compared with the same requests sent
-    // the same way.
-    let matched = matched_in_flight(&results);
-    let third: Vec<FloorJob> = jobs
-        .into_iter()
-        .filter(|j| matched.contains_key(j))
-        .collect();
-    floors.extend(run_floors(upstream, args.seed, &source, &doomed, &third, &matched, 3).await?);
+    floors.extend(floor_runs.pass(&jobs, 2).await?);
     Ok(BenchReport {
         rows: source.rows,
         seed: args.seed,
@@ -479,92 +481,6 @@ fn status_wall(status: &Value) -> Option<f64> {
     };
     let secs = (parse("completedAt")? - parse("startedAt")?).as_seconds_f64();
     (secs > 0.0).then_some(secs)
-}
-
-/// Batches at a time for each job's third floor pass: the most requests any of the job's
-/// variants had in flight on average, rounded up.
-fn matched_in_flight(results: &[VariantResult]) -> BTreeMap<FloorJob, usize> {
-    let mut n = BTreeMap::new();
-    for v in results {
-        let want = v.mean_in_flight.ceil().max(1.0) as usize;
-        let entry = n.entry(FloorJob::of(v.job)).or_insert(want);
-        *entry = (*entry).max(want);
-    }
-    n
-}
-
-/// The floors the selected variants are judged against; the copy's always (its first pass
-/// makes the table prefix-delete empties).
-fn floor_jobs(variants: &[Variant]) -> Vec<FloorJob> {
-    let mut jobs = vec![FloorJob::Copy];
-    jobs.extend(variants.iter().map(|v| FloorJob::of(v.job())));
-    jobs.sort();
-    jobs.dedup();
-    jobs
-}
-
-/// One pass of the floors (1 before the variants, 2 after), each printed as it ends. The bare
-/// client talks to Azurite through a counting proxy of its own, as the handler does in every
-/// variant, so both sides pay for the same path.
-async fn run_floors(
-    upstream: Upstream,
-    seed: u64,
-    source: &Source,
-    doomed: &str,
-    jobs: &[FloorJob],
-    in_flight: &BTreeMap<FloorJob, usize>,
-    pass: u8,
-) -> Result<Vec<Floor>, String> {
-    let suffix = &source.suffix;
-    let targets = FloorTargets {
-        source: source.name.clone(),
-        copy_destination: match pass {
-            1 => doomed.to_string(),
-            _ => format!("BenchFloor{pass}{suffix}"),
-        },
-        container: format!("benchfloor{pass}{suffix}"),
-        import_destination: format!("BenchFloorImport{pass}{suffix}"),
-    };
-    let proxy = StorageProxy::start_with_blob(
-        upstream.table,
-        upstream.queue,
-        upstream.blob,
-        FaultPolicy::none(),
-        seed,
-    )
-    .await
-    .map_err(|e| format!("cannot start the floors' counting proxy: {e}"))?;
-    let settings = ConnectionSettings::parse(&proxy.connection_string())
-        .map_err(|e| format!("the floors' proxy: {e}"))?;
-    let (wanted, n, gauge) = (jobs.to_vec(), in_flight.clone(), proxy.in_flight().clone());
-    let mut floors = tokio::task::spawn_blocking(move || {
-        measure_floors(settings, targets, wanted, n, gauge, pass)
-    })
-    .await
-    .map_err(|e| format!("the floor measurement: {e}"))??;
-    let sent: u64 = floors.iter().map(|f| f.requests).sum();
-    let counted: u64 = proxy.counts().values().sum();
-    // Tables and the container are created outside the measured runs: up to three requests.
-    if counted < sent || counted > sent + 3 {
-        return Err(format!(
-            "the floors counted {sent} requests but their proxy saw {counted}"
-        ));
-    }
-    // Floors run only because a later one reads what they wrote are not reported.
-    floors.retain(|f| jobs.contains(&f.job));
-    for f in &floors {
-        eprintln!(
-            "floor ({}, pass {pass}, {} at a time, {:.1} in flight): {} requests by a bare client in {:.1} s, {} µs CPU per request",
-            f.job.name(),
-            f.in_flight,
-            f.mean_in_flight,
-            f.requests,
-            f.wall_seconds,
-            f.cpu_us_per_request
-                .map_or("n/a".to_string(), |c| format!("{c:.0}"))
-        );
-    }
-    Ok(floors)
 }
 
 #[cfg(test)]
