@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use super::floor::{measure_floors, Floor, FloorJob, FloorTargets};
-use super::report::VariantResult;
+use super::report::{floor_row, VariantResult};
 use super::variant::{Job, Variant};
 use crate::proxy::{FaultPolicy, StorageProxy};
 use crate::storage::connection::ConnectionSettings;
@@ -120,23 +120,8 @@ impl FloorRuns<'_> {
         floors.retain(|f| jobs.contains(&f.job));
         for f in &mut floors {
             f.variant = variant;
-            print_floor(f);
+            eprintln!("floor: {}", floor_row(f));
         }
         Ok(floors)
     }
-}
-
-fn print_floor(f: &Floor) {
-    eprintln!(
-        "floor ({}, pass {}{}, {} at a time, {:.1} in flight): {} requests by a bare client in {:.1} s, {} µs CPU per request",
-        f.job.name(),
-        f.pass,
-        f.variant.map(|v| format!(" for {v}")).unwrap_or_default(),
-        f.in_flight,
-        f.mean_in_flight,
-        f.requests,
-        f.wall_seconds,
-        f.cpu_us_per_request
-            .map_or("n/a".to_string(), |c| format!("{c:.0}"))
-    );
 }

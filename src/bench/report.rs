@@ -194,9 +194,15 @@ fn floor_line(report: &BenchReport) -> String {
         );
     }
     for f in &report.floors {
-        let _ = writeln!(
-            s,
-            "  {:<7} pass {}{} ({:>3} at a time, {:5.1} in flight): {:.1} requests per 1,000 rows, {} µs CPU per request, {} ms CPU per 1,000 rows, {:.1} s",
+        let _ = writeln!(s, "  {}", floor_row(f));
+    }
+    s
+}
+
+/// One floor's figures (also printed as each floor ends).
+pub(super) fn floor_row(f: &Floor) -> String {
+    format!(
+            "{:<7} pass {}{} ({:>3} at a time, {:5.1} in flight): {:.1} requests per 1,000 rows, {} µs CPU per request, {} ms CPU per 1,000 rows, {:.1} s",
             f.job.name(),
             f.pass,
             f.variant.map(|v| format!(" for {v}")).unwrap_or_default(),
@@ -210,9 +216,7 @@ fn floor_line(report: &BenchReport) -> String {
                 .map(|c| format!("{c:.1}"))
                 .unwrap_or_else(|| "n/a".into()),
             f.wall_seconds
-        );
-    }
-    s
+        )
 }
 
 /// Columns of the by-kind table: (key in `requests_per_1000_rows_by_kind`, header).
