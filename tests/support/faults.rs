@@ -335,6 +335,34 @@ pub async fn kill_while_running(
     kills
 }
 
+/// The instance of the latest invocation that the host's log shows started and not yet ended
+/// (lines tagged `[i<instance>] [<function>] [<invocation id>]`).
+fn in_flight_instance(lines: &[String]) -> Option<usize> {
+    let mut open: Vec<(String, usize)> = Vec::new();
+    for l in lines {
+        let groups: Vec<&str> = l
+            .split('[')
+            .skip(1)
+            .filter_map(|g| g.split(']').next())
+            .collect();
+        let instance = groups
+            .iter()
+            .find_map(|g| g.strip_prefix('i')?.parse::<usize>().ok());
+        let id = groups
+            .iter()
+            .find(|g| g.len() == 36 && g.matches('-').count() == 4);
+        let (Some(instance), Some(id)) = (instance, id) else {
+            continue;
+        };
+        if l.contains("Executing '") {
+            open.push((id.to_string(), instance));
+        } else if l.contains("Executed '") {
+            open.retain(|(o, _)| o != id);
+        }
+    }
+    open.last().map(|(_, i)| *i)
+}
+
 /// Kills handlers while scan `id` runs, adding to `kills` (the kills per instance so far, of
 /// earlier scans on the same app): at most 4 kills in this call, and no instance past
 /// `per_instance` kills in all (the host gives up on an instance after 3 handler errors).
@@ -367,12 +395,23 @@ pub async fn kill_more_while_running(
         if candidates.is_empty() {
             continue;
         }
-        // Prefer the instance that started an invocation last, so most kills hit work in flight.
-        let busy = app.host().log_lines().iter().rev().find_map(|l| {
-            let rest = l.split("[i").nth(1)?;
-            l.contains("Executing '")
-                .then(|| rest.split(']').next()?.parse::<usize>().ok())
-                .flatten()
+        // Prefer an instance with an invocation in flight (waiting up to a second for one), else
+        // the one that started an invocation last, so that kills hit work in flight.
+        let mut busy = None;
+        for _ in 0..40 {
+            busy = in_flight_instance(&app.host().log_lines());
+            if busy.is_some_and(|b| candidates.iter().any(|(i, _)| *i == b)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let busy = busy.or_else(|| {
+            app.host().log_lines().iter().rev().find_map(|l| {
+                let rest = l.split("[i").nth(1)?;
+                l.contains("Executing '")
+                    .then(|| rest.split(']').next()?.parse::<usize>().ok())
+                    .flatten()
+            })
         });
         let (i, pid) = candidates
             .iter()
