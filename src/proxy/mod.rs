@@ -7,6 +7,7 @@
 //! [`StorageProxy::start_with_blob`] (export and import): blob requests are counted by kind
 //! ([`BlobRequestKind`]) and container, and faulted like the others.
 
+mod classify;
 mod in_flight;
 
 use std::collections::BTreeMap;
@@ -29,24 +30,11 @@ use tokio::sync::watch;
 
 pub use in_flight::{InFlight, InFlightMark};
 
+use classify::{any_kind_name, blob_kind_name, classify, kind_name, Kind, Service};
+
 use crate::storage::blob::BlobRequestKind;
 use crate::storage::connection::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
 use crate::storage::counters::RequestKind;
-
-/// Which service a proxy listener fronts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Service {
-    Table,
-    Queue,
-    Blob,
-}
-
-/// What a request is: a table or queue request, or a blob request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Storage(RequestKind),
-    Blob(BlobRequestKind),
-}
 
 /// Probabilities (0..=1) of each fault, applied per request of the selected kinds.
 #[derive(Debug, Clone, Default)]
@@ -132,137 +120,6 @@ pub struct StorageProxy {
     blob_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
-}
-
-fn kind_name(kind: RequestKind) -> &'static str {
-    match kind {
-        RequestKind::Query => "query",
-        RequestKind::Batch => "batch",
-        RequestKind::PointRead => "point_read",
-        RequestKind::TableAdmin => "table_admin",
-        RequestKind::QueuePut => "queue_put",
-        RequestKind::QueueGet => "queue_get",
-        RequestKind::QueueDelete => "queue_delete",
-        RequestKind::QueueUpdate => "queue_update",
-        RequestKind::QueueAdmin => "queue_admin",
-    }
-}
-
-fn blob_kind_name(kind: BlobRequestKind) -> &'static str {
-    match kind {
-        BlobRequestKind::Write => "blob_write",
-        BlobRequestKind::Read => "blob_read",
-        BlobRequestKind::List => "blob_list",
-        BlobRequestKind::Admin => "blob_admin",
-    }
-}
-
-fn any_kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Storage(k) => kind_name(k),
-        Kind::Blob(k) => blob_kind_name(k),
-    }
-}
-
-/// Classifies a blob request as `BlobRequestCounters` counts it, and names its container:
-/// List Blobs (`restype=container&comp=list`), container calls (`restype=container`), reads
-/// (GET/HEAD of a blob: Get Blob, its properties, its block list) and writes (Put Blob, Put
-/// Block, Put Block List, and anything else sent to a blob, such as a delete).
-fn classify_blob(method: &hyper::Method, path: &str, query: &str) -> (BlobRequestKind, String) {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    // Path-style URLs: /{account}/{container}/{blob...}
-    let container = segments.get(1).copied().unwrap_or("").to_string();
-    let blob = segments.len() > 2 && segments[2..].iter().any(|s| !s.is_empty());
-    let params: Vec<&str> = query.split('&').collect();
-    let kind = if params.contains(&"comp=list") {
-        BlobRequestKind::List
-    } else if !blob {
-        BlobRequestKind::Admin
-    } else if *method == hyper::Method::GET || *method == hyper::Method::HEAD {
-        BlobRequestKind::Read
-    } else {
-        BlobRequestKind::Write
-    };
-    (kind, container)
-}
-
-/// Classifies a request and names the table or queue it addresses.
-fn classify(
-    service: Service,
-    method: &hyper::Method,
-    path: &str,
-    query: &str,
-    body: &[u8],
-) -> (Kind, String) {
-    if service == Service::Blob {
-        let (kind, container) = classify_blob(method, path, query);
-        return (Kind::Blob(kind), container);
-    }
-    let (kind, resource) = classify_storage(service, method, path, query, body);
-    (Kind::Storage(kind), resource)
-}
-
-/// Classifies a table or queue request and names the table or queue it addresses.
-fn classify_storage(
-    service: Service,
-    method: &hyper::Method,
-    path: &str,
-    query: &str,
-    body: &[u8],
-) -> (RequestKind, String) {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    // Path-style URLs: /{account}/{resource}...
-    let resource = segments.get(1).copied().unwrap_or("");
-    match service {
-        Service::Table => {
-            if resource == "$batch" {
-                return (RequestKind::Batch, batch_table(body));
-            }
-            let name = resource.split('(').next().unwrap_or("").to_string();
-            if name.eq_ignore_ascii_case("Tables") {
-                let table = resource.split('\'').nth(1).unwrap_or("").to_string();
-                return (RequestKind::TableAdmin, table);
-            }
-            let kind = match *method {
-                hyper::Method::GET if resource.contains("PartitionKey=") => RequestKind::PointRead,
-                hyper::Method::GET => RequestKind::Query,
-                _ => RequestKind::TableAdmin,
-            };
-            (kind, name)
-        }
-        Service::Queue | Service::Blob => {
-            let queue = resource.to_string();
-            let messages = segments.get(2) == Some(&"messages");
-            let kind = match (method.clone(), messages, segments.len() > 3) {
-                (hyper::Method::POST, true, false) => RequestKind::QueuePut,
-                (hyper::Method::GET, true, _) if !query.contains("peekonly=true") => {
-                    RequestKind::QueueGet
-                }
-                (hyper::Method::DELETE, true, true) => RequestKind::QueueDelete,
-                (hyper::Method::PUT, true, true) => RequestKind::QueueUpdate,
-                _ => RequestKind::QueueAdmin,
-            };
-            (kind, queue)
-        }
-    }
-}
-
-/// The table an entity group transaction writes to, from its first operation's URL.
-fn batch_table(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    for line in text.lines() {
-        let Some((_, rest)) = line.split_once(" http") else {
-            continue;
-        };
-        let Some(url) = rest.split_whitespace().next() else {
-            continue;
-        };
-        let path = url.splitn(4, '/').nth(3).unwrap_or("");
-        if let Some(resource) = path.split('/').nth(1) {
-            return resource.split('(').next().unwrap_or("").to_string();
-        }
-    }
-    String::new()
 }
 
 fn error_response(

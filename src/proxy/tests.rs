@@ -1,5 +1,6 @@
 //! Unit tests of the proxy's request classification and fault selection.
 
+use super::classify::*;
 use super::*;
 
 #[test]
