@@ -182,7 +182,9 @@ async fn export_and_import_with_duplicate_delivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_and_import_with_storage_faults() {
-    backup_fault_run(Fault::Storage, 300, 5).await;
+    // About 30 parts: at 4 % per fault kind (a quarter of requests faulted, delays included), a
+    // phase with no blob fault is then a one-in-ten-thousand event, not one in two hundred.
+    backup_fault_run(Fault::Storage, 600, 5).await;
 }
 
 /// The manifest is written before the export is recorded `completed`, and never after: the

@@ -24,9 +24,10 @@
 //!
 //! The floors run on an OS thread of their own with a current-thread runtime, so that thread's
 //! scheduler accounting (`/proc/thread-self/schedstat`) is all the CPU the requests took:
-//! building, signing, sending, parsing, encoding. They run before the variants and again after
-//! them, because CPU per request on a shared machine drifts over minutes (frequency, cache,
-//! Azurite's own load on the other core); a variant is judged against the mean of the two.
+//! building, signing, sending, parsing, encoding. Passes 1 and 2 run before and after all the
+//! variants, because CPU per request on a shared machine drifts over minutes (frequency, cache,
+//! Azurite's own load on the other core); a variant that writes batches is judged against its
+//! pass-3 floor, the others (counts, the export) against the mean of passes 1 and 2.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -66,7 +67,7 @@ pub struct Floor {
     /// Batches sent at a time (the export sends its parts one at a time).
     pub in_flight: usize,
     /// Requests in flight on average, as the floors' proxy saw them (below `in_flight`: each
-    /// page is read before its batches are sent).
+    /// page's last batches drain before the next page's start).
     pub mean_in_flight: f64,
     pub rows: u64,
     /// Table and blob requests sent.
