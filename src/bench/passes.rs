@@ -4,20 +4,17 @@
 //! run next to the variant so that the machine's drift over minutes stays out of the ratio).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
 use super::floor::{measure_floors, Floor, FloorJob, FloorTargets};
 use super::report::{floor_row, VariantResult};
+use super::run::Upstream;
 use super::variant::{Job, Variant};
-use crate::proxy::{FaultPolicy, StorageProxy};
 use crate::storage::connection::ConnectionSettings;
 
 /// Where the floors run and what they read: Azurite's endpoints (each pass fronts them with a
 /// counting proxy of its own) and the seeded source.
 pub(super) struct FloorRuns<'a> {
-    pub table: SocketAddr,
-    pub queue: SocketAddr,
-    pub blob: SocketAddr,
+    pub upstream: Upstream,
     pub seed: u64,
     pub source: &'a str,
     /// The run's random name suffix.
@@ -91,15 +88,7 @@ impl FloorRuns<'_> {
         pass: u8,
         variant: Option<&'static str>,
     ) -> Result<Vec<Floor>, String> {
-        let proxy = StorageProxy::start_with_blob(
-            self.table,
-            self.queue,
-            self.blob,
-            FaultPolicy::none(),
-            self.seed,
-        )
-        .await
-        .map_err(|e| format!("cannot start the floors' counting proxy: {e}"))?;
+        let proxy = self.upstream.counting_proxy(self.seed).await?;
         let settings = ConnectionSettings::parse(&proxy.connection_string())
             .map_err(|e| format!("the floors' proxy: {e}"))?;
         let (wanted, gauge) = (jobs.to_vec(), proxy.in_flight().clone());

@@ -69,9 +69,7 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
     let doomed = format!("BenchFloor{}", source.suffix);
     let jobs = floor_jobs(&variants);
     let floor_runs = FloorRuns {
-        table: upstream.table,
-        queue: upstream.queue,
-        blob: upstream.blob,
+        upstream,
         seed: args.seed,
         source: &source.name,
         suffix: &source.suffix,
@@ -122,10 +120,19 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
 
 /// Azurite's table, queue and blob endpoints, which each variant's proxy fronts.
 #[derive(Debug, Clone, Copy)]
-struct Upstream {
+pub(super) struct Upstream {
     table: SocketAddr,
     queue: SocketAddr,
     blob: SocketAddr,
+}
+
+impl Upstream {
+    /// A counting proxy (no faults) in front of all three endpoints.
+    pub(super) async fn counting_proxy(&self, seed: u64) -> Result<StorageProxy, String> {
+        StorageProxy::start_with_blob(self.table, self.queue, self.blob, FaultPolicy::none(), seed)
+            .await
+            .map_err(|e| format!("cannot start a counting proxy: {e}"))
+    }
 }
 
 /// The seeded source table, shared by every variant.
@@ -191,15 +198,7 @@ fn selected_variants(args: &BenchArgs) -> Vec<Variant> {
 /// One variant behind its own counting proxy, given up after `--timeout-seconds`.
 async fn run_with_timeout(run: &RunSpec<'_>, upstream: Upstream) -> Result<VariantResult, String> {
     let args = run.args;
-    let proxy = StorageProxy::start_with_blob(
-        upstream.table,
-        upstream.queue,
-        upstream.blob,
-        FaultPolicy::none(),
-        args.seed,
-    )
-    .await
-    .map_err(|e| format!("cannot start the counting proxy: {e}"))?;
+    let proxy = upstream.counting_proxy(args.seed).await?;
     tokio::time::timeout(
         Duration::from_secs(args.timeout_seconds),
         run_variant(run, &proxy),
