@@ -1,60 +1,12 @@
 //! Executing steps against a [`TableStore`].
 
-use crate::storage::{
-    compare_keys, key_successor, keys::min_key, CompareOp, Entity, Filter, Query, StorageError,
-    TableStore,
-};
+use crate::storage::{compare_keys, key_successor, CompareOp, Entity, Filter, Query, TableStore};
 
+use super::budget::StepBudget;
+use super::error::ScanError;
 use super::params::{ScanParameters, Strategy};
-use super::region::{check_in_prefix_range, split_prefix_range, Region};
+use super::region::{check_in_prefix_range, split_prefix_range, tighter_upper, Region};
 use super::step::{LowerBound, Step};
-
-/// How much work one step may do before it hands the rest on as a follow-up step. This is what
-/// keeps every Functions invocation short whatever the table and the parameters look like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepBudget {
-    /// Non-empty pages one partition-key or serial step reads before continuing in a new step.
-    pub max_pages: usize,
-    /// Queries one step of any kind sends, counting empty pages and the partition-key queries
-    /// a prefix-query step runs inline. Checked before every query. 0 counts as 1.
-    pub max_queries: usize,
-    /// Rows after which a step reads no further page of its own: for steps that do work on
-    /// every row they read. Checked before each next page of a query and before each next
-    /// round of a prefix query; the first page of a step, and the one page of a partition a
-    /// prefix step reads inline, are always read, so a step reads at most `max_rows` plus two
-    /// pages.
-    pub max_rows: usize,
-}
-
-impl StepBudget {
-    /// No limits: a step runs to its natural end (used by the in-process depth-first listing).
-    pub const UNLIMITED: StepBudget = StepBudget {
-        max_pages: usize::MAX,
-        max_queries: usize::MAX,
-        max_rows: usize::MAX,
-    };
-
-    /// The budget of the Functions app.
-    pub const DEFAULT: StepBudget = StepBudget {
-        max_pages: 8,
-        max_queries: 16,
-        max_rows: usize::MAX,
-    };
-
-    /// This budget, reading no further page once `rows` rows were read (see `max_rows`).
-    pub fn with_max_rows(self, rows: usize) -> StepBudget {
-        StepBudget {
-            max_rows: rows,
-            ..self
-        }
-    }
-}
-
-impl Default for StepBudget {
-    fn default() -> Self {
-        StepBudget::DEFAULT
-    }
-}
 
 /// What executing one step produced: segments of rows and follow-up steps, in depth-first
 /// (PK, RK) order, plus the number of queries sent.
@@ -80,20 +32,6 @@ impl StepOutput {
             })
             .sum()
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ScanError {
-    #[error("storage: {0}")]
-    Storage(#[from] StorageError),
-    #[error("invalid step: {0}")]
-    InvalidStep(String),
-    #[error("the scan cannot go on: {0}")]
-    Unaddressable(String),
-    /// The store answered a query with a row outside the query's range: the scan cannot stay
-    /// exact on such answers.
-    #[error("store answered outside the query: {0}")]
-    StoreMisbehaved(String),
 }
 
 /// Executes scan steps for one table and one set of parameters.
@@ -467,15 +405,6 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             }
             return Ok(());
         }
-    }
-}
-
-/// The lower of two exclusive upper bounds, where `None` means unbounded.
-pub(super) fn tighter_upper(a: Option<String>, b: &Option<String>) -> Option<String> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(min_key(&a, b).to_string()),
-        (a, None) => a,
-        (None, b) => b.clone(),
     }
 }
 

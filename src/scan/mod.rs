@@ -6,12 +6,16 @@
 //! step can be executed later by any process; executing one returns rows (as [`Step::Segment`])
 //! and follow-up steps, in depth-first (PK, RK) order.
 
+mod budget;
 mod engine;
+mod error;
 mod midpoint;
 mod params;
 mod region;
 mod step;
 
-pub use engine::{list, ScanError, Scanner, StepBudget, StepOutput};
+pub use budget::StepBudget;
+pub use engine::{list, Scanner, StepOutput};
+pub use error::ScanError;
 pub use params::{ParameterError, ScanParameters, Strategy, MAX_SEGMENTS_PER_PREFIX};
 pub use step::{LowerBound, Step};

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::storage::{compare_keys, MAX_TAKE};
 
-use super::engine::StepBudget;
+use super::budget::StepBudget;
 
 /// Most pages a request may ask a prefix query to read per prefix: each one costs a query, so a
 /// step on the default budget could never read more (and a larger value only meant more work).

@@ -2,9 +2,9 @@
 //! such a range is resumed after a row or split in two when a step's query budget is spent on
 //! empty pages (steps never carry continuation tokens).
 
-use crate::storage::{compare_keys, key_successor, CompareOp, Filter};
+use crate::storage::{compare_keys, key_successor, keys::min_key, CompareOp, Filter};
 
-use super::engine::{tighter_upper, ScanError};
+use super::error::ScanError;
 use super::midpoint::key_between;
 use super::params::ScanParameters;
 use super::step::{LowerBound, Step};
@@ -337,6 +337,15 @@ pub(super) fn check_in_prefix_range(
             lower.key(),
             upper.as_deref().unwrap_or("(none)")
         )))
+    }
+}
+
+/// The lower of two exclusive upper bounds, where `None` means unbounded.
+pub(super) fn tighter_upper(a: Option<String>, b: &Option<String>) -> Option<String> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(min_key(&a, b).to_string()),
+        (a, None) => a,
+        (None, b) => b.clone(),
     }
 }
 

@@ -338,7 +338,7 @@ mod tests {
     /// the URL untouched, and the SDK asks the same provider (one cache for both paths).
     #[tokio::test]
     async fn a_token_credential_sends_a_bearer_header_from_the_shared_provider() {
-        use crate::storage::app_settings::{
+        use crate::storage::token_source::{
             ManagedIdentityEndpoint, ManagedIdentityId, TokenSource,
         };
         let mut settings = ConnectionSettings::development();

@@ -293,10 +293,10 @@ mod tests {
     /// connection and role there (the mapping itself: `auth`'s test), a keyed account's does not.
     #[tokio::test]
     async fn attempts_add_the_role_hint_for_keyless_accounts_only() {
-        use crate::storage::app_settings::{
+        use crate::storage::settings::{ConnectionSettings, Credential};
+        use crate::storage::token_source::{
             ManagedIdentityEndpoint, ManagedIdentityId, TokenSource,
         };
-        use crate::storage::settings::{ConnectionSettings, Credential};
         let mut settings = ConnectionSettings::development();
         settings.credential = Credential::Token {
             connection: "Dst".into(),

@@ -48,6 +48,7 @@ pub mod retry;
 mod settings;
 mod signed;
 mod token;
+mod token_source;
 
 use std::fmt;
 use std::future::Future;

@@ -24,7 +24,7 @@ use std::fmt;
 use azure_core::Url;
 use base64::Engine;
 
-use super::app_settings::TokenSource;
+use super::token_source::TokenSource;
 
 /// Azurite's well-known account.
 pub const DEVELOPMENT_ACCOUNT: &str = "devstoreaccount1";

@@ -32,7 +32,7 @@ use azure_core::auth::{AccessToken, Secret, TokenCredential};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use super::app_settings::TokenSource;
+use super::token_source::TokenSource;
 use crate::retry::{retry, Backoff, FullJitter};
 
 mod fetch;

@@ -25,8 +25,8 @@ use azure_core::error::ErrorKind;
 use time::OffsetDateTime;
 
 use super::{FetchError, Fetched, TokenFetch, STORAGE_RESOURCE, STORAGE_SCOPE};
-use crate::storage::app_settings::{ManagedIdentityEndpoint, ManagedIdentityId, TokenSource};
 use crate::storage::azure::{error_chain, redact};
+use crate::storage::token_source::{ManagedIdentityEndpoint, ManagedIdentityId, TokenSource};
 
 /// One request to an identity or token endpoint.
 const ENDPOINT_TIMEOUT: Duration = Duration::from_secs(20);
