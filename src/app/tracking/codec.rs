@@ -5,7 +5,8 @@ use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::storage::Properties;
+use super::NewWork;
+use crate::storage::{Entity, Properties};
 
 /// Longest diagnostic text (an error) stored on a record, in UTF-16 units: 16 KB of the
 /// 64 KiB a string property may hold; longer texts are cut with a marker.
@@ -112,4 +113,13 @@ mod tests {
         )));
         assert_eq!(diagnostic("short"), "short");
     }
+}
+
+/// A newly registered work item's row: `pending`, its kind, and when it was created.
+pub(super) fn work_row(partition_key: &str, work: &NewWork) -> Entity {
+    let mut row = Entity::new(partition_key, work.id.clone());
+    row.properties.insert("State", Value::from("pending"));
+    row.properties.insert("Kind", Value::from(work.kind));
+    put_time(&mut row.properties, "CreatedAt", OffsetDateTime::now_utc());
+    row
 }

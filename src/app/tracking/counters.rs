@@ -3,9 +3,9 @@
 
 use futures::future::try_join_all;
 
+use super::codec::work_row;
 use super::codec::{int64, put_int64};
 use super::records::ScanState;
-use super::work_rows::work_row;
 use super::{shard_partition, NewWork, Tracker};
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,

@@ -5,7 +5,7 @@ use futures::future::try_join_all;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::codec::{diagnostic, get_str, put_str, put_time, utf16_chunks};
+use super::codec::{diagnostic, get_str, put_str, put_time, utf16_chunks, work_row};
 use super::counters::Counters;
 use super::{again, contention, shard_partition, NewWork, Tracker};
 use crate::retry::Verdict;
@@ -512,12 +512,4 @@ fn counter_write(pk: &str, counters: Counters, etag: Option<String>) -> BatchOpe
         },
         None => BatchOperation::Insert(counters.to_entity(pk)),
     }
-}
-
-pub(super) fn work_row(partition_key: &str, work: &NewWork) -> Entity {
-    let mut row = Entity::new(partition_key, work.id.clone());
-    row.properties.insert("State", json!("pending"));
-    row.properties.insert("Kind", json!(work.kind));
-    put_time(&mut row.properties, "CreatedAt", OffsetDateTime::now_utc());
-    row
 }
