@@ -219,6 +219,20 @@ fn local_settings_sample_is_schema_valid() {
     );
 }
 
+/// The handler answers a request that runs too long (a retry) before the host's own
+/// `functionTimeout` gives up on the invocation (src/app/layers.rs).
+#[test]
+fn the_handler_times_out_below_the_function_timeout() {
+    let timeout = host_json()["functionTimeout"].as_str().unwrap().to_string();
+    let parts: Vec<u64> = timeout.split(':').map(|p| p.parse().unwrap()).collect();
+    let host_seconds = parts[0] * 3600 + parts[1] * 60 + parts[2];
+    let ours = tablescan::app::layers::INVOCATION_TIMEOUT.as_secs();
+    assert!(
+        ours + 15 <= host_seconds,
+        "handler timeout {ours}s must stay well below functionTimeout {timeout}"
+    );
+}
+
 /// The schema checks above mean something only if the validator rejects bad documents.
 #[test]
 fn schema_validation_rejects_broken_documents() {

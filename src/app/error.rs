@@ -36,6 +36,9 @@ pub enum ApiError {
     MethodNotAllowed { method: String, path: String },
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
+    /// A handler panicked (the text is logged, never returned: it may quote data).
+    #[error("the handler failed unexpectedly")]
+    Panicked(String),
 }
 
 impl ApiError {
@@ -63,6 +66,7 @@ impl ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "StorageUnavailable")
             }
             ApiError::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "StorageError"),
+            ApiError::Panicked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
         }
     }
 }
@@ -70,7 +74,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        if status.is_server_error() {
+        if let ApiError::Panicked(text) = &self {
+            tracing::error!(panic = %text, "a handler panicked");
+        } else if status.is_server_error() {
             tracing::error!(error = %self, "API request failed");
         }
         let mut error = json!({ "code": code, "message": self.to_string() });

@@ -8,6 +8,7 @@ pub mod drivers;
 pub mod error;
 pub mod functions;
 pub mod handler;
+pub mod layers;
 pub mod messages;
 pub mod observe;
 pub mod package;

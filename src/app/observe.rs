@@ -20,12 +20,8 @@
 use std::io::Write;
 use std::time::Instant;
 
-use axum::extract::Request;
 use axum::http::{HeaderMap, Uri};
-use axum::middleware::Next;
-use axum::response::Response;
 use time::OffsetDateTime;
-use tracing::Instrument;
 
 use super::messages::{self, ScanContext, WorkMessage};
 use super::protocol::{InvocationRequest, InvocationResponse};
@@ -160,18 +156,17 @@ pub fn scan_ended(scan_id: &str, state: ScanState, started: OffsetDateTime, reas
     write_line(stream, &line);
 }
 
-/// A tower layer (`axum::middleware::from_fn`): every tracing event of a request is logged
-/// inside a span naming the function's path and the host's invocation id, so the handler's
-/// diagnostics on stdout and stderr can be matched with the invocation.
-pub async fn invocation_span(request: Request, next: Next) -> Response {
+/// The span of one request (`layers`' trace layer makes it): every tracing event of a request
+/// is logged inside a span naming the function's path and the host's invocation id, so the
+/// handler's diagnostics on stdout and stderr can be matched with the invocation.
+pub fn invocation_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
     let id = request
         .headers()
         .get(INVOCATION_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(token)
         .unwrap_or_else(|| "-".to_string());
-    let span = tracing::info_span!("invocation", path = %request.uri().path(), id = %id);
-    next.run(request).instrument(span).await
+    tracing::info_span!("invocation", path = %request.uri().path(), id = %id)
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -19,8 +19,8 @@ use crate::storage::{QueueStore, TableStore};
 use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
 use super::functions::{cancel_scan, get_scan, list_scans, poisoned, start_scan};
+use super::layers;
 use super::messages::{ItemMessage, StepMessage};
-use super::observe;
 use super::state::AppState;
 use super::work;
 
@@ -42,7 +42,7 @@ pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, 
         };
         routes.insert(spec.path(), merged);
     }
-    routes
+    let router = routes
         .into_iter()
         .fold(
             Router::new().route("/", get(ready)),
@@ -50,9 +50,8 @@ pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, 
         )
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_INVOCATION_BODY))
-        .layer(axum::middleware::from_fn(observe::invocation_span))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(MAX_INVOCATION_BODY));
+    layers::apply(router).with_state(state)
 }
 
 /// The route of each kind of function for `filter` (the one place a new function is wired in).
