@@ -4,7 +4,8 @@
 //!   for a queue trigger, retries — not a reset connection;
 //! - headers that carry a credential are marked sensitive before anything can trace them;
 //! - one span per request, named `invocation`, with the function's path and the host's
-//!   invocation id, so the handler's diagnostics can be matched with the invocation
+//!   invocation id (its start and end traced at DEBUG, failures too: a failed invocation writes
+//!   its own line), so the handler's diagnostics can be matched with the invocation
 //!   ([`observe::invocation_span`]);
 //! - a request still running at [`INVOCATION_TIMEOUT`] is answered `503` (transient: the
 //!   host retries a queue message), before the host's own function timeout would kill it.
@@ -22,7 +23,8 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
+use tracing::Level;
 
 use super::error::ApiError;
 use super::observe;
@@ -51,7 +53,12 @@ pub fn apply<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
             StatusCode::SERVICE_UNAVAILABLE,
             INVOCATION_TIMEOUT,
         ))
-        .layer(TraceLayer::new_for_http().make_span_with(observe::invocation_span))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(observe::invocation_span)
+                // A failed invocation already writes its own line to stderr (observe.rs).
+                .on_failure(DefaultOnFailure::new().level(Level::DEBUG)),
+        )
         .layer(SetSensitiveRequestHeadersLayer::new(sensitive_headers()))
         .layer(CatchPanicLayer::custom(panicked))
 }
