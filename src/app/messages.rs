@@ -1,11 +1,11 @@
 //! Queue messages: a versioned JSON envelope `{"n": name, "v": version, "d": data}`, stored
 //! base64-encoded (the Functions queue trigger's default `messageEncoding`), never over 64 KiB.
 //!
-//! A message carries only its scan's id and its unit of work (v2). What the scan reads and
-//! writes — its [`ScanContext`] — is recorded on the scan record when the scan starts and read
-//! from there, so a forged or stale message cannot redirect a scan. v1 messages (queued by
-//! earlier versions) carried the whole context; they are still accepted, but only their scan id
-//! is used.
+//! A message carries only its scan's id and its unit of work. What the scan reads and writes —
+//! its [`ScanContext`] — is recorded on the scan record when the scan starts and read from
+//! there, so a forged or stale message cannot redirect a scan. The envelope's version (`v`, 2
+//! for both kinds) tells a future format apart: a message of any other version is refused
+//! ([`MessageError::WrongKind`]), never guessed at.
 //!
 //! A driver's work item (the `w` of a `table-copy` message, a [`ChildSpec::Item`]) is opaque
 //! here: [`ItemJson`], the JSON text its driver wrote, kept byte for byte, because that text is
@@ -35,7 +35,7 @@ pub struct TableRef {
 }
 
 /// Everything a work item of a scan needs besides its own work: recorded on the scan record at
-/// start and never changed (v1 messages carried a copy).
+/// start and never changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScanContext {
     #[serde(rename = "id")]
@@ -66,8 +66,8 @@ pub struct ScanContext {
     #[serde(rename = "o", default, skip_serializing_if = "Option::is_none")]
     pub options: Option<Value>,
     /// Scan steps do the driver's work on the rows they read (`Driver::work_rows`), reading
-    /// the columns the driver needs, and make no work items. `false` (and every scan recorded
-    /// before this existed): steps read keys only and segments become work items.
+    /// the columns the driver needs, and make no work items. `false`: steps read keys only and
+    /// segments become work items.
     #[serde(rename = "is", default, skip_serializing_if = "is_false")]
     pub in_step: bool,
 }
@@ -83,7 +83,7 @@ fn is_default_split(split: &WorkSplit) -> bool {
 /// A typed queue message: its envelope name and version, and the function that handles it.
 pub trait WorkMessage: Serialize + DeserializeOwned {
     const NAME: &'static str;
-    /// The version written; v1 is still read (see [`decode_with_legacy_context`]).
+    /// The version written and the only one read (see [`decode`]).
     const VERSION: u32;
     /// Deterministic identity of this unit of work within its scan (independent of delivery).
     fn work_key(&self) -> String;
@@ -202,7 +202,7 @@ impl WorkMessage for ItemMessage {
     const NAME: &'static str = "table-copy";
     const VERSION: u32 = 2;
     fn work_key(&self) -> String {
-        // The text as written: the same as earlier versions' serialized copy work.
+        // The text as its driver wrote it (`copy:` from when copy items were the only kind).
         format!("copy:{}", self.work.as_str())
     }
     fn scan_id(&self) -> &str {
@@ -211,13 +211,6 @@ impl WorkMessage for ItemMessage {
     fn shard_hint(&self) -> Option<u32> {
         self.shard
     }
-}
-
-/// The data of a v1 message: the whole scan context, and the work.
-#[derive(Deserialize)]
-struct LegacyData {
-    s: ScanContext,
-    w: Box<RawValue>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -286,72 +279,29 @@ pub fn encode<M: WorkMessage>(message: &M) -> Result<String, MessageError> {
     Ok(text)
 }
 
-/// Parses a message's JSON (already decoded from the queue's encoding by the host).
+/// Parses a message's JSON (already decoded from the queue's encoding by the host). A message
+/// of another kind or version is refused naming both.
 pub fn decode<M: WorkMessage>(json: &str) -> Result<M, MessageError> {
-    decode_with_legacy_context(json).map(|(message, _)| message)
-}
-
-/// Like [`decode`], also returning the scan context a v1 message carried (`None` for v2). The
-/// context is for diagnostics only: work always runs with the scan's recorded context.
-pub fn decode_with_legacy_context<M: WorkMessage>(
-    json: &str,
-) -> Result<(M, Option<ScanContext>), MessageError> {
     if json.len() > MAX_MESSAGE_TEXT {
         return Err(MessageError::TooLarge(json.len()));
     }
     // The data stays raw text: a driver's work item is kept byte for byte (its identity).
     let header: Envelope<Box<RawValue>> =
         serde_json::from_str(json).map_err(|e| MessageError::Malformed(e.to_string()))?;
-    let malformed = |e: serde_json::Error| MessageError::Malformed(e.to_string());
-    match header.v {
-        v if header.n == M::NAME && v == M::VERSION => Ok((
-            serde_json::from_str(header.d.get()).map_err(malformed)?,
-            None,
-        )),
-        1 if header.n == M::NAME => {
-            let legacy: LegacyData = serde_json::from_str(header.d.get()).map_err(malformed)?;
-            let scan_id = serde_json::to_string(&legacy.s.scan_id).map_err(malformed)?;
-            let data = format!(r#"{{"s":{scan_id},"w":{}}}"#, legacy.w.get());
-            Ok((
-                serde_json::from_str(&data).map_err(malformed)?,
-                Some(legacy.s),
-            ))
-        }
-        _ => Err(MessageError::WrongKind {
+    if header.n != M::NAME || header.v != M::VERSION {
+        return Err(MessageError::WrongKind {
             found: header.n,
             version: header.v,
             expected: M::NAME,
             expected_version: M::VERSION,
-        }),
+        });
     }
+    serde_json::from_str(header.d.get()).map_err(|e| MessageError::Malformed(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn context() -> ScanContext {
-        ScanContext {
-            scan_id: "s1".into(),
-            shards: 4,
-            driver: Driver::Copy,
-            strategy: Strategy::Prefix,
-            source: TableRef {
-                connection: "AzureWebJobsStorage".into(),
-                table: "Src".into(),
-            },
-            destination: Some(TableRef {
-                connection: "AzureWebJobsStorage".into(),
-                table: "Dst".into(),
-            }),
-            params: ScanParameters::default(),
-            work_split: WorkSplit::Page,
-            filter: None,
-            select: None,
-            options: None,
-            in_step: false,
-        }
-    }
 
     #[test]
     fn round_trip_and_rejections() {
@@ -396,50 +346,41 @@ mod tests {
         assert!(matches!(encode(&huge), Err(MessageError::TooLarge(_))));
     }
 
-    /// v1 messages carried the whole context: they are read, their context is returned apart
-    /// (never used to run work), and a v1 message whose context is unreadable is malformed.
+    /// Messages of another version (such as the first, which carried the whole context) are
+    /// refused naming the version; a copy item's identity is its driver's text.
     #[test]
-    fn v1_messages_are_read_for_their_scan_id_and_work() {
+    fn other_versions_are_refused() {
         let work = CopyWork::Range {
             from: ("a".into(), "1".into()),
             to: ("b".into(), "2".into()),
         };
-        // As earlier versions wrote it: serde's compact output, fields in declaration order.
-        let v1 = format!(
-            r#"{{"n":"table-copy","v":1,"d":{{"s":{},"w":{}}}}}"#,
-            serde_json::to_string(&context()).unwrap(),
-            serde_json::to_string(&work).unwrap()
-        );
-        let (m, legacy) = decode_with_legacy_context::<ItemMessage>(&v1).unwrap();
-        assert_eq!(
-            m,
-            ItemMessage {
-                scan_id: "s1".into(),
-                work: ItemJson::from_item(&work).unwrap(),
-                shard: None,
-            }
-        );
+        let m = ItemMessage {
+            scan_id: "s1".into(),
+            work: ItemJson::from_item(&work).unwrap(),
+            shard: None,
+        };
+        let json = String::from_utf8(
+            MessageEncoding::Base64
+                .decode(&encode(&m).unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(decode::<ItemMessage>(&json).unwrap(), m);
         assert_eq!(m.work.parse::<CopyWork>().unwrap(), work);
-        assert_eq!(legacy, Some(context()));
-        assert_eq!(work_id(&m), work_id(&decode::<ItemMessage>(&v1).unwrap()));
-        // The identity of a copy item is what earlier versions computed from the same work.
         assert_eq!(
             m.work_key(),
             format!("copy:{}", serde_json::to_string(&work).unwrap())
         );
-        for bad in [
-            r#"{"n":"table-copy","v":1,"d":{"s":42,"w":{}}}"#,
-            r#"{"n":"table-copy","v":1,"d":{"s":"s1","w":{"kind":"range","from":["a","1"],"to":["b","2"]}}}"#,
-        ] {
-            assert!(
-                matches!(decode::<ItemMessage>(bad), Err(MessageError::Malformed(_))),
-                "{bad}"
-            );
+        let v1 = json.replace("\"v\":2", "\"v\":1");
+        match decode::<ItemMessage>(&v1) {
+            Err(e @ MessageError::WrongKind { version: 1, .. }) => {
+                assert!(
+                    e.to_string().contains("v1, expected \"table-copy\" v2"),
+                    "{e}"
+                )
+            }
+            other => panic!("{other:?}"),
         }
-        assert!(matches!(
-            decode::<StepMessage>(&v1),
-            Err(MessageError::WrongKind { version: 1, .. })
-        ));
     }
 
     #[test]

@@ -64,8 +64,7 @@ impl Invocation {
             .and_then(|r| r.queue_invocation().ok());
         let message = queued
             .as_ref()
-            .and_then(|q| messages::decode_with_legacy_context::<M>(&q.message).ok())
-            .map(|(m, _)| m);
+            .and_then(|q| messages::decode::<M>(&q.message).ok());
         Invocation {
             function: uri.path().trim_start_matches('/').to_string(),
             invocation_id: headers

@@ -22,8 +22,8 @@ use crate::storage::{
 
 use super::{item_child, Driver, MAX_ITEM_QUERIES, MAX_ITEM_ROWS};
 
-/// The rows one range work item covers. Serialized as `{"kind": …}` (copy items of earlier
-/// versions are read unchanged: this is their format).
+/// The rows one range work item covers. Serialized as `{"kind": …}`; the text is the item's
+/// identity, so it must never change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum RangeWork {
@@ -477,7 +477,7 @@ mod tests {
         );
     }
 
-    /// Items are identified by their JSON text: it must stay what earlier versions wrote.
+    /// Items are identified by their JSON text: it must never change.
     #[test]
     fn range_items_serialize_as_earlier_copy_items() {
         let work = RangeWork::Range {

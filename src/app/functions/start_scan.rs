@@ -27,7 +27,7 @@ use crate::app::drivers::{
     check_connection, check_table, with_driver, Driver, DriverId, Setup, StepWork,
 };
 use crate::app::error::ApiError;
-use crate::app::messages::{ScanContext, TableRef, WorkSplit};
+use crate::app::messages::{ScanContext, TableRef};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanRecord, ScanState};
 use crate::app::validate;
@@ -284,42 +284,18 @@ impl ScanRequest {
     }
 }
 
-/// The request of a scan recorded before scans recorded their context (copy and count only):
-/// its context is derived as that version put it into its messages.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LegacyRequest {
-    #[serde(flatten)]
-    common: ScanRequest,
-    #[serde(default)]
-    destination_table: Option<String>,
-    #[serde(default)]
-    work_split: WorkSplit,
-    #[serde(default = "default_connection")]
-    destination_connection: String,
-}
-
-/// The context a scan's work items run with: the one recorded at start, or for a record written
-/// before contexts were recorded, the same context derived from its recorded request (as that
-/// version put into its messages).
+/// The context a scan's work items run with: the one recorded at start (a record without a
+/// usable one cannot run work).
 pub fn recorded_context(record: &ScanRecord) -> Result<ScanContext, String> {
-    if let Some(context) = &record.context {
-        if context.scan_id == record.id && context.shards == record.shards {
-            return Ok(context.clone());
+    match &record.context {
+        Some(context) if context.scan_id == record.id && context.shards == record.shards => {
+            Ok(context.clone())
         }
+        _ => Err(format!(
+            "scan {} has no usable recorded context (missing, unreadable or not its own)",
+            record.id
+        )),
     }
-    let legacy: LegacyRequest = serde_json::from_value(record.request.clone())
-        .map_err(|e| format!("scan {} has an unreadable recorded request: {e}", record.id))?;
-    let setup = Setup {
-        destination: legacy.destination_table.map(|table| TableRef {
-            connection: legacy.destination_connection,
-            table,
-        }),
-        work_split: legacy.work_split,
-        options: None,
-        step_work: StepWork::Items,
-    };
-    Ok(legacy.common.context(&record.id, record.shards, setup))
 }
 
 /// A new scan id: inverted milliseconds so ids sort newest first, plus randomness.

@@ -55,8 +55,8 @@ pub struct ScanRecord {
     pub state: ScanState,
     /// The validated request, as JSON (no secrets: connections are app-setting names).
     pub request: Value,
-    /// What the scan's work items read and write, recorded at start (`None` on records written
-    /// before contexts were recorded, or unreadable: derive it from `request`).
+    /// What the scan's work items read and write, recorded at start (`None` if unreadable: the
+    /// scan's work cannot run).
     pub context: Option<ScanContext>,
     pub shards: u32,
     pub started_at: OffsetDateTime,

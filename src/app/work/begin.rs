@@ -60,7 +60,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
     pub async fn begin<M: WorkMessage>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
-        let (invocation, message, sent_context) = decode::<M>(body)?;
+        let (invocation, message) = decode::<M>(body)?;
         let scan_id = message.scan_id().to_string();
         let work_id = messages::work_id(&message);
         let requests = Arc::new(AtomicU64::new(0));
@@ -74,9 +74,6 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             .running_scan(&tracker, &scan_id, &work_id, hint, last_attempt)
             .await?;
         let shard = messages::item_shard(hint, &work_id, scan.shards);
-        if sent_context.is_some_and(|sent| sent != *scan) {
-            tracing::warn!(work = %work_id, scan = %scan_id, "a v1 message carries a scan context that differs from the scan's recorded one (forged or stale); it is ignored and the recorded context is used");
-        }
         let progress = progress_of(self, &tracker, &scan, &work_id, shard, last_attempt).await?;
         Ok(Begun {
             message,
@@ -144,11 +141,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     }
 }
 
-/// The invocation, its decoded message and (v1 messages only) the context it carried. A message
-/// that cannot be decoded never will be: it is rejected so the host poisons it.
-fn decode<M: WorkMessage>(
-    body: &[u8],
-) -> Result<(QueueInvocation, M, Option<ScanContext>), InvocationResponse> {
+/// The invocation and its decoded message. A message that cannot be decoded never will be: it
+/// is rejected so the host poisons it.
+fn decode<M: WorkMessage>(body: &[u8]) -> Result<(QueueInvocation, M), InvocationResponse> {
     let invocation = queue_invocation(body)?;
     let rejected = |e: String| {
         reply(
@@ -156,15 +151,14 @@ fn decode<M: WorkMessage>(
             format!("rejected {} message: {e}", M::NAME),
         )
     };
-    let (message, sent_context): (M, _) = messages::decode_with_legacy_context(&invocation.message)
-        .map_err(|e| rejected(e.to_string()))?;
+    let message: M = messages::decode(&invocation.message).map_err(|e| rejected(e.to_string()))?;
     if !is_valid_scan_id(message.scan_id()) {
         return Err(rejected(format!(
             "{:?} is not a scan id",
             message.scan_id()
         )));
     }
-    Ok((invocation, message, sent_context))
+    Ok((invocation, message))
 }
 
 fn storage_failure(work_id: &str, e: StorageError) -> InvocationResponse {
