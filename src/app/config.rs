@@ -6,8 +6,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use azure_core::Url;
-
 use crate::app::catalog::{
     Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING,
 };
