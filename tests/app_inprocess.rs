@@ -744,6 +744,11 @@ async fn scans_never_touch_bookkeeping_tables_or_rewrite_their_source() {
             copy(json!({"sourceConnection": "Alias", "destinationTable": "Source"})),
             "destinationTable",
         ),
+        // tablescan's own table names are refused on every connection, whatever its account.
+        (
+            copy(json!({"destinationConnection": "Other", "destinationTable": "TablescanScans"})),
+            "destinationTable",
+        ),
     ];
     for (body, field) in cases {
         let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
@@ -753,17 +758,18 @@ async fn scans_never_touch_bookkeeping_tables_or_rewrite_their_source() {
     assert!(tables.rows("TablescanScans").is_empty());
     assert!(tables.rows("TablescanWork").is_empty());
     assert!(queues.is_empty());
-    // Another account's tables of the same names are ordinary tables.
+    // Another account's table of the source's name is an ordinary table.
     for body in [
         copy(json!({"destinationConnection": "Other", "destinationTable": "Source"})),
-        copy(json!({"destinationConnection": "Other", "destinationTable": "TablescanScans"})),
+        copy(json!({"destinationConnection": "Other", "destinationTable": "Copied"})),
         json!({"driver": "count", "sourceConnection": "Other", "sourceTable": "Source"}),
     ] {
         let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body} → {reply}");
     }
     pump(&state, &queues, false, 5).await;
-    assert_eq!(other.rows("TablescanScans"), tables.rows("Source"));
+    assert_eq!(other.rows("Copied"), tables.rows("Source"));
+    assert!(other.rows("TablescanScans").is_empty());
     assert_eq!(tables.rows("TablescanScans").len(), 3, "three scan records");
 }
 
@@ -1241,4 +1247,200 @@ async fn a_step_whose_writes_fail_after_its_outcome_is_recorded_is_finished_by_t
     assert_eq!(body["rowsScanned"], source.len() as i64, "{body}");
     assert_eq!(body["rowsWritten"], source.len() as i64, "{body}");
     assert_eq!(tables.rows("Dest"), source);
+}
+
+/// The app over `own` (the app's storage, `UseDevelopmentStorage=true`) and the allowed
+/// connections `extra` (app-setting name, connection string, the store it reaches).
+fn state_with_connections(
+    own: &MemoryTableStore,
+    extra: &[(&str, String, &MemoryTableStore)],
+) -> (State, MemoryQueueStore) {
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    settings.insert(
+        "AzureWebJobsStorage".into(),
+        "UseDevelopmentStorage=true".into(),
+    );
+    settings.insert("TABLESCAN_COUNTER_SHARDS".into(), "4".into());
+    let names: Vec<&str> = extra.iter().map(|(name, _, _)| *name).collect();
+    settings.insert("TABLESCAN_CONNECTIONS".into(), names.join(","));
+    let mut map = BTreeMap::new();
+    map.insert("AzureWebJobsStorage".to_string(), own.clone());
+    for (name, connection, store) in extra {
+        settings.insert(name.to_string(), connection.clone());
+        map.insert(name.to_string(), (*store).clone());
+    }
+    let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+    let queues = MemoryQueueStore::new();
+    (AppState::new(config, map, queues.clone()), queues)
+}
+
+/// POSTs `body` as it is (not re-serialized: duplicate keys survive) and expects a 400 naming
+/// `field`.
+async fn refused_raw(state: &State, body: &str, field: &str) {
+    let (status, reply) = call(
+        state,
+        "POST",
+        "/api/scans",
+        Some("application/json"),
+        body.as_bytes().to_vec(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+    assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
+    assert_eq!(reply["error"]["code"], "InvalidField", "{body} → {reply}");
+}
+
+#[tokio::test]
+async fn duplicate_keys_in_a_request_body_are_refused_and_nothing_is_written() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with(tables.clone(), &[]);
+    for (body, field) in [
+        // Last-one-wins would run a delete.
+        (
+            r#"{"driver":"count","sourceTable":"Source","driver":"delete","confirm":"Source"}"#,
+            "driver",
+        ),
+        // The same key spelled with an escape is the same key.
+        (
+            r#"{"driver":"count","sourceTable":"Source","\u0064river":"delete","confirm":"Source"}"#,
+            "driver",
+        ),
+        (
+            r#"{"driver":"copy","sourceTable":"Source","destinationTable":"Dest","destinationTable":"Source"}"#,
+            "destinationTable",
+        ),
+        (
+            r#"{"driver":"count","sourceTable":"Source","extra":{"a":1,"b":[{"c":1,"c":2}]}}"#,
+            "extra.b[0].c",
+        ),
+        (
+            r#"{"driver":"delete","sourceTable":"Source","confirm":"Other","confirm":"Source"}"#,
+            "confirm",
+        ),
+    ] {
+        refused_raw(&state, body, field).await;
+    }
+    assert_eq!(tables.rows("Source"), {
+        let other = MemoryTableStore::default();
+        other.load("Source", source_rows());
+        other.rows("Source")
+    });
+    assert!(tables.rows("Dest").is_empty());
+    assert!(tables.rows("TablescanScans").is_empty());
+    assert!(tables.rows("TablescanWork").is_empty());
+    assert!(queues.is_empty());
+    // Keys that differ only in case are different keys (and `Driver` is then unknown).
+    refused_raw(
+        &state,
+        r#"{"driver":"count","sourceTable":"Source","Driver":"delete"}"#,
+        "Driver",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn host_aliases_of_one_account_are_one_account() {
+    let key = tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY;
+    let alias = |host: &str| {
+        format!(
+            "AccountName=devstoreaccount1;AccountKey={key};TableEndpoint=http://{host}:10002/devstoreaccount1;QueueEndpoint=http://{host}:10001/devstoreaccount1"
+        )
+    };
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let (state, queues) = state_with_connections(
+        &tables,
+        &[
+            ("ByName", alias("localhost"), &tables),
+            ("ByIpv6", alias("[::1]"), &tables),
+        ],
+    );
+    for (body, field) in [
+        (
+            json!({"driver": "count", "sourceTable": "TablescanWork", "sourceConnection": "ByName"}),
+            "sourceTable",
+        ),
+        (
+            json!({"driver": "count", "sourceTable": "tablescanwork", "sourceConnection": "ByIpv6"}),
+            "sourceTable",
+        ),
+        (
+            json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "TablescanScans", "destinationConnection": "ByName"}),
+            "destinationTable",
+        ),
+        (
+            json!({"driver": "delete", "sourceTable": "TablescanWork", "confirm": "TablescanWork", "sourceConnection": "ByName"}),
+            "sourceTable",
+        ),
+        (
+            json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "source", "destinationConnection": "ByName"}),
+            "destinationTable",
+        ),
+        (
+            json!({"driver": "copy", "sourceTable": "Source", "sourceConnection": "ByIpv6", "destinationTable": "Source", "destinationConnection": "ByName"}),
+            "destinationTable",
+        ),
+        (
+            json!({"driver": "import", "sourceContainer": "backups", "destinationTable": "TABLESCANSCANS", "destinationConnection": "ByIpv6"}),
+            "destinationTable",
+        ),
+    ] {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+        assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
+    }
+    assert!(tables.rows("TablescanScans").is_empty());
+    assert!(tables.rows("TablescanWork").is_empty());
+    assert!(tables.rows("source").is_empty());
+    assert!(queues.is_empty());
+}
+
+#[tokio::test]
+async fn cosmos_table_accounts_are_refused_as_a_source_and_accepted_as_a_destination() {
+    let key = tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY;
+    let tables = MemoryTableStore::default();
+    tables.load("Source", source_rows());
+    let cosmos = MemoryTableStore::default();
+    cosmos.load("Source", source_rows());
+    let (state, queues) = state_with_connections(
+        &tables,
+        &[
+            (
+                "Cosmos",
+                format!("DefaultEndpointsProtocol=https;AccountName=prod;AccountKey={key};TableEndpoint=https://prod.table.cosmos.azure.com:443/;"),
+                &cosmos,
+            ),
+            (
+                "CosmosLegacy",
+                format!("DefaultEndpointsProtocol=https;AccountName=prod;AccountKey={key};TableEndpoint=https://prod.table.cosmosdb.azure.com;"),
+                &cosmos,
+            ),
+        ],
+    );
+    for body in [
+        json!({"driver": "count", "sourceTable": "Source", "sourceConnection": "Cosmos"}),
+        json!({"driver": "count", "sourceTable": "Source", "sourceConnection": "Cosmos", "strategy": "serial"}),
+        json!({"driver": "copy", "sourceTable": "Source", "sourceConnection": "CosmosLegacy", "destinationTable": "Back"}),
+        json!({"driver": "delete", "sourceTable": "Source", "confirm": "Source", "sourceConnection": "Cosmos"}),
+    ] {
+        let (status, reply) = post_json(&state, "/api/scans", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+        assert_eq!(
+            reply["error"]["field"], "sourceConnection",
+            "{body} → {reply}"
+        );
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains("key order"), "{message}");
+    }
+    assert!(queues.is_empty());
+    assert!(tables.rows("TablescanScans").is_empty());
+    assert!(tables.rows("Back").is_empty());
+    assert_eq!(cosmos.rows("Source").len(), tables.rows("Source").len());
+    // As a destination it is an ordinary table service.
+    let body = json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Copied", "destinationConnection": "Cosmos"});
+    let (status, reply) = post_json(&state, "/api/scans", body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{reply}");
+    pump(&state, &queues, false, 5).await;
+    assert_eq!(cosmos.rows("Copied"), tables.rows("Source"));
 }

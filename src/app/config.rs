@@ -6,13 +6,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use azure_core::Url;
-
 use crate::app::catalog::{
     Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING,
 };
 use crate::scan::StepBudget;
-use crate::storage::connection::ConnectionSettings;
+use crate::storage::connection::{AccountIdentity, ConnectionSettings, Service};
 
 /// The app setting holding the function app's own storage connection string (queues, bookkeeping,
 /// and the default account for source and destination tables).
@@ -54,10 +52,12 @@ pub struct Config {
     /// settings (`<NAME>__accountName`, or `<NAME>__tableServiceUri` + `__queueServiceUri`, with
     /// `__credential`). They hold secrets: only their names are logged.
     pub connections: BTreeMap<String, ConnectionSettings>,
-    /// The table service each connection resolves to, by app-setting name: its table endpoint,
-    /// lowercased, without credentials or trailing slash (see [`table_identity`]). Two settings
-    /// with equal identities reach the same tables. Not secret.
-    pub table_identities: BTreeMap<String, String>,
+    /// The account each connection's table endpoint addresses, by app-setting name (see
+    /// [`AccountIdentity`]). Two settings with equal identities reach the same tables, whatever
+    /// the endpoints' text (`localhost` and `127.0.0.1`, a private-link host). Not secret.
+    pub table_accounts: BTreeMap<String, AccountIdentity>,
+    /// Likewise for blob endpoints, for the connections that give one.
+    pub blob_accounts: BTreeMap<String, AccountIdentity>,
     /// Must equal host.json `extensions.queues.maxDequeueCount` (`TABLESCAN_MAX_DEQUEUE_COUNT`,
     /// default 5): on the last attempt a failing work item is recorded as failed before the host
     /// moves its message to the poison queue.
@@ -83,7 +83,8 @@ impl fmt::Debug for Config {
             .field("scans_table", &self.scans_table)
             .field("work_table", &self.work_table)
             .field("connections", &self.connections.keys().collect::<Vec<_>>())
-            .field("table_identities", &self.table_identities)
+            .field("table_accounts", &self.table_accounts)
+            .field("blob_accounts", &self.blob_accounts)
             .field("max_dequeue_count", &self.max_dequeue_count)
             .field("counter_shards", &self.counter_shards)
             .field("copy_concurrency", &self.copy_concurrency)
@@ -107,29 +108,20 @@ fn err(name: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// The table service a connection string resolves to (see [`table_identity_of`]). The error
-/// never contains the connection string.
-pub fn table_identity(connection_string: &str) -> Result<String, String> {
+/// The account a connection string's table endpoint addresses (see [`table_account_of`]). The
+/// error never contains the connection string.
+pub fn table_account(connection_string: &str) -> Result<AccountIdentity, String> {
     let settings = ConnectionSettings::parse(connection_string).map_err(|e| e.to_string())?;
-    table_identity_of(&settings)
+    table_account_of(&settings)
 }
 
-/// The table service a connection resolves to, whatever its form (connection string or
-/// identity-based): scheme, host, port and path of its table endpoint, lowercased (storage
-/// account names and DNS hosts are case-insensitive), without any credential or trailing slash.
-/// `UseDevelopmentStorage=true` and an explicit endpoint naming the same Azurite account resolve
-/// alike, as do `__accountName=prod` and `AccountName=prod;AccountKey=…`.
-pub fn table_identity_of(settings: &ConnectionSettings) -> Result<String, String> {
-    let url = Url::parse(&settings.table_endpoint)
-        .map_err(|e| format!("the table endpoint is not a URL ({e})"))?;
-    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-    Ok(format!(
-        "{}://{}{port}{}",
-        url.scheme(),
-        url.host_str().unwrap_or_default(),
-        url.path().trim_end_matches('/')
-    )
-    .to_ascii_lowercase())
+/// The account a connection's table endpoint addresses, whatever the connection's form
+/// (connection string or identity-based) and however its endpoint is spelled:
+/// `UseDevelopmentStorage=true` and an explicit endpoint naming the same Azurite account by
+/// `localhost` resolve alike, as do `__accountName=prod` and `AccountName=prod;AccountKey=…`.
+pub fn table_account_of(settings: &ConnectionSettings) -> Result<AccountIdentity, String> {
+    AccountIdentity::of_endpoint(&settings.table_endpoint)
+        .map_err(|e| format!("the table endpoint: {e}"))
 }
 
 impl Config {
@@ -186,13 +178,22 @@ impl Config {
                 connections.insert(name.to_string(), settings);
             }
         }
-        let table_identities = connections
+        let table_accounts = connections
             .iter()
             .map(|(name, settings)| {
                 Ok((
                     name.clone(),
-                    table_identity_of(settings).map_err(|m| err(name, m))?,
+                    table_account_of(settings).map_err(|m| err(name, m))?,
                 ))
+            })
+            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+        let blob_accounts = connections
+            .iter()
+            .filter_map(|(name, settings)| Some((name, settings.blob_endpoint().ok()?)))
+            .map(|(name, endpoint)| {
+                let account = AccountIdentity::of_endpoint(endpoint)
+                    .map_err(|m| err(name, format!("the blob endpoint: {m}")))?;
+                Ok((name.clone(), account))
             })
             .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
         let queue = |name: &str, default: &str| -> Result<String, ConfigError> {
@@ -212,7 +213,8 @@ impl Config {
             scans_table: table("TABLESCAN_SCANS_TABLE", "TablescanScans")?,
             work_table: table("TABLESCAN_WORK_TABLE", "TablescanWork")?,
             connections,
-            table_identities,
+            table_accounts,
+            blob_accounts,
             max_dequeue_count: number("TABLESCAN_MAX_DEQUEUE_COUNT", 5, 1, 1000)?,
             counter_shards: number("TABLESCAN_COUNTER_SHARDS", 16, 1, 64)? as u32,
             copy_concurrency: number("TABLESCAN_COPY_CONCURRENCY", 8, 1, 64)? as usize,
@@ -221,25 +223,37 @@ impl Config {
         })
     }
 
-    /// Whether `table` on `connection` is one of the app's bookkeeping tables (on the app's own
-    /// account, however the connection is named; table names are case-insensitive).
-    pub fn is_bookkeeping_table(&self, connection: &str, table: &str) -> bool {
-        let own = self.table_identities.get(STORAGE_SETTING);
-        own.is_some()
-            && self.table_identities.get(connection) == own
-            && [&self.scans_table, &self.work_table]
-                .iter()
-                .any(|t| t.eq_ignore_ascii_case(table))
+    /// Whether `table` is named as one of the app's bookkeeping tables (table names are
+    /// case-insensitive). Refused as a source or destination on every connection, whatever
+    /// account it reaches: an alias of the app's own account that is not recognised as one
+    /// (a custom domain's CNAME) must not reach them either.
+    pub fn is_bookkeeping_table(&self, _connection: &str, table: &str) -> bool {
+        [&self.scans_table, &self.work_table]
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(table))
     }
 
-    /// Whether two (connection, table) pairs name the same table: same table service and the
-    /// same name up to case.
+    /// Whether two (connection, table) pairs name the same table: the same account (see
+    /// [`AccountIdentity`]) and the same name up to case.
     pub fn same_table(&self, a: (&str, &str), b: (&str, &str)) -> bool {
-        let (ia, ib) = (
-            self.table_identities.get(a.0),
-            self.table_identities.get(b.0),
-        );
+        let (ia, ib) = (self.table_accounts.get(a.0), self.table_accounts.get(b.0));
         ia.is_some() && ia == ib && a.1.eq_ignore_ascii_case(b.1)
+    }
+
+    /// Whether two connections' blob endpoints address the same account (`false` when either
+    /// gives no blob endpoint). For drivers that must tell a container on one account from the
+    /// same-named container on another.
+    pub fn same_blob_account(&self, a: &str, b: &str) -> bool {
+        let (ia, ib) = (self.blob_accounts.get(a), self.blob_accounts.get(b));
+        ia.is_some() && ia == ib
+    }
+
+    /// Whether `connection`'s table endpoint is an Azure Cosmos DB for Table account, which
+    /// does not return rows in key order.
+    pub fn is_cosmos_table(&self, connection: &str) -> bool {
+        self.table_accounts
+            .get(connection)
+            .is_some_and(|a| a.service == Service::CosmosTable)
     }
 }
 
@@ -251,25 +265,29 @@ mod tests {
 
     #[test]
     fn identities_resolve_accounts_not_setting_names() {
-        let dev = table_identity("UseDevelopmentStorage=true").unwrap();
-        assert_eq!(dev, "http://127.0.0.1:10002/devstoreaccount1");
+        let dev = table_account("UseDevelopmentStorage=true").unwrap();
+        assert_eq!(
+            dev.to_string(),
+            "storage account \"devstoreaccount1\" at localhost:10002"
+        );
         let explicit = format!(
             "AccountName=devstoreaccount1;AccountKey={KEY};TableEndpoint=HTTP://127.0.0.1:10002/DevStoreAccount1/;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1"
         );
-        assert_eq!(table_identity(&explicit).unwrap(), dev);
+        assert_eq!(table_account(&explicit).unwrap(), dev);
+        let by_localhost = format!(
+            "AccountName=devstoreaccount1;AccountKey={KEY};TableEndpoint=http://localhost:10002/devstoreaccount1;QueueEndpoint=http://localhost:10001/devstoreaccount1;BlobEndpoint=http://[::1]:10000/devstoreaccount1"
+        );
+        assert_eq!(table_account(&by_localhost).unwrap(), dev);
         let derived = format!("DefaultEndpointsProtocol=https;AccountName=Prod;AccountKey={KEY}");
         let explicit_443 = format!(
-            "AccountName=prod;AccountKey={KEY};TableEndpoint=https://prod.table.core.windows.net:443;QueueEndpoint=https://prod.queue.core.windows.net"
+            "AccountName=prod;AccountKey={KEY};TableEndpoint=https://prod.privatelink.table.core.windows.net:443;QueueEndpoint=https://prod.queue.core.windows.net"
         );
+        assert_eq!(table_account(&derived).unwrap().account, "prod");
         assert_eq!(
-            table_identity(&derived).unwrap(),
-            "https://prod.table.core.windows.net"
+            table_account(&explicit_443).unwrap(),
+            table_account(&derived).unwrap()
         );
-        assert_eq!(
-            table_identity(&explicit_443).unwrap(),
-            table_identity(&derived).unwrap()
-        );
-        let error = table_identity(&format!(
+        let error = table_account(&format!(
             "AccountName=x;AccountKey={KEY};TableEndpoint=nope"
         ))
         .unwrap_err();
@@ -280,20 +298,61 @@ mod tests {
                 "AzureWebJobsStorage",
                 "UseDevelopmentStorage=true".to_string(),
             ),
-            ("TABLESCAN_CONNECTIONS", "Alias, Other".to_string()),
+            ("TABLESCAN_CONNECTIONS", "Alias, Other, Local".to_string()),
             ("Alias", explicit),
             ("Other", derived),
+            ("Local", by_localhost),
         ]
         .into_iter()
         .collect();
         let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
         assert!(config.is_bookkeeping_table("Alias", "tablescanscans"));
         assert!(config.is_bookkeeping_table(STORAGE_SETTING, "TABLESCANWORK"));
-        assert!(!config.is_bookkeeping_table("Other", "TablescanScans"));
+        // Refused by name on every connection, whatever account it reaches.
+        assert!(config.is_bookkeeping_table("Other", "TablescanScans"));
+        assert!(config.is_bookkeeping_table("Local", "tablescanwork"));
         assert!(!config.is_bookkeeping_table(STORAGE_SETTING, "Packages"));
         assert!(config.same_table((STORAGE_SETTING, "Packages"), ("Alias", "packages")));
+        assert!(config.same_table((STORAGE_SETTING, "Packages"), ("Local", "PACKAGES")));
         assert!(!config.same_table((STORAGE_SETTING, "Packages"), ("Other", "Packages")));
+        assert!(config.same_blob_account(STORAGE_SETTING, "Local"));
+        assert!(!config.same_blob_account(STORAGE_SETTING, "Other"));
+        assert!(
+            !config.same_blob_account(STORAGE_SETTING, "Alias"),
+            "Alias gives no blob endpoint"
+        );
+        assert!(!config.is_cosmos_table("Other"));
         assert!(!format!("{config:?}").contains(KEY));
+    }
+
+    #[test]
+    fn cosmos_table_endpoints_are_recognised() {
+        let settings: BTreeMap<&str, String> = [
+            (
+                "AzureWebJobsStorage",
+                "UseDevelopmentStorage=true".to_string(),
+            ),
+            ("TABLESCAN_CONNECTIONS", "Cosmos,Legacy".to_string()),
+            (
+                "Cosmos",
+                format!("DefaultEndpointsProtocol=https;AccountName=prod;AccountKey={KEY};TableEndpoint=https://prod.table.cosmos.azure.com:443/;"),
+            ),
+            (
+                "Legacy__tableServiceUri",
+                "https://prod.table.cosmosdb.azure.com".to_string(),
+            ),
+            (
+                "Legacy__queueServiceUri",
+                "https://prod.queue.core.windows.net".to_string(),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
+        assert!(config.is_cosmos_table("Cosmos"));
+        assert!(config.is_cosmos_table("Legacy"));
+        assert!(!config.is_cosmos_table(STORAGE_SETTING));
+        assert!(!config.is_cosmos_table("Unknown"));
     }
 
     #[test]
@@ -318,16 +377,13 @@ mod tests {
         .into_iter()
         .collect();
         let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
-        assert_eq!(
-            config.table_identities[STORAGE_SETTING],
-            "https://prod.table.core.windows.net"
-        );
+        assert_eq!(config.table_accounts[STORAGE_SETTING].account, "prod");
         assert!(config.same_table((STORAGE_SETTING, "T"), ("Keyed", "t")));
         assert!(config.is_bookkeeping_table("Keyed", "TablescanScans"));
         assert!(!config.same_table((STORAGE_SETTING, "T"), ("Local", "T")));
         assert_eq!(
-            config.table_identities["Local"],
-            "https://127.0.0.1:10102/devstoreaccount1"
+            config.table_accounts["Local"].to_string(),
+            "storage account \"devstoreaccount1\" at localhost:10102"
         );
         assert!(!format!("{config:?}").contains(KEY));
 

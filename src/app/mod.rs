@@ -2,6 +2,7 @@
 //!
 //! Knows Azure Functions, not Azure Storage: it works through the storage traits.
 
+pub mod body;
 pub mod catalog;
 pub mod config;
 pub mod drivers;

@@ -10,10 +10,16 @@
 //!   task on the runtime that opened it and fails ("dispatch task is gone") once that runtime is
 //!   dropped.
 //! - `Debug` and `Display` show the account, endpoints and kind of credential, never a secret.
+//! - Two connections reach the same account exactly when their endpoints' [`AccountIdentity`]
+//!   values are equal: compared by the account an endpoint addresses, never by its text (a host
+//!   alias such as `localhost` for `127.0.0.1` must not make one account look like two).
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+use azure_core::Url;
 
 use super::retry::RetryPolicy;
 use super::settings::Credential;
@@ -153,6 +159,121 @@ impl fmt::Display for StorageAccount {
     }
 }
 
+/// The service family an endpoint belongs to. Azure Storage and Azure Cosmos DB name their
+/// accounts in separate namespaces, so an account of one is never an account of the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Service {
+    /// Azure Storage (or an emulator of it, such as Azurite).
+    Storage,
+    /// Azure Cosmos DB for Table (`<account>.table.cosmos.azure.com` and its other clouds'
+    /// and private-link forms). It serves the Table API but does not return rows in key order.
+    CosmosTable,
+}
+
+/// The account a service endpoint addresses: what "the same account" means when connections
+/// are compared. Holds no secret (endpoints carry none).
+///
+/// - Azure-style endpoints (`https://acct.table.core.windows.net`, private-link, sovereign-cloud
+///   and DNS-zone forms, custom suffixes): the account is the host's first label; the rest of
+///   the host, the scheme and the port do not matter. A Storage account's `-secondary` (read
+///   access geo-redundant) host is the same account.
+/// - Emulator or IP-style endpoints (`http://127.0.0.1:10002/devstoreaccount1`: an IP or
+///   `localhost` host, or any host with the account in the path): the account is the first path
+///   segment, at the listener host and port; every loopback form of the host (`localhost`,
+///   `127.0.0.1`, `[::1]`, …) is one listener.
+///
+/// A CNAME of a custom domain onto an account cannot be seen without DNS: such an alias is
+/// compared by its own first label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AccountIdentity {
+    pub service: Service,
+    /// The account name, lowercased (account names are case-insensitive).
+    pub account: String,
+    /// Emulator or IP-style endpoints: the host (`localhost` for every loopback form) and port.
+    pub listener: Option<(String, u16)>,
+}
+
+impl AccountIdentity {
+    /// The account `endpoint` (a service base URL) addresses.
+    pub fn of_endpoint(endpoint: &str) -> Result<AccountIdentity, String> {
+        let url = Url::parse(endpoint).map_err(|e| format!("the endpoint is not a URL ({e})"))?;
+        let host = url
+            .host_str()
+            .ok_or("the endpoint has no host")?
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        let first_segment = url
+            .path_segments()
+            .and_then(|mut s| s.next())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let ip = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .ok();
+        let loopback = ip.map_or(
+            host == "localhost" || host.ends_with(".localhost"),
+            is_local,
+        );
+        if ip.is_some() || loopback || !first_segment.is_empty() {
+            let port = url.port_or_known_default().unwrap_or_default();
+            let listener = if loopback { "localhost".into() } else { host };
+            return Ok(AccountIdentity {
+                service: Service::Storage,
+                account: first_segment,
+                listener: Some((listener, port)),
+            });
+        }
+        let labels: Vec<&str> = host.split('.').collect();
+        let cosmos = labels[1..]
+            .windows(2)
+            .any(|w| w[0] == "table" && matches!(w[1], "cosmos" | "cosmosdb"));
+        let account = match cosmos {
+            true => labels[0],
+            // Storage account names are letters and digits only: a hyphen is the host's.
+            false => labels[0].trim_end_matches("-secondary"),
+        };
+        Ok(AccountIdentity {
+            service: if cosmos {
+                Service::CosmosTable
+            } else {
+                Service::Storage
+            },
+            account: account.to_string(),
+            listener: None,
+        })
+    }
+}
+
+/// Whether connecting to `ip` reaches this machine (loopback, or the unspecified address).
+fn is_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4| is_local(IpAddr::V4(v4)))
+        }
+    }
+}
+
+impl fmt::Display for AccountIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let service = match self.service {
+            Service::Storage => "storage",
+            Service::CosmosTable => "Cosmos DB for Table",
+        };
+        write!(f, "{service} account {:?}", self.account)?;
+        match &self.listener {
+            Some((host, port)) => write!(f, " at {host}:{port}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One pooled reqwest client for a whole account (the SDK's default disables pooling).
 ///
 /// TLS trust: the web PKI roots, the OS store, and every certificate in `SSL_CERT_FILE` (PEM) as
@@ -263,6 +384,72 @@ mod tests {
             );
         }
         assert!(format!("{with_sas:?}").contains("credential: sas (redacted)"));
+    }
+
+    #[test]
+    fn account_identity_is_the_account_not_the_endpoint_text() {
+        let id = |e: &str| AccountIdentity::of_endpoint(e).unwrap();
+        let azurite = id("http://127.0.0.1:10002/devstoreaccount1");
+        for alias in [
+            "http://localhost:10002/devstoreaccount1",
+            "http://LOCALHOST.:10002/DevStoreAccount1/",
+            "http://[::1]:10002/devstoreaccount1",
+            "https://127.0.0.2:10002/devstoreaccount1",
+            "http://[::ffff:127.0.0.1]:10002/devstoreaccount1",
+            "http://0.0.0.0:10002/devstoreaccount1",
+        ] {
+            assert_eq!(id(alias), azurite, "{alias}");
+        }
+        for other in [
+            "http://127.0.0.1:10012/devstoreaccount1",
+            "http://127.0.0.1:10002/otheraccount",
+            "http://10.1.2.3:10002/devstoreaccount1",
+            "http://azurite:10002/devstoreaccount1",
+        ] {
+            assert_ne!(id(other), azurite, "{other}");
+        }
+        assert_eq!(
+            id("http://azurite:10002/devstoreaccount1"),
+            id("http://AZURITE:10002/devstoreaccount1/")
+        );
+        let prod = id("https://prod.table.core.windows.net");
+        assert_eq!(prod.account, "prod");
+        assert_eq!(prod.service, Service::Storage);
+        for alias in [
+            "https://PROD.table.core.windows.net:443/",
+            "http://prod.table.core.windows.net",
+            "https://prod.privatelink.table.core.windows.net",
+            "https://prod-secondary.table.core.windows.net",
+            "https://prod.z21.table.storage.azure.net",
+            "https://prod.table.core.chinacloudapi.cn",
+            "https://prod.table.storage.contoso.example",
+        ] {
+            assert_eq!(id(alias), prod, "{alias}");
+        }
+        assert_ne!(id("https://prod2.table.core.windows.net"), prod);
+        for cosmos in [
+            "https://prod.table.cosmos.azure.com",
+            "https://prod.table.cosmos.azure.com:443/",
+            "https://prod.table.cosmosdb.azure.com",
+            "https://prod.privatelink.table.cosmos.azure.com",
+            "https://prod.table.cosmos.azure.cn",
+            "https://prod.table.cosmos.azure.us",
+        ] {
+            let c = id(cosmos);
+            assert_eq!(c.service, Service::CosmosTable, "{cosmos}");
+            assert_eq!(c.account, "prod", "{cosmos}");
+            assert_ne!(c, prod, "{cosmos}");
+        }
+        // Cosmos account names may hold hyphens: nothing is cut.
+        assert_eq!(
+            id("https://a-secondary.table.cosmos.azure.com").account,
+            "a-secondary"
+        );
+        assert_eq!(
+            azurite.to_string(),
+            "storage account \"devstoreaccount1\" at localhost:10002"
+        );
+        assert!(AccountIdentity::of_endpoint("not a url").is_err());
     }
 
     #[test]

@@ -305,8 +305,7 @@ pub fn check_connection(config: &Config, field: &str, name: &str) -> Result<(), 
     ))
 }
 
-/// Refuses tablescan's own bookkeeping tables on the app's own account (by the table service
-/// the connection resolves to, and table names up to case).
+/// Refuses tablescan's own bookkeeping table names (up to case) on every connection.
 pub fn check_table(
     config: &Config,
     field: &str,
@@ -317,7 +316,7 @@ pub fn check_table(
         return Err(ApiError::field(
             field,
             format!(
-                "{table} is one of tablescan's bookkeeping tables on the app's own storage account"
+                "{table} is the name of one of tablescan's bookkeeping tables, refused on every connection"
             ),
         ));
     }

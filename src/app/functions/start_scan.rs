@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -38,6 +38,13 @@ use super::status::status_json;
 
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 64 * 1024;
+
+/// Why a Cosmos DB for Table account is refused as a source (it is accepted as a destination).
+const COSMOS_SOURCE: &str = "names an Azure Cosmos DB for Table account, which does not return \
+rows in key order. Both strategies rely on that order: the prefix strategy to discover partition \
+keys, and the serial strategy to resume after the last key read once a step has read its pages. \
+Either would silently miss or repeat rows, so a Cosmos DB for Table account is accepted as a \
+destination only (copy or import into it)";
 
 fn default_take() -> u32 {
     MAX_TAKE
@@ -108,13 +115,14 @@ fn error_field(path: String, message: &str) -> String {
     }
 }
 
-/// Parses the body, naming the offending field on error.
+/// Parses the body (a JSON object naming each key once: `body::parse_object`), naming the
+/// offending field on error.
 pub fn parse_request(body: &[u8]) -> Result<ScanRequest, ApiError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    if !value.is_object() {
-        return Err(ApiError::InvalidJson("expected a JSON object".into()));
-    }
+    request_from(crate::app::body::parse_object(body)?)
+}
+
+/// The request in a parsed body, naming the offending field on error.
+fn request_from(value: Value) -> Result<ScanRequest, ApiError> {
     serde_path_to_error::deserialize::<_, ScanRequest>(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
@@ -159,6 +167,9 @@ impl ScanRequest {
         validate::table_name(source).map_err(|m| ApiError::field("sourceTable", m))?;
         check_connection(config, "sourceConnection", &self.source_connection)?;
         check_table(config, "sourceTable", &self.source_connection, source)?;
+        if config.is_cosmos_table(&self.source_connection) {
+            return Err(ApiError::field("sourceConnection", COSMOS_SOURCE));
+        }
         validate::key(&self.partition_key_prefix)
             .map_err(|m| ApiError::field("partitionKeyPrefix", m))?;
         for (field, bound) in [
@@ -313,23 +324,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .eq_ignore_ascii_case("application/json")
-        });
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    let body = to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge(MAX_BODY))?;
-    let request = parse_request(&body)?;
+    let request = request_from(crate::app::body::json_object(&headers, body, MAX_BODY).await?)?;
     with_driver!(request.driver, D => start::<D, T, Q>(&state, request).await)
 }
 
