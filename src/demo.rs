@@ -14,7 +14,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::app::functions::table_copy::batches;
+use crate::app::drivers::kit::range::batches;
 use crate::azurite::Azurite;
 use crate::dataset::{self, RowsPerKey};
 use crate::host::{Host, HostConfig, RunningHost};

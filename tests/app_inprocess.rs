@@ -37,7 +37,7 @@ fn state_with(tables: MemoryTableStore, extra: &[(&str, &str)]) -> (State, Memor
     let queues = MemoryQueueStore::new();
     let mut map = BTreeMap::new();
     map.insert("AzureWebJobsStorage".to_string(), tables);
-    (AppState::new(config, map, queues.clone()), queues)
+    (app_state(config, map, &queues), queues)
 }
 
 async fn call<T: TableStore + Clone>(
@@ -102,6 +102,20 @@ const WORK_QUEUES: [(&str, &str); 2] = [
     ("tablescan-prefixscan", "PrefixScan"),
     ("tablescan-tablecopy", "TableCopy"),
 ];
+
+/// The app over `map`'s tables and `queues`, with every registered driver.
+fn app_state<T: TableStore + Clone>(
+    config: Config,
+    map: BTreeMap<String, T>,
+    queues: &MemoryQueueStore,
+) -> std::sync::Arc<AppState<T, MemoryQueueStore>> {
+    AppState::new(
+        config,
+        map,
+        queues.clone(),
+        tablescan::app::drivers::registry(),
+    )
+}
 
 /// Delivers messages until both queues are empty. With `duplicates`, each message is delivered
 /// twice concurrently before it is deleted. Returns invocations made.
@@ -696,7 +710,7 @@ async fn scans_never_touch_bookkeeping_tables_or_rewrite_their_source() {
     ]
     .into_iter()
     .collect();
-    let state = AppState::new(config, map, queues.clone());
+    let state = app_state(config, map, &queues);
     let copy = |extra: Value| {
         let mut body =
             json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest"});
@@ -1022,7 +1036,7 @@ fn failing_app(
     let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
     let queues = MemoryQueueStore::new();
     let map = BTreeMap::from([("AzureWebJobsStorage".to_string(), store)]);
-    (AppState::new(config, map, queues.clone()), queues, armed)
+    (app_state(config, map, &queues), queues, armed)
 }
 
 #[tokio::test]
@@ -1271,7 +1285,7 @@ fn state_with_connections(
     }
     let config = Config::from_lookup(|k| settings.get(k).cloned()).unwrap();
     let queues = MemoryQueueStore::new();
-    (AppState::new(config, map, queues.clone()), queues)
+    (app_state(config, map, &queues), queues)
 }
 
 /// POSTs `body` as it is (not re-serialized: duplicate keys survive) and expects a 400 naming

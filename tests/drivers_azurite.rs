@@ -453,7 +453,7 @@ fn expected_rows(all: &[RawEntity], predicate: Predicate) -> Vec<RawEntity> {
 /// rows it returns are exactly those the test's predicate selects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn azurite_applies_every_filter_form_inside_a_key_range() {
-    use tablescan::app::functions::table_copy::range_filter;
+    use tablescan::app::job::range::range_filter;
     use tablescan::storage::{odata, Filter, Query, TableStore};
 
     let (store, _) = support::table_store();

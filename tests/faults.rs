@@ -1201,7 +1201,12 @@ mod fuzz {
             "AzureWebJobsStorage".to_string(),
             MemoryTableStore::default(),
         );
-        AppState::new(config, tables, MemoryQueueStore::new())
+        AppState::new(
+            config,
+            tables,
+            MemoryQueueStore::new(),
+            tablescan::app::drivers::registry(),
+        )
     }
 
     proptest! {
@@ -1349,7 +1354,12 @@ mod redelivery_after_crash {
         let queues = MemoryQueueStore::new();
         let mut map = BTreeMap::new();
         map.insert("AzureWebJobsStorage".to_string(), tables.clone());
-        let state = AppState::new(config, map, queues.clone());
+        let state = AppState::new(
+            config,
+            map,
+            queues.clone(),
+            tablescan::app::drivers::registry(),
+        );
 
         let (status, reply) = post(
             &state,

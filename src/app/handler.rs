@@ -10,7 +10,8 @@ use crate::storage::blob::BlobRequestCounters;
 use crate::storage::connection::StorageAccount;
 use crate::storage::counters::RequestCounters;
 
-use super::config::{Config, STORAGE_SETTING};
+use super::config::Config;
+use super::drivers;
 use super::server;
 use super::state::AppState;
 
@@ -40,22 +41,22 @@ pub async fn serve_from_env() -> Result<(), String> {
     let counters = Arc::new(RequestCounters::new());
     let blob_counters = Arc::new(BlobRequestCounters::new());
     let mut tables = BTreeMap::new();
+    let mut queues = BTreeMap::new();
     let mut blobs = BTreeMap::new();
     for (name, settings) in &config.connections {
         let account = StorageAccount::new(settings.clone());
         tables.insert(name.clone(), account.table_store(counters.clone()));
+        queues.insert(name.clone(), account.queue_store(counters.clone()));
         // A connection without a blob endpoint fails only if a scan uses its blobs.
         let store = account.blob_store(blob_counters.clone());
         blobs.insert(name.clone(), store.map(AnyBlobStore::Azure));
     }
-    let own = StorageAccount::new(config.connections[STORAGE_SETTING].clone());
-    let queues = own.queue_store(counters);
     let listener = TcpListener::bind(("127.0.0.1", config.port))
         .await
         .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%address, ?config, "tablescan handler listening");
-    let state = AppState::with_blobs(config, tables, queues, blobs);
+    let state = AppState::with_connections(config, tables, queues, blobs, drivers::registry());
     server::run(listener, state, shutdown_signal())
         .await
         .map_err(|e| e.to_string())

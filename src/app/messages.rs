@@ -2,7 +2,7 @@
 //! base64-encoded (the Functions queue trigger's default `messageEncoding`), never over 64 KiB.
 //!
 //! A message carries only its scan's id and its unit of work. What the scan reads and writes —
-//! its [`ScanContext`] — is recorded on the scan record when the scan starts and read from
+//! its `job::ScanContext` — is recorded on the scan record when the scan starts and read from
 //! there, so a forged or stale message cannot redirect a scan. The envelope's version (`v`, 2
 //! for both kinds) tells a future format apart: a message of any other version is refused
 //! ([`MessageError::WrongKind`]), never guessed at.
@@ -16,69 +16,10 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-pub use crate::app::drivers::range::RangeWork as CopyWork;
-pub use crate::app::drivers::DriverId as Driver;
-use crate::scan::{ScanParameters, Step, Strategy};
+use crate::scan::Step;
 use crate::storage::{MessageEncoding, MAX_MESSAGE_TEXT};
-
-/// A table in one of the allowed storage connections.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TableRef {
-    /// App-setting name of the connection (never the connection string itself).
-    #[serde(rename = "c")]
-    pub connection: String,
-    #[serde(rename = "t")]
-    pub table: String,
-}
-
-/// Everything a work item of a scan needs besides its own work: recorded on the scan record at
-/// start and never changed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ScanContext {
-    #[serde(rename = "id")]
-    pub scan_id: String,
-    /// Counter shards of this scan (fixed at start).
-    #[serde(rename = "sh")]
-    pub shards: u32,
-    #[serde(rename = "dr")]
-    pub driver: Driver,
-    #[serde(rename = "st")]
-    pub strategy: Strategy,
-    #[serde(rename = "src")]
-    pub source: TableRef,
-    #[serde(rename = "dst", default, skip_serializing_if = "Option::is_none")]
-    pub destination: Option<TableRef>,
-    #[serde(rename = "p")]
-    pub params: ScanParameters,
-    /// How copy work is split (copy driver only).
-    #[serde(rename = "ws", default, skip_serializing_if = "is_default_split")]
-    pub work_split: WorkSplit,
-    /// The request's `filter`, in canonical form (re-rendered from its parsed form).
-    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
-    pub filter: Option<String>,
-    /// The request's `select`: properties a driver's re-read asks for (besides the keys).
-    #[serde(rename = "sel", default, skip_serializing_if = "Option::is_none")]
-    pub select: Option<Vec<String>>,
-    /// The driver's own recorded settings (its `Driver::setup`), read only by that driver.
-    #[serde(rename = "o", default, skip_serializing_if = "Option::is_none")]
-    pub options: Option<Value>,
-    /// Scan steps do the driver's work on the rows they read (`Driver::work_rows`), reading
-    /// the columns the driver needs, and make no work items. `false`: steps read keys only and
-    /// segments become work items.
-    #[serde(rename = "is", default, skip_serializing_if = "is_false")]
-    pub in_step: bool,
-}
-
-fn is_false(b: &bool) -> bool {
-    !b
-}
-
-fn is_default_split(split: &WorkSplit) -> bool {
-    *split == WorkSplit::Page
-}
 
 /// A typed queue message: its envelope name and version, and the function that handles it.
 pub trait WorkMessage: Serialize + DeserializeOwned {
@@ -175,17 +116,6 @@ impl fmt::Debug for ItemJson {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0.get())
     }
-}
-
-/// How the copy driver splits work into TableCopy messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum WorkSplit {
-    /// One work item per scanned page (tablescan's design): about one extra read per 1,000 rows.
-    #[default]
-    Page,
-    /// One work item per partition key carrying its row keys (the reference design).
-    PartitionKey,
 }
 
 /// A child a work item spawns, in the compact form recorded on the parent's row.
@@ -350,7 +280,12 @@ mod tests {
     /// refused naming the version; a copy item's identity is its driver's text.
     #[test]
     fn other_versions_are_refused() {
-        let work = CopyWork::Range {
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Work {
+            from: (String, String),
+            to: (String, String),
+        }
+        let work = Work {
             from: ("a".into(), "1".into()),
             to: ("b".into(), "2".into()),
         };
@@ -366,7 +301,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(decode::<ItemMessage>(&json).unwrap(), m);
-        assert_eq!(m.work.parse::<CopyWork>().unwrap(), work);
+        assert_eq!(m.work.parse::<Work>().unwrap(), work);
         assert_eq!(
             m.work_key(),
             format!("copy:{}", serde_json::to_string(&work).unwrap())

@@ -23,7 +23,8 @@ use std::time::Instant;
 use axum::http::{HeaderMap, Uri};
 use time::OffsetDateTime;
 
-use super::messages::{self, ScanContext, WorkMessage};
+use super::job::context::ScanContext;
+use super::messages::{self, WorkMessage};
 use super::protocol::{InvocationRequest, InvocationResponse};
 use super::tracking::ScanState;
 
@@ -362,6 +363,9 @@ mod tests {
         assert_eq!(token(""), "-");
         let long = text(&"x".repeat(5000));
         assert_eq!(long.chars().count(), MAX_MSG_CHARS + 1);
-        assert_eq!(serde_name(&crate::app::messages::Driver::Copy), "copy");
+        assert_eq!(
+            serde_name(&crate::app::job::context::DriverName::new("copy")),
+            "copy"
+        );
     }
 }

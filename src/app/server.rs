@@ -126,7 +126,12 @@ mod tests {
             "AzureWebJobsStorage".to_string(),
             MemoryTableStore::new(Pagination::default()),
         );
-        let state = AppState::new(config, tables, MemoryQueueStore::new());
+        let state = AppState::new(
+            config,
+            tables,
+            MemoryQueueStore::new(),
+            crate::app::drivers::registry(),
+        );
         for spec in FUNCTIONS {
             let path = spec.path().replace("{id}", "0000000000000-00000000");
             let request = axum::http::Request::builder()

@@ -21,7 +21,9 @@ use crate::storage::{
 };
 
 use super::config::{Config, STORAGE_SETTING};
-use super::messages::ScanContext;
+use super::job::context::ScanContext;
+use super::job::error::WorkError;
+use super::job::registry::Drivers;
 use super::tracking::{ScanState, Tracker};
 
 /// How long a work item trusts a cached `running` state. Cancellation and failure are noticed
@@ -76,41 +78,87 @@ pub struct AppState<T, Q> {
     pub config: Config,
     /// Table stores by connection (app-setting name); always holds `AzureWebJobsStorage`.
     pub tables: BTreeMap<String, T>,
-    /// Queues of the function app's own storage account.
+    /// Queues of the function app's own storage account (its work queues).
     pub queues: Q,
+    /// Queue stores by connection, for drivers that write to a queue on another connection
+    /// ([`AppState::queue_store`]); the app's own account is always there.
+    pub connection_queues: BTreeMap<String, Q>,
     /// Blob stores by connection (export and import); a connection without a blob endpoint
     /// holds the error naming the setting to add, returned when blobs are used.
     pub blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
     pub scan_states: ScanStateCache,
+    /// The drivers scans can name (`drivers::registry`).
+    pub drivers: Drivers<AppState<T, Q>>,
     /// Per-app state of drivers (e.g. clients they reuse across invocations), one value per
     /// type: see [`AppState::driver_state`].
     driver_states: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
-    pub fn new(config: Config, tables: BTreeMap<String, T>, queues: Q) -> Arc<Self> {
-        Self::with_blobs(config, tables, queues, BTreeMap::new())
-    }
-
-    /// [`AppState::new`] with blob stores by connection.
-    pub fn with_blobs(
+    /// The app with its own account's queues only and no blob stores.
+    pub fn new(
         config: Config,
         tables: BTreeMap<String, T>,
         queues: Q,
+        drivers: Drivers<AppState<T, Q>>,
+    ) -> Arc<Self> {
+        let connection_queues = [(STORAGE_SETTING.to_string(), queues.clone())].into();
+        Self::with_connections(config, tables, connection_queues, BTreeMap::new(), drivers)
+    }
+
+    /// The app with stores by connection: tables, queues and blobs (a connection without a
+    /// blob endpoint holds the error naming the setting to add, returned when blobs are used).
+    /// `tables` and `queues` must hold the app's own account.
+    pub fn with_connections(
+        config: Config,
+        tables: BTreeMap<String, T>,
+        queues: BTreeMap<String, Q>,
         blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
+        drivers: Drivers<AppState<T, Q>>,
     ) -> Arc<Self> {
         assert!(
-            tables.contains_key(STORAGE_SETTING),
+            tables.contains_key(STORAGE_SETTING) && queues.contains_key(STORAGE_SETTING),
             "the app's own storage account is required"
         );
         Arc::new(AppState {
             config,
             tables,
-            queues,
+            queues: queues[STORAGE_SETTING].clone(),
+            connection_queues: queues,
             blobs,
             scan_states: ScanStateCache::default(),
+            drivers,
             driver_states: Mutex::default(),
         })
+    }
+
+    /// The table store of `connection`, counting requests into `requests`.
+    pub fn counted_table(
+        &self,
+        connection: &str,
+        requests: &Arc<AtomicU64>,
+    ) -> Result<Counted<T>, WorkError> {
+        let store = self.tables.get(connection).ok_or_else(|| {
+            WorkError::Failed(format!(
+                "connection {connection} is not configured on this app"
+            ))
+        })?;
+        Ok(Counted::new(store.clone(), requests.clone()))
+    }
+
+    /// The queue store of `connection` (e.g. a driver's target queue on another account),
+    /// counting requests into `requests`.
+    pub fn queue_store(
+        &self,
+        connection: &str,
+        requests: &Arc<AtomicU64>,
+    ) -> StorageResult<Counted<Q>> {
+        match self.connection_queues.get(connection) {
+            Some(store) => Ok(Counted::new(store.clone(), requests.clone())),
+            None => Err(StorageError::invalid_input(format!(
+                "connection {connection} has no queue store configured on this app"
+            ))),
+        }
     }
 
     /// The app's one value of type `S`, made by `make` on first use: lets a driver keep what it
@@ -333,7 +381,12 @@ mod tests {
         })
         .unwrap();
         let tables = [(STORAGE_SETTING.to_string(), MemoryTableStore::default())].into();
-        let state = AppState::new(config, tables, MemoryQueueStore::default());
+        let state = AppState::new(
+            config,
+            tables,
+            MemoryQueueStore::default(),
+            Drivers::new(Vec::new()),
+        );
         let made = AtomicU64::new(0);
         let make = || {
             made.fetch_add(1, Ordering::Relaxed);

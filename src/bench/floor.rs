@@ -37,7 +37,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use super::variant::Job;
-use crate::app::drivers::range::{batches, batches_of};
+use crate::app::drivers::kit::range::{batches, batches_of};
 use crate::proxy::InFlight;
 use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;

@@ -439,6 +439,10 @@ async fn drive(
     let location = post_scan(&client, &base, &body).await?;
     let id = location.rsplit('/').next().unwrap_or_default().to_string();
     let tracker = Tracker::new(run.store, &n.scans_table, &n.work_table);
+    let drivers = crate::app::drivers::registry::<
+        AzureTableStore,
+        crate::storage::azure_queue::AzureQueueStore,
+    >();
     let field = run.variant.progress_field();
     let mut progress = vec![(0.0, 0u64)];
     let status = watch_scan(
@@ -447,7 +451,11 @@ async fn drive(
         run.args.quiet,
         Duration::from_millis(500),
         started,
-        || async { scan_status(&tracker, &id).await.map_err(|e| e.to_string()) },
+        || async {
+            scan_status(&tracker, &id, &drivers)
+                .await
+                .map_err(|e| e.to_string())
+        },
         |at, status| {
             let rows = status[field].as_i64().unwrap_or(0).max(0) as u64;
             progress.push((at.as_secs_f64(), rows));

@@ -12,8 +12,8 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::app::functions::prefix_scan::copy_work;
-use crate::app::messages::{CopyWork, WorkSplit};
+use crate::app::drivers::kit::range::page_items as copy_work;
+use crate::app::job::{RangeWork as CopyWork, WorkSplit};
 use crate::scan::{ScanParameters, Scanner, Step, StepBudget};
 use crate::storage::{
     BatchOperation, CompareOp, Filter, Query, QueueStore, TableStore, MAX_BATCH_OPERATIONS,

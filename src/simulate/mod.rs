@@ -329,6 +329,7 @@ fn app_state(
             .into_iter()
             .collect(),
         queues,
+        crate::app::drivers::registry(),
     ))
 }
 

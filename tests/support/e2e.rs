@@ -235,7 +235,7 @@ pub async fn seed(store: &AzureTableStore, table: &str, entities: Vec<Entity>) {
         tablescan::storage::compare_keys(&a.partition_key, &b.partition_key)
             .then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
     });
-    for (pk, ops) in tablescan::app::functions::table_copy::batches(sorted) {
+    for (pk, ops) in tablescan::app::drivers::kit::range::batches(sorted) {
         store.submit_batch(table, &pk, &ops).await.unwrap();
     }
 }

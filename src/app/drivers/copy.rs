@@ -14,20 +14,23 @@
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use crate::app::config::Config;
-use crate::app::error::ApiError;
-use crate::app::functions::start_scan::ScanRequest;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::app::messages::{ItemMessage, ScanContext, TableRef, WorkSplit};
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::request::{check_destination, default_connection};
+use crate::app::job::{
+    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, TableRef,
+    WorkError, WorkOutcome, WorkSplit,
+};
+use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::Strategy;
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{batches, begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{check_destination, default_connection, Driver, Segment, Setup, StepWork};
+use super::kit::drop_nulls;
+use super::kit::range::{batches, begin_range_item, page_items, unaddressable_error};
 
 pub struct CopyDriver;
 
@@ -50,6 +53,7 @@ impl Driver for CopyDriver {
     const FILTER: bool = true;
     const SELECT: bool = true;
     type Fields = CopyFields;
+    type Options = ();
     type Item = RangeWork;
 
     fn validate(
@@ -89,7 +93,7 @@ impl Driver for CopyDriver {
         Ok(())
     }
 
-    fn setup(fields: &CopyFields, request: &ScanRequest) -> Setup {
+    fn setup(fields: &CopyFields, request: &ScanRequest) -> Setup<()> {
         let in_step = fields.work_split == WorkSplit::Page
             && request.filter.is_none()
             && request.strategy == Strategy::Prefix;
@@ -169,8 +173,7 @@ async fn upsert<T: TableStore + Clone, Q: QueueStore + Clone>(
         .ok_or_else(|| WorkError::Failed("copy work without a destination".into()))?;
     let target = &state.counted_table(&destination.connection, requests)?;
     if scan.select.is_some() {
-        // The service answers a selected property an entity lacks as null; it stores no
-        // nulls, so writing one back would be refused or invent a property.
+        // Writing back a selected property's null would be refused or invent a property.
         rows.iter_mut().for_each(drop_nulls);
     }
     let written = rows.len() as i64;
@@ -180,18 +183,4 @@ async fn upsert<T: TableStore + Clone, Q: QueueStore + Clone>(
         .try_collect::<Vec<()>>()
         .await?;
     Ok(written)
-}
-
-/// Removes the properties whose value is `null` (and their annotations).
-pub(super) fn drop_nulls(row: &mut Entity) {
-    let nulls: Vec<String> = row
-        .properties
-        .iter()
-        .filter(|(_, value)| value.get() == "null")
-        .map(|(name, _)| name.to_string())
-        .collect();
-    for name in nulls {
-        row.properties.remove(&name);
-        row.properties.remove(&format!("{name}@odata.type"));
-    }
 }

@@ -7,14 +7,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
-use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
+use crate::app::job::{
+    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, WorkError, WorkOutcome,
+    WorkSplit,
+};
+use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::range::{begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{Driver, Segment, Setup};
+use super::kit::range::{begin_range_item, page_items, unaddressable_error};
 
 pub struct CountDriver;
 
@@ -27,13 +28,14 @@ impl Driver for CountDriver {
     const NAME: &'static str = "count";
     const FILTER: bool = true;
     type Fields = NoFields;
+    type Options = ();
     type Item = RangeWork;
 
     fn validate(_: &NoFields, _: &ScanRequest, _: &Config) -> Result<(), ApiError> {
         Ok(())
     }
 
-    fn setup(_: &NoFields, _: &ScanRequest) -> Setup {
+    fn setup(_: &NoFields, _: &ScanRequest) -> Setup<()> {
         Setup::default()
     }
 

@@ -11,7 +11,7 @@
 //! - Only rows a read of the scan returned are deleted: a step's own read, whose queries the
 //!   scan engine keeps inside the scan's range (a row the service answers outside a query's
 //!   range stops the step), or an item's
-//!   re-read, whose filter covers exactly the item's key range ([`super::range`]); rows
+//!   re-read, whose filter covers exactly the item's key range (`job::range`); rows
 //!   outside the range are never named.
 //! - Delivery is at-least-once: rows already gone (an earlier or concurrent delivery deleted
 //!   them) are tolerated. A transaction fails whole when one of its deletes finds no row (404);
@@ -23,23 +23,24 @@
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use crate::app::config::Config;
-use crate::app::error::ApiError;
-use crate::app::functions::start_scan::ScanRequest;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::{
+    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, WorkError,
+    WorkOutcome, WorkSplit, MAX_ITEM_QUERIES,
+};
+use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::Strategy;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError, StorageErrorKind,
     TableStore, MAX_TAKE,
 };
 
-use super::range::{batches_of, begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{Driver, Segment, Setup, StepWork};
+use super::kit::range::{batches_of, begin_range_item, page_items, unaddressable_error};
 
 /// Transactions tried per batch before the item gives up for this delivery (each after the
 /// first re-reads which of the batch's rows are still there).
@@ -60,6 +61,7 @@ impl Driver for DeleteDriver {
     const FILTER: bool = true;
     const CHANGES_SOURCE: bool = true;
     type Fields = DeleteFields;
+    type Options = ();
     type Item = RangeWork;
 
     fn validate(
@@ -80,7 +82,7 @@ impl Driver for DeleteDriver {
         Ok(())
     }
 
-    fn setup(_: &DeleteFields, request: &ScanRequest) -> Setup {
+    fn setup(_: &DeleteFields, request: &ScanRequest) -> Setup<()> {
         let step_work = match (&request.filter, request.strategy) {
             (None, Strategy::Prefix) => StepWork::Rows {
                 select: Some(Vec::new()),
@@ -185,7 +187,7 @@ pub async fn delete_batch<S: TableStore>(
 }
 
 /// The operations of `ops` whose rows still exist: one keys-only query over the batch's
-/// row-key span, within [`super::MAX_ITEM_QUERIES`] pages.
+/// row-key span, within [`MAX_ITEM_QUERIES`] pages.
 async fn still_there<S: TableStore>(
     store: &S,
     table: &str,
@@ -206,7 +208,7 @@ async fn still_there<S: TableStore>(
         continuation: None,
     };
     let mut present = std::collections::HashSet::new();
-    for _ in 0..super::MAX_ITEM_QUERIES {
+    for _ in 0..MAX_ITEM_QUERIES {
         let page = store.query_page(table, &query).await?;
         present.extend(page.entities.into_iter().map(|e| e.row_key));
         match page.continuation {

@@ -22,7 +22,7 @@
 //!   start (400 naming `destinationPrefix`). Its own manifest is written once (`If-None-Match:
 //!   *`): a completion step run again leaves it as it is.
 //!
-//! [`MAX_ITEM_ROWS`]: super::MAX_ITEM_ROWS
+//! [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -35,22 +35,22 @@ use time::OffsetDateTime;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
-use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
-use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
-use crate::storage::blob::{
-    check_container, BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS,
+use crate::app::job::request::default_connection;
+use crate::app::job::{
+    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, WorkError, WorkOutcome,
+    WorkSplit,
 };
+use crate::app::messages::ItemMessage;
+use crate::app::state::AppState;
+use crate::storage::blob::{BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS};
 use crate::storage::export_format::{
     part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
     MAX_MANIFEST_BYTES, PART_CONTENT_TYPE,
 };
 use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore};
 
-use super::copy::drop_nulls;
-use super::range::{begin_range_item, page_items, unaddressable_error, RangeWork};
-use super::{check_connection, default_connection, Driver, Segment, Setup};
+use super::kit::range::{begin_range_item, page_items, unaddressable_error};
+use super::kit::{check_blob_connection, check_container_field, drop_nulls};
 
 /// A part is closed and a new one started past this many bytes before compression, so that
 /// one upload stays well within one request (`blob::MAX_REQUEST_BODY_BYTES`) and a part within
@@ -95,30 +95,13 @@ impl ExportOptions {
     }
 }
 
-/// 4xx naming `field` unless `connection` is allowed and has a blob endpoint.
-pub fn check_blob_connection(
-    config: &Config,
-    field: &str,
-    connection: &str,
-) -> Result<(), ApiError> {
-    check_connection(config, field, connection)?;
-    config.connections[connection]
-        .blob_endpoint()
-        .map(|_| ())
-        .map_err(|missing| ApiError::field(field, missing))
-}
-
-/// 4xx naming `field` for a container name the service would refuse.
-pub fn check_container_field(field: &str, container: &str) -> Result<(), ApiError> {
-    check_container(container).map_err(|e| ApiError::field(field, e.message))
-}
-
 impl Driver for ExportDriver {
     const NAME: &'static str = "export";
     const FILTER: bool = true;
     const SELECT: bool = true;
     const COMPLETES: bool = true;
     type Fields = ExportFields;
+    type Options = ExportOptions;
     type Item = RangeWork;
 
     fn validate(fields: &ExportFields, _: &ScanRequest, config: &Config) -> Result<(), ApiError> {
@@ -132,7 +115,7 @@ impl Driver for ExportDriver {
         )
     }
 
-    fn setup(fields: &ExportFields, _: &ScanRequest) -> Setup {
+    fn setup(fields: &ExportFields, _: &ScanRequest) -> Setup<ExportOptions> {
         let options = ExportOptions {
             connection: fields.destination_connection.clone(),
             container: fields.destination_container.clone(),
@@ -140,7 +123,7 @@ impl Driver for ExportDriver {
             started_at: OffsetDateTime::now_utc(),
         };
         Setup {
-            options: Some(serde_json::to_value(options).expect("options serialize")),
+            options: Some(options),
             ..Setup::default()
         }
     }

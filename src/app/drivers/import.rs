@@ -15,7 +15,7 @@
 //!   item that skips the rows already written) and inflates at most what the format allows.
 //! - Idempotent: upserts (replace) of the same rows, so a redelivered item rewrites them.
 //!
-//! [`MAX_ITEM_ROWS`]: super::MAX_ITEM_ROWS
+//! [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -25,10 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
-use crate::app::functions::start_scan::ScanRequest;
-use crate::app::messages::{ChildSpec, ItemMessage, ScanContext, TableRef};
+use crate::app::job::request::{check_destination, default_connection};
+use crate::app::job::{
+    item_child, Begun, Driver, ScanContext, ScanRequest, Segment, Setup, TableRef, WorkError,
+    WorkOutcome, MAX_ITEM_ROWS,
+};
+use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::state::AppState;
-use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::blob::BlobStore;
 use crate::storage::export_format::{
     decode_part, sha256_hex, DecodeLimits, ExportLayout, Manifest, MAX_MANIFEST_BYTES,
@@ -36,11 +39,8 @@ use crate::storage::export_format::{
 };
 use crate::storage::{Entity, QueueStore, TableStore};
 
-use super::export::{check_blob_connection, check_container_field};
-use super::range::batches;
-use super::{
-    check_destination, default_connection, item_child, Driver, Segment, Setup, MAX_ITEM_ROWS,
-};
+use super::kit::range::batches;
+use super::kit::{check_blob_connection, check_container_field};
 
 /// Most part items one chunk item queues (with the next chunk item).
 pub const PARTS_PER_ITEM: usize = 200;
@@ -109,6 +109,7 @@ impl Driver for ImportDriver {
     const NAME: &'static str = "import";
     const SCANS_TABLE: bool = false;
     type Fields = ImportFields;
+    type Options = ImportOptions;
     type Item = ImportWork;
 
     fn validate(
@@ -127,7 +128,7 @@ impl Driver for ImportDriver {
         )
     }
 
-    fn setup(fields: &ImportFields, _: &ScanRequest) -> Setup {
+    fn setup(fields: &ImportFields, _: &ScanRequest) -> Setup<ImportOptions> {
         let options = ImportOptions {
             container: fields.source_container.clone(),
             prefix: fields.source_prefix.clone(),
@@ -138,7 +139,7 @@ impl Driver for ImportDriver {
                 connection: fields.destination_connection.clone(),
                 table: fields.destination_table.clone(),
             }),
-            options: Some(serde_json::to_value(options).expect("options serialize")),
+            options: Some(options),
             ..Setup::default()
         }
     }
@@ -160,7 +161,7 @@ impl Driver for ImportDriver {
             .options()
             .map_err(|e| ApiError::field("body", e.to_string()))?;
         options.manifest_sha256 = Some(sha256);
-        context.options = Some(serde_json::to_value(options).expect("options serialize"));
+        context.set_options(&options);
         if let Some(dst) = &context.destination {
             state.tables[&dst.connection]
                 .create_table(&dst.table)

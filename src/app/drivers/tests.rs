@@ -4,12 +4,22 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use super::kit::hooks::hooks;
 use super::*;
-use crate::app::messages;
-use crate::app::tracking::{NewWork, ScanRecord, WorkState};
-use crate::scan::{ScanParameters, Strategy};
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::{
+    accepts, item_child, Begun, Driver, DriverName, RangeWork, ScanContext, ScanRequest, Segment,
+    Setup, TableRef, WorkError, WorkOutcome, WorkSplit,
+};
+use crate::app::messages::{self, ChildSpec, ItemMessage};
+use crate::app::state::AppState;
+use crate::app::tracking::{Counters, NewWork, ScanRecord, ScanState, WorkState};
+use crate::app::work::Runner;
+use crate::scan::{ScanParameters, Scanner, Strategy};
 use crate::storage::memory::MemoryTableStore;
 use crate::storage::memory_queue::MemoryQueueStore;
+use crate::storage::{Entity, QueueStore, TableStore};
 
 /// A driver whose completion step fails transiently once (`MODE` 0) or for good (1), then
 /// writes a marker row; it counts its runs. `SCANS`: whether it scans a table.
@@ -22,11 +32,12 @@ impl<const SCANS: bool> Driver for Probe<SCANS> {
     const COMPLETES: bool = true;
     const SCANS_TABLE: bool = SCANS;
     type Fields = count::NoFields;
-    type Item = range::RangeWork;
+    type Options = ();
+    type Item = RangeWork;
     fn validate(_: &Self::Fields, _: &ScanRequest, _: &Config) -> Result<(), ApiError> {
         Ok(())
     }
-    fn setup(_: &Self::Fields, _: &ScanRequest) -> Setup {
+    fn setup(_: &Self::Fields, _: &ScanRequest) -> Setup<()> {
         Setup::default()
     }
     fn segment(_: &ScanContext, _: &[Entity]) -> Segment<Self::Item> {
@@ -36,7 +47,7 @@ impl<const SCANS: bool> Driver for Probe<SCANS> {
         if SCANS {
             return Ok(ChildSpec::Step(Scanner::<T>::root(context.strategy)));
         }
-        item_child::<Self>(&range::RangeWork::Rows {
+        item_child::<Self>(&RangeWork::Rows {
             pk: "manifest".into(),
             row_keys: vec!["part-0".into()],
         })
@@ -72,7 +83,7 @@ fn test_context(id: &str) -> ScanContext {
     ScanContext {
         scan_id: id.into(),
         shards: 2,
-        driver: DriverId::Count,
+        driver: DriverName::new("probe"),
         strategy: Strategy::Prefix,
         source: TableRef {
             connection: crate::app::config::STORAGE_SETTING.into(),
@@ -105,7 +116,8 @@ async fn drained_scan(
         MemoryTableStore::default(),
     )]
     .into();
-    let state = AppState::new(config, tables, MemoryQueueStore::default());
+    let drivers = Drivers::new(vec![hooks::<Probe, _, _>()]);
+    let state = AppState::new(config, tables, MemoryQueueStore::default(), drivers);
     let context = test_context(id);
     let tracker = state.tracker_on(state.bookkeeping());
     tracker.ensure_tables().await.unwrap();
@@ -162,7 +174,7 @@ fn a_driver_without_a_table_refuses_scan_fields() {
     })
     .unwrap();
     let parse = |body: serde_json::Value| {
-        crate::app::functions::start_scan::parse_request(body.to_string().as_bytes()).unwrap()
+        crate::app::job::request::parse_request(body.to_string().as_bytes(), &["count"]).unwrap()
     };
     for (field, value) in [
         ("sourceTable", serde_json::json!("Src")),
@@ -172,7 +184,7 @@ fn a_driver_without_a_table_refuses_scan_fields() {
         ("strategy", serde_json::json!("serial")),
     ] {
         let mut request = parse(serde_json::json!({"driver": "count", field: value}));
-        match request.validate::<Probe<false>>(&config) {
+        match request.validate(accepts::<Probe<false>>(), &config) {
             Err(ApiError::InvalidField { field: f, message }) => {
                 assert_eq!(f, field);
                 assert!(message.contains("scans no table"), "{message}");
@@ -181,9 +193,11 @@ fn a_driver_without_a_table_refuses_scan_fields() {
         }
     }
     let mut request = parse(serde_json::json!({"driver": "count"}));
-    request.validate::<Probe<false>>(&config).unwrap();
+    request
+        .validate(accepts::<Probe<false>>(), &config)
+        .unwrap();
     assert!(
-        request.validate::<Probe<true>>(&config).is_err(),
+        request.validate(accepts::<Probe<true>>(), &config).is_err(),
         "sourceTable is required"
     );
     let context = test_context("1-c");
@@ -207,13 +221,13 @@ async fn the_completion_step_runs_before_the_scan_completes() {
     MODE.store(0, Ordering::SeqCst);
     let (state, scan) = drained_scan("1-a").await;
     let tracker = state.tracker_on(state.bookkeeping());
-    let e = state
-        .complete_drained_as::<Probe, _>(&tracker, &scan, None)
+    let e = Runner::new(&state)
+        .complete_if_drained(&tracker, &scan, None)
         .await;
     assert!(e.is_err_and(|e| e.is_transient()));
     assert_eq!(recorded(&state, "1-a").await.state, ScanState::Running);
-    assert!(state
-        .complete_drained_as::<Probe, _>(&tracker, &scan, None)
+    assert!(Runner::new(&state)
+        .complete_if_drained(&tracker, &scan, None)
         .await
         .unwrap());
     assert_eq!(recorded(&state, "1-a").await.state, ScanState::Completed);
@@ -228,8 +242,8 @@ async fn the_completion_step_runs_before_the_scan_completes() {
     MODE.store(1, Ordering::SeqCst);
     let (state, scan) = drained_scan("2-b").await;
     let tracker = state.tracker_on(state.bookkeeping());
-    assert!(state
-        .complete_drained_as::<Probe, _>(&tracker, &scan, None)
+    assert!(Runner::new(&state)
+        .complete_if_drained(&tracker, &scan, None)
         .await
         .unwrap());
     let record = recorded(&state, "2-b").await;

@@ -8,12 +8,12 @@ use axum::Json;
 use serde_json::Value;
 
 use crate::app::error::ApiError;
+use crate::app::job::is_valid_scan_id;
 use crate::app::state::AppState;
 use crate::app::tracking::ScanState;
 use crate::storage::{QueueStore, TableStore};
 
 use super::get_scan::scan_status;
-use super::status::is_valid_scan_id;
 
 pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
@@ -43,5 +43,5 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         )));
     }
     state.scan_states.put(&id, ScanState::Cancelled);
-    Ok(Json(scan_status(&tracker, &id).await?))
+    Ok(Json(scan_status(&tracker, &id, &state.drivers).await?))
 }

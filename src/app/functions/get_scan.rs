@@ -7,14 +7,14 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde_json::Value;
 
-use crate::app::drivers::{with_driver, Driver};
 use crate::app::error::ApiError;
-use crate::app::functions::start_scan::recorded_context;
+use crate::app::job::{is_valid_scan_id, Drivers};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanRecord, ScanState, Tracker};
+use crate::app::work::Runner;
 use crate::storage::{QueueStore, StorageError, TableStore};
 
-use super::status::{is_valid_scan_id, status_json};
+use super::status::status_json;
 
 pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
@@ -24,9 +24,11 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     let (mut record, counters) = read_status(&tracker, &id).await?;
     if record.state == ScanState::Running && counters.pending() == 0 {
         // Ended through the driver, which may have a completion step to run first.
-        let context = recorded_context(&record)
+        let runner = Runner::new(&state);
+        let context = runner
+            .usable_context(&record)
             .map_err(|e| ApiError::Storage(StorageError::invalid_response(e)))?;
-        if state.complete_if_drained(&tracker, &context, None).await? {
+        if runner.complete_if_drained(&tracker, &context, None).await? {
             record = tracker.get_scan(&id).await?.unwrap_or(record);
         }
     }
@@ -36,13 +38,16 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
 /// Reads a scan's status; a running scan whose work has all finished is ended here too (in case
 /// the worker that finished last died before noticing) — unless its driver has a completion
 /// step, which only the app (`handle`) can run.
-pub async fn scan_status<S: TableStore>(
+pub async fn scan_status<S: TableStore, A>(
     tracker: &Tracker<'_, S>,
     id: &str,
+    drivers: &Drivers<A>,
 ) -> Result<Value, ApiError> {
     let (mut record, counters) = read_status(tracker, id).await?;
-    let completes = recorded_context(&record)
-        .map(|c| with_driver!(c.driver, D => D::COMPLETES))
+    let completes = record
+        .recorded_context()
+        .ok()
+        .and_then(|c| drivers.get(c.driver.as_str()).map(|d| d.completes()))
         .unwrap_or(true);
     if record.state == ScanState::Running
         && counters.pending() == 0

@@ -1,6 +1,6 @@
 //! `PrefixScanPoison` and `TableCopyPoison` (queue triggers on `<queue>-poison`): settle a
 //! message the host gave up on, so a work item whose handler died on every delivery fails its
-//! scan instead of leaving it `running` forever. See [`AppState::settle_poisoned`].
+//! scan instead of leaving it `running` forever. See [`Runner::settle_poisoned`].
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use crate::app::messages::WorkMessage;
 use crate::app::observe;
 use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
+use crate::app::work::Runner;
 use crate::storage::{QueueStore, TableStore};
 
 pub async fn handle<M: WorkMessage, T: TableStore + Clone, Q: QueueStore + Clone>(
@@ -22,5 +23,5 @@ pub async fn handle<M: WorkMessage, T: TableStore + Clone, Q: QueueStore + Clone
 ) -> InvocationResponse {
     let observed =
         observe::Invocation::start::<M>(&uri, &headers, &body, state.config.max_dequeue_count);
-    observed.finish(state.settle_poisoned::<M>(&body).await)
+    observed.finish(Runner::new(&state).settle_poisoned::<M>(&body).await)
 }

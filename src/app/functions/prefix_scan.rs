@@ -1,21 +1,20 @@
 //! `PrefixScan` (queue trigger): executes one scan step per message — a bounded handful of
 //! queries — then queues its follow-up steps and hands every scanned segment to the scan's
-//! driver: either as segments (`drivers::Driver::segment`), which it turns into counters and/or
+//! driver: either as segments (`Driver::segment`), which it turns into counters and/or
 //! work items (a filtered copy: one copy item per up to 2,000 scanned rows, adjacent segments
 //! joined; the count driver: nothing more), or, for scans that work in their steps
 //! (`ScanContext::in_step`: an unfiltered prefix copy or delete), as rows and their key ranges,
-//! which the driver works on once the step's children are queued (`drivers::Driver::work_rows`,
-//! run by `AppState::finish`). Only prefix-query steps work on their rows, reading at most
+//! which the driver works on once the step's children are queued (`Driver::work_rows`, run by
+//! `work::Runner::finish`). The driver is the one the scan records, found in the app's
+//! registry. Only prefix-query steps work on their rows, reading at most
 //! `MAX_ITEM_ROWS` rows (plus two pages) with the columns the driver needs; a step that walks
 //! one partition (or a serial scan's chain) still reads keys only and makes work items, so a
 //! huge partition is still written by many invocations at once.
 
-pub use crate::app::drivers::range::page_items as copy_work;
-use crate::app::drivers::range::RangeWork;
-use crate::app::drivers::{segment_outcome, MAX_ITEM_ROWS};
-use crate::app::messages::{ChildSpec, ScanContext, StepMessage};
+use crate::app::job::{Begun, Executed, RangeWork, ScanContext, WorkError, MAX_ITEM_ROWS};
+use crate::app::messages::{ChildSpec, StepMessage};
 use crate::app::state::AppState;
-use crate::app::work::{Begun, Work, WorkError, WorkOutcome};
+use crate::app::work::Work;
 use crate::scan::{Scanner, Step};
 use crate::storage::{QueueStore, TableStore};
 
@@ -23,10 +22,10 @@ impl Work for StepMessage {
     async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         begun: &Begun<Self>,
-    ) -> Result<WorkOutcome, WorkError> {
+    ) -> Result<Executed, WorkError> {
         let scan = &*begun.scan;
         let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-        let mut done = WorkOutcome::default();
+        let mut done = Executed::default();
         match &begun.message.step {
             // The root runs the scan's initial steps (known without a query) in its own
             // invocation, as the reference design does: the partition whose key equals the
@@ -40,7 +39,7 @@ impl Work for StepMessage {
             }
             step => run_step(state, scan, &source, step, &mut done).await?,
         }
-        // The driver works on the rows once the children are queued (`AppState::finish`).
+        // The driver works on the rows once the children are queued (`Runner::finish`).
         Ok(done)
     }
 }
@@ -78,7 +77,7 @@ async fn run_step<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
     scan: &ScanContext,
     source: &S,
     step: &Step,
-    done: &mut WorkOutcome,
+    done: &mut Executed,
 ) -> Result<(), WorkError> {
     if let (
         Some(prefix),
@@ -93,24 +92,26 @@ async fn run_step<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
         }
     }
     let in_step = works_in_step(scan, step);
+    let driver = state.drivers.of(scan)?;
     let output = scanner(state, scan, source, step).execute(step).await?;
+    let outcome = &mut done.outcome;
     for step in joined_segments(output.steps) {
         match step {
             Step::Segment { entities, .. } => {
-                done.delta.rows_scanned += entities.len() as i64;
+                outcome.delta.rows_scanned += entities.len() as i64;
                 if let (true, Some(first), Some(last)) =
                     (in_step, entities.first(), entities.last())
                 {
-                    done.in_step.push(RangeWork::Range {
+                    outcome.in_step.push(RangeWork::Range {
                         from: (first.partition_key.clone(), first.row_key.clone()),
                         to: (last.partition_key.clone(), last.row_key.clone()),
                     });
                     done.rows.extend(entities);
                 } else {
-                    segment_outcome(scan, &entities, done)?;
+                    driver.segment(scan, &entities, outcome)?;
                 }
             }
-            next => done.children.push(ChildSpec::Step(next)),
+            next => outcome.children.push(ChildSpec::Step(next)),
         }
     }
     Ok(())

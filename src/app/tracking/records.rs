@@ -5,7 +5,7 @@ use time::OffsetDateTime;
 
 use super::codec::{diagnostic, format_time, get_str, get_time, put_str, put_time};
 use super::{again, contention, Tracker};
-use crate::app::messages::ScanContext;
+use crate::app::job::context::ScanContext;
 use crate::app::observe;
 use crate::retry::Verdict;
 use crate::storage::{
@@ -63,6 +63,22 @@ pub struct ScanRecord {
     pub completed_at: Option<OffsetDateTime>,
     pub error: Option<String>,
     pub etag: String,
+}
+
+impl ScanRecord {
+    /// The context the scan's work items run with: the one recorded at start (a record without
+    /// a usable one cannot run work).
+    pub fn recorded_context(&self) -> Result<ScanContext, String> {
+        match &self.context {
+            Some(context) if context.scan_id == self.id && context.shards == self.shards => {
+                Ok(context.clone())
+            }
+            _ => Err(format!(
+                "scan {} has no usable recorded context (missing, unreadable or not its own)",
+                self.id
+            )),
+        }
+    }
 }
 
 impl<T: TableStore> Tracker<'_, T> {

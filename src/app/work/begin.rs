@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
     /// yet). Served from the cache when it can be trusted; a record read refreshes both.
     /// `patient`: retry storage trouble as on a last attempt (see [`patiently`]).
@@ -14,8 +14,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         patient: bool,
     ) -> Result<Option<(ScanState, Arc<ScanContext>)>, ScanLookupError> {
         if let (Some(state), Some(context)) = (
-            self.scan_states.get(scan_id),
-            self.scan_states.context(scan_id),
+            self.app.scan_states.get(scan_id),
+            self.app.scan_states.context(scan_id),
         ) {
             return Ok(Some((state, context)));
         }
@@ -25,9 +25,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         else {
             return Ok(None);
         };
-        let context = Arc::new(recorded_context(&record).map_err(ScanLookupError::Unusable)?);
-        self.scan_states.put(scan_id, record.state);
-        self.scan_states.put_context(context.clone());
+        let context = Arc::new(
+            self.usable_context(&record)
+                .map_err(ScanLookupError::Unusable)?,
+        );
+        self.app.scan_states.put(scan_id, record.state);
+        self.app.scan_states.put_context(context.clone());
         Ok(Some((record.state, context)))
     }
 
@@ -65,10 +68,11 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let work_id = messages::work_id(&message);
         let requests = Arc::new(AtomicU64::new(0));
         let store = self
+            .app
             .counted_table(STORAGE_SETTING, &requests)
             .map_err(|e| reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        let tracker = self.tracker_on(&store);
-        let last_attempt = invocation.dequeue_count >= self.config.max_dequeue_count;
+        let tracker = self.app.tracker_on(&store);
+        let last_attempt = invocation.dequeue_count >= self.app.config.max_dequeue_count;
         let hint = message.shard_hint();
         let scan = self
             .running_scan(&tracker, &scan_id, &work_id, hint, last_attempt)
@@ -171,7 +175,7 @@ fn storage_failure(work_id: &str, e: StorageError) -> InvocationResponse {
 /// Where the item's row stands: to execute, or with an outcome recorded by an earlier delivery.
 /// A finished item (a duplicate delivery) and an item with no row are answered right away.
 async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
-    app: &AppState<T, Q>,
+    app: &Runner<'_, T, Q>,
     tracker: &Tracker<'_, S>,
     scan: &ScanContext,
     work_id: &str,

@@ -4,22 +4,22 @@
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::app::drivers;
 use crate::app::tracking::MAX_FOLDED_CHILDREN;
+use crate::storage::Entity;
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
     /// `result` is ignored when an earlier execution's outcome was recorded.
     pub async fn finish<M: WorkMessage>(
         &self,
         begun: Begun<M>,
-        result: Result<WorkOutcome, WorkError>,
+        result: Result<Executed, WorkError>,
     ) -> InvocationResponse {
         let scan_id = begun.scan.scan_id.clone();
         match self.commit(&begun, result).await {
             Ok(line) => reply(StatusCode::OK, line),
             Err(e) => {
-                if begun.invocation.dequeue_count >= self.config.max_dequeue_count
+                if begun.invocation.dequeue_count >= self.app.config.max_dequeue_count
                     || e.is_permanent()
                 {
                     if let Err(record) = self.record_failure(&begun, &e).await {
@@ -62,11 +62,15 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     async fn commit<M: WorkMessage>(
         &self,
         begun: &Begun<M>,
-        result: Result<WorkOutcome, WorkError>,
+        result: Result<Executed, WorkError>,
     ) -> Result<String, WorkError> {
         let scan = &*begun.scan;
-        let store = self.counted_table(STORAGE_SETTING, &begun.requests)?;
-        let tracker = self.tracker_on(&store);
+        let (result, mut rows) = match result {
+            Ok(executed) => (Ok(executed.outcome), executed.rows),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        let store = self.app.counted_table(STORAGE_SETTING, &begun.requests)?;
+        let tracker = self.app.tracker_on(&store);
         let own = begun.shard;
         // `folded`: how many of the first own-shard children the record registered.
         let (etag, outcome, counter, children, folded) = match (&begun.progress, result) {
@@ -80,7 +84,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             // after it would count fewer rows, so the first reading is recorded before working.
             (Progress::Fresh { etag }, Ok(outcome))
                 if outcome.children.is_empty()
-                    && (outcome.in_step.is_empty() || !drivers::changes_source(scan.driver)) =>
+                    && (outcome.in_step.is_empty()
+                        || !self.app.drivers.of(scan)?.changes_source()) =>
             {
                 (etag.clone(), outcome, None, Vec::new(), 0)
             }
@@ -104,7 +109,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                         (recorded.etag, outcome, recorded.counter, children, n)
                     }
                     // Another execution got there first: its outcome is the one that counts.
+                    // Its step rows are its to work on: this delivery's are dropped, and its
+                    // ranges read again (`work_in_step`).
                     Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
+                        rows.clear();
                         let outcome = parse_outcome(&begun.work_id, &outcome)?;
                         let children = self.children_of(scan, own, &outcome)?;
                         (etag, outcome, None, children, 0)
@@ -128,8 +136,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         let folded = counter.is_some().then_some((own, folded));
         self.register_and_queue(&tracker, begun, &children, folded)
             .await?;
-        let mut outcome = outcome;
-        let worked = self.work_in_step(begun, &mut outcome).await?;
+        let worked = self.work_in_step(begun, &outcome, rows).await?;
         let mut delta = outcome.delta.plus(&worked);
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
@@ -187,21 +194,26 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         }
     }
 
-    /// A scan step's work on the rows it read, done after its children were queued: on the
-    /// rows in memory, or, for an adopted outcome, on its recorded ranges read again.
+    /// A scan step's work on the rows it read, done by the scan's driver after the step's
+    /// children were queued: on the `rows` in memory, or, for an adopted outcome, on its
+    /// recorded ranges read again.
     async fn work_in_step<M: WorkMessage>(
         &self,
         begun: &Begun<M>,
-        outcome: &mut WorkOutcome,
+        outcome: &WorkOutcome,
+        rows: Vec<Entity>,
     ) -> Result<Counters, WorkError> {
+        if outcome.in_step.is_empty() {
+            return Ok(Counters::default());
+        }
         let (scan, requests) = (&*begun.scan, &begun.requests);
-        if !outcome.rows.is_empty() {
-            let rows = std::mem::take(&mut outcome.rows);
-            return drivers::work_rows(self, scan, requests, rows).await;
+        let driver = self.app.drivers.of(scan)?;
+        if !rows.is_empty() {
+            return driver.work_rows(self.app, scan, requests, rows).await;
         }
         let mut total = Counters::default();
         for range in &outcome.in_step {
-            let worked = drivers::rework_range(self, scan, requests, range).await?;
+            let worked = driver.rework(self.app, scan, requests, range).await?;
             total = total.plus(&worked);
         }
         Ok(total)
@@ -231,7 +243,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         tracker
             .register_children(&begun.scan.scan_id, &new_work)
             .await?;
-        let queues = Counted::new(self.queues.clone(), begun.requests.clone());
+        let queues = Counted::new(self.app.queues.clone(), begun.requests.clone());
         try_join_all(
             children
                 .iter()

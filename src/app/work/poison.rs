@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// Completes an unfinished work item as failed and fails its scan, retrying storage trouble
     /// patiently. `Ok(false)`: the item was already finished (or never registered), nothing done.
     pub(super) async fn fail_work_item(
@@ -13,8 +13,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         shard: u32,
         reason: &str,
     ) -> Result<bool, StorageError> {
-        let store = self.bookkeeping();
-        let tracker = self.tracker_on(store);
+        let store = self.app.bookkeeping();
+        let tracker = self.app.tracker_on(store);
         let state = patiently(true, || tracker.work_state(&scan.scan_id, shard, work_id)).await?;
         let etag = match state {
             Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
@@ -26,7 +26,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
             tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
         })
         .await?;
-        self.scan_states.put(&scan.scan_id, ScanState::Failed);
+        self.app.scan_states.put(&scan.scan_id, ScanState::Failed);
         patiently(true, || {
             tracker.complete(
                 &scan.scan_id,
@@ -76,7 +76,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         };
         let work_id = messages::work_id(&message);
         let scan_id = message.scan_id();
-        let tracker = self.tracker_on(self.bookkeeping());
+        let tracker = self.app.tracker_on(self.app.bookkeeping());
         let (state, scan) = match self.scan_of(&tracker, scan_id, true).await {
             Ok(Some(found)) => found,
             Ok(None) => {

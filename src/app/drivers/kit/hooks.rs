@@ -1,0 +1,188 @@
+//! How a typed [`Driver`] becomes a registry entry ([`hooks`]): its types erased behind
+//! [`DriverHooks`], with the parts every driver shares done here once — reading its fields and
+//! recording its options, turning segments into work items, counting the rows a step worked
+//! on, re-working an adopted step's ranges, parsing its items.
+
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::{
+    accepts, item_child, Begun, BoxFuture, Driver, DriverHooks, RangeWork, ScanContext,
+    ScanRequest, Setup, WorkError, WorkOutcome,
+};
+use crate::app::messages::{ChildSpec, ItemMessage};
+use crate::app::state::AppState;
+use crate::app::tracking::Counters;
+use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore};
+
+use super::range;
+
+/// Driver `D` as a registry entry of an app over stores `T`, `Q`.
+pub fn hooks<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
+) -> Box<dyn DriverHooks<AppState<T, Q>>> {
+    Box::new(Hooks::<D>(PhantomData))
+}
+
+struct Hooks<D>(PhantomData<fn() -> D>);
+
+impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppState<T, Q>>
+    for Hooks<D>
+{
+    fn name(&self) -> &'static str {
+        D::NAME
+    }
+
+    fn scans_table(&self) -> bool {
+        D::SCANS_TABLE
+    }
+
+    fn completes(&self) -> bool {
+        D::COMPLETES
+    }
+
+    fn changes_source(&self) -> bool {
+        D::CHANGES_SOURCE
+    }
+
+    fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError> {
+        let fields: D::Fields = request.driver_fields(D::NAME)?;
+        request.validate(accepts::<D>(), config)?;
+        D::validate(&fields, request, config)?;
+        let setup = D::setup(&fields, request).recorded();
+        request.set_driver_fields(&fields);
+        Ok(setup)
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        state: &'a AppState<T, Q>,
+        context: &'a mut ScanContext,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(D::prepare(state, context))
+    }
+
+    fn root(&self, context: &ScanContext) -> Result<ChildSpec, WorkError> {
+        D::root::<T>(context)
+    }
+
+    fn segment(
+        &self,
+        context: &ScanContext,
+        rows: &[Entity],
+        outcome: &mut WorkOutcome,
+    ) -> Result<(), WorkError> {
+        let segment = D::segment(context, rows);
+        outcome.delta = outcome.delta.plus(&segment.delta);
+        for item in &segment.items {
+            outcome.children.push(item_child::<D>(item)?);
+        }
+        Ok(())
+    }
+
+    fn work_rows<'a>(
+        &'a self,
+        state: &'a AppState<T, Q>,
+        scan: &'a ScanContext,
+        requests: &'a Arc<AtomicU64>,
+        rows: Vec<Entity>,
+    ) -> BoxFuture<'a, Result<Counters, WorkError>> {
+        Box::pin(work_rows::<D, T, Q>(state, scan, requests, rows))
+    }
+
+    fn rework<'a>(
+        &'a self,
+        state: &'a AppState<T, Q>,
+        scan: &'a ScanContext,
+        requests: &'a Arc<AtomicU64>,
+        range: &'a RangeWork,
+    ) -> BoxFuture<'a, Result<Counters, WorkError>> {
+        Box::pin(rework_range::<D, T, Q>(state, scan, requests, range))
+    }
+
+    fn run<'a>(
+        &'a self,
+        state: &'a AppState<T, Q>,
+        begun: &'a Begun<ItemMessage>,
+    ) -> BoxFuture<'a, Result<WorkOutcome, WorkError>> {
+        Box::pin(async move {
+            let item = begun.message.work.parse().map_err(|e| {
+                WorkError::Permanent(format!(
+                    "not a work item of the {} driver ({e}): {:?}",
+                    D::NAME,
+                    begun.message.work
+                ))
+            })?;
+            D::run(state, begun, item).await
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        state: &'a AppState<T, Q>,
+        context: &'a ScanContext,
+    ) -> BoxFuture<'a, Result<(), WorkError>> {
+        Box::pin(D::complete(state, context))
+    }
+}
+
+/// Does `D`'s work on the rows one of a scan's steps read ([`Driver::work_rows`]); every row
+/// counts as matched (scans with a filter do not work in steps).
+async fn work_rows<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    requests: &Arc<AtomicU64>,
+    rows: Vec<Entity>,
+) -> Result<Counters, WorkError> {
+    let matched = rows.len() as i64;
+    let written = D::work_rows(state, scan, requests, rows).await?;
+    Ok(Counters {
+        rows_matched: matched,
+        rows_written: written,
+        ..Counters::default()
+    })
+}
+
+/// Reads of a range that grew since it was scanned, before [`rework_range`] gives up for this
+/// delivery.
+const MAX_REWORK_ROUNDS: usize = 8;
+
+/// Reads one key range of a step's rows again and does `D`'s work on them ([`work_rows`]): for
+/// a delivery that adopted a step's recorded outcome, whose rows the recording delivery may
+/// not have worked on. A range that grew since it was scanned is read to its end (within
+/// [`MAX_REWORK_ROUNDS`] reads of [`range::read_item`]).
+async fn rework_range<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    requests: &Arc<AtomicU64>,
+    range: &RangeWork,
+) -> Result<Counters, WorkError> {
+    let source = state.counted_table(&scan.source.connection, requests)?;
+    // What the step read: its columns, no filter (scans with a filter do not work in steps).
+    let spec = range::ReadSpec {
+        select: scan.params.select.clone(),
+        ..range::ReadSpec::default()
+    };
+    let mut total = Counters::default();
+    let mut next = Some(range.clone());
+    for _ in 0..MAX_REWORK_ROUNDS {
+        let Some(work) = next.take() else {
+            return Ok(total);
+        };
+        let read = range::read_item(&source, &scan.source.table, &work, &spec).await?;
+        if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
+            return Err(e);
+        }
+        total = total.plus(&work_rows::<D, T, Q>(state, scan, requests, read.rows).await?);
+        next = read.next;
+    }
+    match next {
+        None => Ok(total),
+        Some(_) => Err(WorkError::Storage(StorageError::new(
+            StorageErrorKind::Transient,
+            "a scanned range kept growing while it was read again; trying again later",
+        ))),
+    }
+}

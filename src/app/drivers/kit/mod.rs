@@ -1,0 +1,85 @@
+//! The shared driver kit: what several drivers use, so that no driver imports another —
+//! range items ([`range`]), the adapter that registers a driver ([`hooks`]), and the small
+//! checks and row edits below (blob targets, queue targets, dropping nulls, how a range item
+//! is re-read).
+
+pub mod hooks;
+pub mod range;
+
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::request::check_connection;
+use crate::app::job::{ScanContext, WorkError};
+use crate::app::state::AppState;
+use crate::storage::blob::check_container;
+use crate::storage::Entity;
+
+/// 4xx naming `field` unless `connection` is allowed and has a blob endpoint.
+pub fn check_blob_connection(
+    config: &Config,
+    field: &str,
+    connection: &str,
+) -> Result<(), ApiError> {
+    check_connection(config, field, connection)?;
+    config.connections[connection]
+        .blob_endpoint()
+        .map(|_| ())
+        .map_err(|missing| ApiError::field(field, missing))
+}
+
+/// 4xx naming `field` for a container name the service would refuse.
+pub fn check_container_field(field: &str, container: &str) -> Result<(), ApiError> {
+    check_container(container).map_err(|e| ApiError::field(field, e.message))
+}
+
+/// 4xx naming `field` for a queue a driver writes to on `connection`: an allowed connection, a
+/// name the service accepts, and none of the app's own work queues (or their poison queues).
+pub fn check_queue_target(
+    config: &Config,
+    field: &str,
+    connection: &str,
+    queue: &str,
+) -> Result<(), ApiError> {
+    check_connection(config, field, connection)?;
+    crate::app::validate::queue_name(queue).map_err(|m| ApiError::field(field, m))?;
+    let own = [&config.prefix_scan_queue, &config.table_copy_queue];
+    if own
+        .iter()
+        .any(|q| queue == q.as_str() || queue == format!("{q}-poison"))
+    {
+        return Err(ApiError::field(
+            field,
+            format!("{queue} is one of tablescan's own work queues"),
+        ));
+    }
+    Ok(())
+}
+
+/// Removes the properties whose value is `null` (and their annotations): the service answers
+/// a selected property an entity lacks as null, and stores no nulls.
+pub fn drop_nulls(row: &mut Entity) {
+    let nulls: Vec<String> = row
+        .properties
+        .iter()
+        .filter(|(_, value)| value.get() == "null")
+        .map(|(name, _)| name.to_string())
+        .collect();
+    for name in nulls {
+        row.properties.remove(&name);
+        row.properties.remove(&format!("{name}@odata.type"));
+    }
+}
+
+/// How a range item of `scan` is re-read: `select` (`None`: every column; `Some(vec![])`: keys
+/// only), the scan's filter, and the test-only failure switch.
+pub fn read_spec<T, Q>(
+    state: &AppState<T, Q>,
+    scan: &ScanContext,
+    select: Option<Vec<String>>,
+) -> Result<range::ReadSpec, WorkError> {
+    Ok(range::ReadSpec {
+        select,
+        filter: scan.row_filter()?,
+        fail_prefix: state.config.test_fail_prefix.clone(),
+    })
+}

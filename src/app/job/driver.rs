@@ -1,0 +1,174 @@
+//! The [`Driver`] trait: one kind of work a scan can do (the reference design's
+//! `TableScanDriver`). The scan engine finds the work; the scan's driver says what becomes of
+//! it. A driver is one module under `drivers/` implementing this trait, and one entry of the
+//! registry (`drivers::registry`); nothing else names it.
+//!
+//! A driver decides, through its trait items:
+//! - its part of a start request: its own fields ([`Driver::Fields`], camelCase, unknown fields
+//!   refused), what it accepts of the common ones (`SCANS_TABLE`, `FILTER`, `SELECT`), checks
+//!   with a 4xx naming the field ([`Driver::validate`]), what the scan records for it
+//!   ([`Driver::setup`]: its target table, and its own settings as [`Driver::Options`]), and
+//!   storage to prepare before the scan starts ([`Driver::prepare`], e.g. the destination);
+//! - what the scan's root work is ([`Driver::root`]: the scan engine's root step, or the
+//!   driver's own item for drivers that scan no table);
+//! - what one scanned segment becomes ([`Driver::segment`]: counters and/or work items), or,
+//!   for a driver that works in the scan's steps (`StepWork::Rows`), the work done on the rows
+//!   a step read ([`Driver::work_rows`]: no work item, no queue message, no re-read);
+//! - how one work item runs ([`Driver::run`], in the `TableCopy` function, which runs every
+//!   driver's items): bounded like every invocation (at most [`MAX_ITEM_QUERIES`] queries and
+//!   [`MAX_ITEM_ROWS`] rows for items that read a key range); the rest is handed on as new
+//!   items (children of the outcome);
+//! - an optional step once every work item has finished, before the scan is recorded
+//!   `completed` ([`Driver::complete`]).
+//!
+//! Invariants:
+//! - Work items ([`Driver::Item`]) and recorded settings ([`Driver::Options`]) are the
+//!   driver's own serde types. An item's JSON text is its identity (the work row id hashes
+//!   it), so serialization must be deterministic (structs and enums, no maps with unordered
+//!   keys) and must never change for an item already queued; the same holds for the settings
+//!   a recorded scan reads back.
+//! - Every method runs under at-least-once delivery: [`Driver::run`] may run twice, or
+//!   concurrently, for one item (only one execution's outcome counts), and
+//!   [`Driver::complete`] may run more than once: both must be idempotent.
+//! - A driver reads what to do from the scan's recorded [`ScanContext`] (never from a
+//!   message), and keeps what it reuses across invocations in its own module
+//!   (`AppState::driver_state`).
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::begun::Begun;
+use crate::app::job::context::{ScanContext, Setup};
+use crate::app::job::error::WorkError;
+use crate::app::job::outcome::{Segment, WorkOutcome};
+use crate::app::job::request::{Accepts, ScanRequest};
+use crate::app::messages::{ChildSpec, ItemJson, ItemMessage};
+use crate::app::state::AppState;
+use crate::scan::Scanner;
+use crate::storage::{Entity, QueueStore, TableStore, MAX_TAKE};
+
+/// Most queries one work item that reads a key range sends.
+pub const MAX_ITEM_QUERIES: usize = 16;
+/// Most rows one work item that reads a key range reads and writes (two pages: see
+/// `drivers::kit::range::read_item`).
+pub const MAX_ITEM_ROWS: usize = 2 * MAX_TAKE as usize;
+
+/// One kind of work a scan can do. See the module documentation.
+pub trait Driver: Send + Sync + 'static {
+    /// The request's `"driver"` value, and how the scan records it.
+    const NAME: &'static str;
+    /// Whether the scan engine scans `sourceTable` for this driver. `false`: the request has no
+    /// `sourceTable` nor any scan field, and [`Driver::root`] must give the driver's own item.
+    const SCANS_TABLE: bool = true;
+    /// Whether the driver accepts `filter` (applied in the key ranges it re-reads).
+    const FILTER: bool = false;
+    /// Whether the driver accepts `select` (the properties its re-read asks for).
+    const SELECT: bool = false;
+    /// Whether [`Driver::complete`] does anything (saves the drained checks it needs otherwise).
+    const COMPLETES: bool = false;
+    /// Whether [`Driver::work_rows`] changes the rows a scan reads (a delete): a step then
+    /// records what it read before working on it, so that a duplicate delivery reading after
+    /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
+    const CHANGES_SOURCE: bool = false;
+
+    /// The driver's own request fields; `#[serde(rename_all = "camelCase",
+    /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.
+    type Fields: Serialize + DeserializeOwned + Send + Sync;
+    /// The driver's own recorded settings (the context's `o`, read back with
+    /// `ScanContext::options`), e.g. a blob container or a queue on any allowed connection;
+    /// `()` for none.
+    type Options: Serialize + DeserializeOwned + Send + Sync;
+    /// One unit of this driver's work (deterministic serialization: it is the item's identity).
+    type Item: Serialize + DeserializeOwned + Send + Sync;
+
+    /// Checks the driver's fields against the rest of the request, without storage; a 4xx names
+    /// the field ([`ApiError::field`]).
+    fn validate(
+        fields: &Self::Fields,
+        request: &ScanRequest,
+        config: &Config,
+    ) -> Result<(), ApiError>;
+
+    /// What the scan records for this driver (after [`Driver::validate`] accepted it).
+    fn setup(fields: &Self::Fields, request: &ScanRequest) -> Setup<Self::Options>;
+
+    /// Storage to prepare before the scan is recorded (idempotent), e.g. the destination table.
+    /// It may add what it learned to the context's options (`ScanContext::set_options`, e.g.
+    /// the digest of what it checked), which the scan then records.
+    fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        context: &mut ScanContext,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send {
+        let _ = (state, context);
+        async { Ok(()) }
+    }
+
+    /// The scan's root work item: by default the scan engine's root step (`T`: the store the
+    /// scan will read).
+    fn root<T: TableStore>(context: &ScanContext) -> Result<ChildSpec, WorkError> {
+        Ok(ChildSpec::Step(Scanner::<T>::root(context.strategy)))
+    }
+
+    /// What one scanned segment (rows with keys only, in key order) becomes. The scan counts
+    /// `rowsScanned` itself.
+    fn segment(context: &ScanContext, rows: &[Entity]) -> Segment<Self::Item>;
+
+    /// Does this driver's work on rows a scan step read (scans recorded with
+    /// `StepWork::Rows`), returning how many rows it wrote (`rowsWritten`; every row it is
+    /// given counts as matched, and the step counts `rowsScanned`). At most a step's row budget;
+    /// may run more than once for the same rows (at-least-once delivery), so it must be
+    /// idempotent.
+    fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
+        rows: Vec<Entity>,
+    ) -> impl Future<Output = Result<i64, WorkError>> + Send {
+        let _ = (state, scan, requests, rows);
+        async {
+            Err(WorkError::Permanent(format!(
+                "the {} driver does no work in scan steps",
+                Self::NAME
+            )))
+        }
+    }
+
+    /// Runs one work item of this driver (bounded; hands the rest on as children).
+    fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        begun: &Begun<ItemMessage>,
+        item: Self::Item,
+    ) -> impl Future<Output = Result<WorkOutcome, WorkError>> + Send;
+
+    /// Runs once every work item of the scan has finished (none failed), before the scan is
+    /// recorded `completed`; may run more than once. An error leaves the scan running (the next
+    /// drained check, e.g. a status read, tries again); a permanent one fails it.
+    fn complete<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        context: &ScanContext,
+    ) -> impl Future<Output = Result<(), WorkError>> + Send {
+        let _ = (state, context);
+        async { Ok(()) }
+    }
+}
+
+/// What driver `D` accepts of a request's common fields.
+pub fn accepts<D: Driver>() -> Accepts {
+    Accepts {
+        driver: D::NAME,
+        scans_table: D::SCANS_TABLE,
+        filter: D::FILTER,
+        select: D::SELECT,
+    }
+}
+
+/// A driver's item as a child of an outcome (or a scan's root).
+pub fn item_child<D: Driver>(item: &D::Item) -> Result<ChildSpec, WorkError> {
+    Ok(ChildSpec::Item(ItemJson::from_item(item)?))
+}
