@@ -425,6 +425,21 @@ pub async fn kill_more_while_running(
     made
 }
 
+/// Invocations the host's log shows failed because their handler was killed. They fail at once
+/// and their messages are released (visibilityTimeout), not left invisible for the 10-minute
+/// receive visibility.
+pub fn failed_by_kills(app: &TestApp) -> usize {
+    app.host()
+        .log_lines()
+        .iter()
+        .filter(|l| {
+            l.contains("Failed")
+                && (l.contains("handler process was restarted")
+                    || l.contains("request to handler failed"))
+        })
+        .count()
+}
+
 /// After a crash run: every killed handler was restarted once per kill, there were at least
 /// two kills, and some hit an invocation in flight (so redelivery was exercised).
 pub async fn check_kills(app: &TestApp, kills: &[usize]) {
@@ -433,17 +448,7 @@ pub async fn check_kills(app: &TestApp, kills: &[usize]) {
         .await
         .expect("every killed handler was restarted");
     let generations = host.handler_generations();
-    // Invocations in flight on a killed handler fail at once and their messages are released
-    // (visibilityTimeout), not left invisible for the 10-minute receive visibility.
-    let failed_by_kill = host
-        .log_lines()
-        .iter()
-        .filter(|l| {
-            l.contains("Failed")
-                && (l.contains("handler process was restarted")
-                    || l.contains("request to handler failed"))
-        })
-        .count();
+    let failed_by_kill = failed_by_kills(app);
     eprintln!(
         "handler-crash: kills per instance {kills:?}, generations {generations:?}, invocations failed by kills {failed_by_kill}"
     );
