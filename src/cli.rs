@@ -208,7 +208,7 @@ mod list {
         };
         params
             .validate()
-            .map_err(|e| format!("--{}: {}", cli_flag(e.field), e.message))?;
+            .map_err(|e| flag_error(e.field, &e.message))?;
         let strategy = match args.strategy {
             StrategyArg::Prefix => Strategy::Prefix,
             StrategyArg::Serial => Strategy::Serial,
@@ -252,12 +252,62 @@ mod list {
         }
     }
 
-    fn cli_flag(field: &str) -> &str {
-        match field {
+    /// The `list` flag that sets a scan parameter `ScanParameters::validate` names; `None` for
+    /// parameters `list` has no flag for (they keep their defaults, which validate).
+    fn cli_flag(field: &str) -> Option<&'static str> {
+        Some(match field {
             "takeCount" => "take",
+            "partitionKeyPrefix" => "prefix",
             "partitionKeyLowerBound" => "lower",
-            "segmentsPerFirstPrefix" | "segmentsPerSubsequentPrefix" => "segments",
-            other => other,
+            "partitionKeyUpperBound" => "upper",
+            "select" => "select",
+            _ => return None,
+        })
+    }
+
+    /// A parameter error as the `list` command says it: naming its flag when it has one.
+    fn flag_error(field: &str, message: &str) -> String {
+        match cli_flag(field) {
+            Some(flag) => format!("--{flag}: {message}"),
+            None => format!("{field} (no flag; its default is used): {message}"),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use clap::{Args, Command};
+
+        use super::{cli_flag, ListArgs};
+
+        /// Every scan parameter `ScanParameters::validate` can name maps to a flag `list`
+        /// really has (or to none, for those it has no flag for).
+        #[test]
+        fn parameter_errors_name_flags_that_exist() {
+            let command = ListArgs::augment_args(Command::new("list"));
+            let flags: Vec<&str> = command
+                .get_arguments()
+                .filter_map(|a| a.get_long())
+                .collect();
+            for field in [
+                "takeCount",
+                "partitionKeyPrefix",
+                "partitionKeyLowerBound",
+                "partitionKeyUpperBound",
+                "select",
+            ] {
+                let flag = cli_flag(field).unwrap_or_else(|| panic!("{field} has a flag"));
+                assert!(
+                    flags.contains(&flag),
+                    "--{flag} ({field}) is not a flag of list: {flags:?}"
+                );
+            }
+            for field in [
+                "segmentsPerFirstPrefix",
+                "segmentsPerSubsequentPrefix",
+                "nonsense",
+            ] {
+                assert_eq!(cli_flag(field), None, "{field}");
+            }
         }
     }
 }

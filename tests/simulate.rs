@@ -389,7 +389,7 @@ fn flex_instance_sizes_billing_and_cpu() {
         [0.25, 1.0, 2.0]
     );
     assert_eq!(sized(2048).memory_gb(), 2.0);
-    assert_eq!(Flex::default().max_instances, 20, "the template's default");
+    assert_eq!(Flex::default().max_instances, 40, "the template's default");
     // The regional quota (250 cores) caps 4,096 MB instances at 125 whatever the maximum.
     let big = Flex {
         max_instances: 1000,

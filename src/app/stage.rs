@@ -66,8 +66,10 @@ pub fn function_json(name: &str) -> Option<&'static str> {
 /// Arguments of `tablescan stage`.
 #[derive(Debug, Clone, Args)]
 pub struct StageArgs {
-    /// Folder to assemble the function app in (created if missing).
-    #[arg(long, value_name = "DIR")]
+    /// Folder to assemble the function app in (created if missing). The default, `staged`, is
+    /// in .gitignore, as is `app`: the handler binary and local.settings.json written there must
+    /// never be committed by a `git add .` at the repository root.
+    #[arg(long, value_name = "DIR", default_value = "staged")]
     pub out: PathBuf,
     /// Handler binary to ship (default: this executable). Ship a build without the development
     /// tools (`cargo build --release --no-default-features`): a Linux musl build for Linux
@@ -341,4 +343,28 @@ pub fn run_stage(args: StageArgs) -> Result<StagedApp, StageError> {
         println!("kept existing {}", staged.local_settings.display());
     }
     Ok(staged)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command, FromArgMatches};
+
+    use super::StageArgs;
+
+    /// `tablescan stage` with no `--out` writes where git ignores it, and so does the `--out app`
+    /// the README uses: a 15 MB binary and local.settings.json stay out of `git add .`.
+    #[test]
+    fn the_default_and_documented_stage_folders_are_ignored_by_git() {
+        let matches = StageArgs::augment_args(Command::new("stage"))
+            .try_get_matches_from(["stage"])
+            .unwrap();
+        let args = StageArgs::from_arg_matches(&matches).unwrap();
+        let ignored: Vec<&str> = include_str!("../../.gitignore").lines().collect();
+        for dir in [args.out.to_str().unwrap(), "app"] {
+            assert!(
+                ignored.contains(&format!("/{dir}").as_str()),
+                "{dir} is not in .gitignore: {ignored:?}"
+            );
+        }
+    }
 }

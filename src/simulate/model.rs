@@ -60,7 +60,7 @@ impl Default for Flex {
     fn default() -> Self {
         Flex {
             instance_memory_mb: 2048,
-            max_instances: 20,
+            max_instances: 40,
             always_ready: 0,
             regional_quota_cores: 250.0,
             instances_per_decision: 4,

@@ -145,7 +145,7 @@ pub struct PlatformArgs {
     #[arg(long)]
     pub queue_messages_per_sec: Option<f64>,
     /// Maximum instances: Consumption's scale limit (default 200) and Flex's
-    /// `maximumInstanceCount` (default 20, the template's; on-demand instances per function).
+    /// `maximumInstanceCount` (default 40, the template's; on-demand instances per function).
     #[arg(long)]
     pub max_instances: Option<usize>,
     /// Cold start of a new instance, seconds, on both plans (default 5; not published).

@@ -475,6 +475,23 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         with_driver!(scan.driver, D => self.complete_drained_as::<D, S>(tracker, scan, shard).await)
     }
 
+    /// Queues the drained check of a scan that a status read found running with no pending
+    /// work: its root work message once more (one queue put). Its delivery finds the root
+    /// finished and, like any duplicate delivery, runs the drained check and the driver's
+    /// completion step; a status read never runs them itself.
+    pub(crate) async fn queue_drained_check(&self, scan: &ScanContext) -> Result<(), ApiError> {
+        let unusable = |e: String| ApiError::Storage(StorageError::invalid_response(e));
+        let root = with_driver!(scan.driver, D => D::root::<T>(scan))
+            .map_err(|e| unusable(e.to_string()))?;
+        let message = self
+            .child_message(scan, &root)
+            .map_err(|e| unusable(e.to_string()))?;
+        self.queues
+            .put_message(&message.queue, &message.text, std::time::Duration::ZERO)
+            .await?;
+        Ok(())
+    }
+
     /// [`AppState::complete_if_drained`] for a scan of driver `D`.
     async fn complete_drained_as<D: Driver, S: TableStore>(
         &self,
@@ -491,8 +508,21 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 return Ok(false);
             };
             if totals.failed == 0 {
-                if let Some(ended) = self.run_completion::<D, S>(tracker, scan).await? {
-                    return Ok(ended);
+                // One execution at a time runs the step: the one holding the scan's completion
+                // lease (see docs/architecture.md, "Ending a scan"); the others leave it to it.
+                if !tracker.take_completion_lease(&scan.scan_id).await? {
+                    return Ok(false);
+                }
+                match self.run_completion::<D, S>(tracker, scan).await {
+                    Ok(Some(ended)) => return Ok(ended),
+                    Ok(None) => {}
+                    Err(e) => {
+                        // The next delivery may try again at once (else the lease expires).
+                        if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
+                            tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
+                        }
+                        return Err(e);
+                    }
                 }
             }
         }
