@@ -19,8 +19,8 @@ use support::faults::{
     storage_faults, verify_copy, wait_recorded_end, Summary,
 };
 use support::unique_name;
-use tablescan::dataset;
-use tablescan::proxy::FaultPolicy;
+use tablescan::lab::dataset;
+use tablescan::lab::proxy::FaultPolicy;
 use tablescan::storage::counters::RequestKind;
 use tablescan::storage::{MessageEncoding, Query, QueueStore, TableStore};
 
@@ -1108,8 +1108,8 @@ mod fuzz {
     use tablescan::app::protocol::InvocationRequest;
     use tablescan::app::server::app;
     use tablescan::app::state::AppState;
-    use tablescan::storage::memory::MemoryTableStore;
-    use tablescan::storage::memory_queue::MemoryQueueStore;
+    use tablescan::lab::memory::MemoryQueueStore;
+    use tablescan::lab::memory::MemoryTableStore;
 
     fn json_value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
@@ -1300,8 +1300,8 @@ mod redelivery_after_crash {
     use tablescan::app::server::app;
     use tablescan::app::state::AppState;
     use tablescan::app::tracking::ScanState;
-    use tablescan::storage::memory::MemoryTableStore;
-    use tablescan::storage::memory_queue::MemoryQueueStore;
+    use tablescan::lab::memory::MemoryQueueStore;
+    use tablescan::lab::memory::MemoryTableStore;
     use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
     async fn post(

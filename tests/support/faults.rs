@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::json;
-use tablescan::dataset;
-use tablescan::proxy::{FaultPolicy, StorageProxy};
+use tablescan::lab::dataset;
+use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::counters::RequestKind;
 use tablescan::storage::Entity;
 
