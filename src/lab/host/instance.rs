@@ -38,6 +38,7 @@ pub(super) struct Shared<'a, S> {
     pub stats: &'a Arc<InvocationStats>,
     pub log: &'a HostLog,
     pub drain_timeout: Duration,
+    pub recycle_delay: Duration,
 }
 
 /// Starts instance `index`: its handler and its queue listeners.
@@ -51,6 +52,7 @@ pub(super) fn start_instance<S: QueueStore>(
         settings: shared.settings.clone(),
         label: label.clone(),
         log: shared.log.clone(),
+        recycle_delay: shared.recycle_delay,
     });
     let invoker = Arc::new(Invoker::new(
         worker.clone(),

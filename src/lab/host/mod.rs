@@ -126,6 +126,9 @@ pub struct HostConfig {
     pub drain_timeout: Duration,
     /// Keep log lines in memory for [`RunningHost::log_lines`].
     pub capture_logs: bool,
+    /// How long an instance whose handler failed too often stays down before it is recycled
+    /// ([`worker::RECYCLE_DELAY`]).
+    pub recycle_delay: Duration,
 }
 
 impl HostConfig {
@@ -139,6 +142,7 @@ impl HostConfig {
             settings: BTreeMap::new(),
             drain_timeout: Duration::from_secs(30),
             capture_logs: false,
+            recycle_delay: worker::RECYCLE_DELAY,
         }
     }
 }
@@ -183,6 +187,7 @@ impl Host {
             stats: &stats,
             log: &log,
             drain_timeout: config.drain_timeout,
+            recycle_delay: config.recycle_delay,
         };
         let instances: Vec<_> = (0..config.instances.max(1))
             .map(|i| Arc::new(start_instance(i, &shared)))
@@ -304,12 +309,11 @@ pub async fn run_host(args: HostArgs) -> Result<(), HostError> {
         host.instance_count(),
         host.http_addr()
     );
-    let result = tokio::select! {
-        _ = shutdown_signal() => Ok(()),
-        e = host.failed() => Err(e),
-    };
+    // An instance whose handler fails too often is recycled (worker.rs), as the platform
+    // does; the process and the other instances keep running until stopped.
+    shutdown_signal().await;
     host.shutdown().await;
-    result
+    Ok(())
 }
 
 async fn shutdown_signal() {
@@ -405,7 +409,8 @@ impl RunningHost {
         stop_instance(instance, &self.log, index).await;
     }
 
-    /// Resolves when a handler has failed too often (the host gave up on it).
+    /// Resolves when a handler has failed too often (the host gave up on its instance, which is
+    /// recycled after the recycle delay).
     pub async fn failed(&self) -> HostError {
         let waits = self.instances.iter().map(|i| Box::pin(i.worker.failed()));
         let (why, _, _) = futures::future::select_all(waits).await;

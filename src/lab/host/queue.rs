@@ -111,6 +111,10 @@ impl<S: QueueStore> QueueListener<S> {
             tokio::select! {
                 ready = self.invoker.worker.ready() => {
                     if let Err(why) = ready {
+                        // An instance that gave up is recycled: poll again once it is back.
+                        if self.invoker.worker.recycled().await {
+                            continue 'poll;
+                        }
                         self.log.warn(format!("{} [{}] stopped polling {queue}: {why}", self.label, self.function));
                         break 'poll;
                     }

@@ -1,5 +1,12 @@
 //! Handler process supervision (§1.3, §1.4): launch, readiness polling, restart on exit or on
 //! request (function timeout), and giving up after 3 errors in 30 minutes as the host does.
+//!
+//! Giving up ends this host instance, not the process: on Azure the platform then starts a fresh
+//! host on that instance while the others keep working. The stand-in models that by recycling:
+//! the instance stays [`WorkerStatus::Failed`] (no HTTP or queue work) for its recycle delay
+//! ([`RECYCLE_DELAY`] unless configured), then starts a fresh handler with its error count
+//! cleared. The platform's own delay is not published; 10 s is our choice, long enough to be
+//! seen in logs and tests, short enough that a long run loses little.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener;
@@ -22,6 +29,8 @@ pub const INITIALIZATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// `ErrorEventsThreshold` within `WorkerRestartErrorIntervalThresholdInMinutes`.
 pub const ERROR_THRESHOLD: usize = 3;
 pub const ERROR_WINDOW: Duration = Duration::from_secs(30 * 60);
+/// How long a host instance that gave up stays down before a fresh one starts (see the top).
+pub const RECYCLE_DELAY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerStatus {
@@ -31,7 +40,7 @@ pub enum WorkerStatus {
     },
     /// Stopped on request (shutdown).
     Stopped,
-    /// Gave up after too many errors.
+    /// Gave up after too many errors; a fresh handler starts after the recycle delay.
     Failed(String),
 }
 
@@ -63,6 +72,8 @@ pub struct WorkerSpec {
     /// Prefix for log lines, e.g. `[i0]`.
     pub label: String,
     pub log: HostLog,
+    /// How long the instance stays down after giving up ([`RECYCLE_DELAY`] by default).
+    pub recycle_delay: Duration,
 }
 
 impl Worker {
@@ -130,6 +141,22 @@ impl Worker {
         if let Some(task) = self.task.lock().await.take() {
             let _ = task.await;
         }
+    }
+
+    /// Waits out a recycle: `true` once a worker that gave up starts a fresh handler, `false`
+    /// if it is stopped (or never gave up and is not running).
+    pub async fn recycled(&self) -> bool {
+        let mut rx = self.state.clone();
+        let back = rx
+            .wait_for(|s| !matches!(s.status, WorkerStatus::Failed(_)))
+            .await
+            .is_ok_and(|s| {
+                matches!(
+                    s.status,
+                    WorkerStatus::Starting | WorkerStatus::Ready { .. }
+                )
+            });
+        back
     }
 
     /// Resolves once the worker gave up (too many errors) with the reason.
@@ -201,27 +228,52 @@ async fn supervise(
                 spec.log
                     .error(format!("{} handler error: {why}", spec.label));
                 if errors.len() >= ERROR_THRESHOLD {
-                    let msg = format!(
-                        "Exceeded http worker restart retry count ({ERROR_THRESHOLD} errors within 30 minutes); \
-                         last error: {why}. Shutting down this host instance"
-                    );
-                    spec.log.error(format!("{} {msg}", spec.label));
-                    state.send_replace(WorkerState {
-                        generation,
-                        status: WorkerStatus::Failed(msg),
-                        pid: None,
-                    });
-                    // Keep answering stop requests so shutdown does not hang.
-                    while let Some(cmd) = commands.recv().await {
-                        if matches!(cmd, WorkerCommand::Stop) {
-                            return;
-                        }
+                    if !give_up(&spec, generation, &state, &mut commands, &why).await {
+                        return;
                     }
-                    return;
+                    errors.clear();
                 }
             }
         }
     }
+}
+
+/// Ends this host instance after too many errors: `Failed` for the recycle delay, then `true`
+/// to start a fresh handler, or `false` when stopped meanwhile.
+async fn give_up(
+    spec: &WorkerSpec,
+    generation: u64,
+    state: &watch::Sender<WorkerState>,
+    commands: &mut mpsc::UnboundedReceiver<WorkerCommand>,
+    why: &str,
+) -> bool {
+    let msg = format!(
+        "Exceeded http worker restart retry count ({ERROR_THRESHOLD} errors within 30 minutes); \
+         last error: {why}. Shutting down this host instance"
+    );
+    spec.log.error(format!("{} {msg}", spec.label));
+    state.send_replace(WorkerState {
+        generation,
+        status: WorkerStatus::Failed(msg),
+        pid: None,
+    });
+    let recycle = tokio::time::sleep(spec.recycle_delay);
+    tokio::pin!(recycle);
+    loop {
+        tokio::select! {
+            _ = &mut recycle => break,
+            // Restart requests are for the handler that is gone; only a stop matters.
+            cmd = commands.recv() => match cmd {
+                Some(WorkerCommand::Restart { .. }) => {}
+                Some(WorkerCommand::Stop) | None => return false,
+            },
+        }
+    }
+    spec.log.warn(format!(
+        "{} recycling the host instance: a fresh handler starts ({:?} after giving up)",
+        spec.label, spec.recycle_delay
+    ));
+    true
 }
 
 fn spawn_handler(spec: &WorkerSpec, port: u16, worker_id: &str) -> std::io::Result<Child> {
