@@ -47,15 +47,18 @@ param storageAccountName string = 'st${uniqueString(resourceGroup().id)}'
 ])
 param instanceMemoryMB int = 2048
 
-// Lowest allowed value 1, highest 1000, platform default 100; it applies to each per-function
-// scale group (PrefixScan and TableCopy scale separately), always-ready instances not counted.
+// Flex's stack data for runtime `custom` on FC1 allows 40 to 1000 (platform default 100); lower
+// values are a preview in a few regions only, and there the cap covers all function groups
+// together (infra/README.md, "Sources"). It applies to each per-function scale group (PrefixScan
+// and TableCopy scale separately), always-ready instances not counted.
 // https://learn.microsoft.com/azure/azure-functions/event-driven-scaling#limit-scale-out
-// 20: in the simulator a 35M-row copy then stays within a storage account's 20,000 requests/s
-// and still takes under 5 minutes (README "Flex Consumption", docs/simulator.md).
-@description('Most on-demand instances per function (scale group). Caps the load on the storage account.')
-@minValue(1)
+// 40, the lowest allowed: at 40 instances per function a big copy can ask more of one storage
+// account than its 20,000 requests/s (README "Scale"); the instance cap is not the way to bound
+// that load.
+@description('Most on-demand instances per function (scale group): 40 to 1000.')
+@minValue(40)
 @maxValue(1000)
-param maximumInstanceCount int = 20
+param maximumInstanceCount int = 40
 
 @description('Queue of scan steps (consumed by PrefixScan; poison queue <name>-poison). At most 56 characters.')
 @maxLength(56)

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use serde_json::Value as Json;
 use tablescan::app::catalog::{Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING};
 use tablescan::app::config::{required_settings, Config, STORAGE_SETTING};
-use tablescan::app::stage::function_json;
+use tablescan::deploy::stage::function_json;
 
 mod bicep;
 use bicep::{is, parse, str, Template, V};
@@ -213,10 +213,25 @@ fn check_function_app(t: &Template, p: &mut Problems) -> Result<(), String> {
         matches!(memory, Some(V::Num(512 | 2048 | 4096))),
         &format!("function app: instanceMemoryMB must be 512, 2048 or 4096, is {memory:?}"),
     );
+    // Flex's stack data for `custom` on FC1: the lowest maximum instance count is 40, the
+    // highest 1,000 (infra/README.md, "Sources"). A lower value fails the deployment.
     let max = scale("maximumInstanceCount");
     p.check(
-        matches!(max, Some(V::Num(1..=1000))),
-        &format!("function app: maximumInstanceCount must be 1 to 1000, is {max:?}"),
+        matches!(max, Some(V::Num(40..=1000))),
+        &format!("function app: maximumInstanceCount must be 40 to 1000, is {max:?}"),
+    );
+    let bound = |name: &str| {
+        t.params
+            .get("maximumInstanceCount")
+            .and_then(|param| param.decorators.iter().find(|(d, _)| d == name))
+            .and_then(|(_, args)| match args.first() {
+                Some(V::Num(n)) => Some(*n),
+                _ => None,
+            })
+    };
+    p.check(
+        bound("minValue").is_some_and(|n| n >= 40) && bound("maxValue").is_some_and(|n| n <= 1000),
+        "parameter maximumInstanceCount: needs @minValue of at least 40 and @maxValue of at most 1000",
     );
 
     let deployment = config
@@ -564,6 +579,11 @@ fn broken_templates_are_caught() {
             "DisableLocalAuth",
         ),
         (
+            "@minValue(40)\n@maxValue(1000)\nparam maximumInstanceCount",
+            "@minValue(1)\n@maxValue(1000)\nparam maximumInstanceCount",
+            "needs @minValue of at least 40",
+        ),
+        (
             "tier: 'FlexConsumption'",
             "tier: 'Dynamic'",
             "FC1 / FlexConsumption",
@@ -586,11 +606,13 @@ fn broken_templates_are_caught() {
             "{from:?} -> {to:?}: expected {reason:?}, got {found:?}"
         );
     }
-    let bad_parameters = PARAMETERS.replacen("\"value\": 2048", "\"value\": 1024", 1);
-    assert_ne!(bad_parameters, PARAMETERS);
-    let found = problems(TEMPLATE, &bad_parameters);
-    assert!(
-        found.iter().any(|p| p.contains("breaks @allowed")),
-        "{found:?}"
-    );
+    for (from, to, reason) in [
+        ("\"value\": 2048", "\"value\": 1024", "breaks @allowed"),
+        ("\"value\": 40", "\"value\": 20", "breaks @minValue"),
+    ] {
+        let bad_parameters = PARAMETERS.replacen(from, to, 1);
+        assert_ne!(bad_parameters, PARAMETERS);
+        let found = problems(TEMPLATE, &bad_parameters);
+        assert!(found.iter().any(|p| p.contains(reason)), "{to}: {found:?}");
+    }
 }

@@ -9,15 +9,15 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tablescan::scan::ScanParameters;
-use tablescan::simulate::cloud::{charge_cpu, Cpu, CPU};
-use tablescan::simulate::data::SyntheticTable;
-use tablescan::simulate::model::{Flex, Model, Plan};
-use tablescan::simulate::summary::floor;
-use tablescan::simulate::{
+use tablescan::lab::simulate::cloud::{charge_cpu, Cpu, CPU};
+use tablescan::lab::simulate::data::SyntheticTable;
+use tablescan::lab::simulate::model::{Flex, Model, Plan};
+use tablescan::lab::simulate::summary::floor;
+use tablescan::lab::simulate::{
     run_scenario, run_scenarios, run_simulate, scenarios, Scenario, ScenarioResult, SimulateArgs,
     Variant,
 };
+use tablescan::scan::ScanParameters;
 
 #[derive(Parser)]
 struct Cli {
@@ -389,7 +389,7 @@ fn flex_instance_sizes_billing_and_cpu() {
         [0.25, 1.0, 2.0]
     );
     assert_eq!(sized(2048).memory_gb(), 2.0);
-    assert_eq!(Flex::default().max_instances, 20, "the template's default");
+    assert_eq!(Flex::default().max_instances, 40, "the template's default");
     // The regional quota (250 cores) caps 4,096 MB instances at 125 whatever the maximum.
     let big = Flex {
         max_instances: 1000,
@@ -499,7 +499,7 @@ fn calibration_anchors() {
 fn flex_defaults_are_the_templates() {
     let parameters: serde_json::Value =
         serde_json::from_str(include_str!("../infra/main.parameters.json")).unwrap();
-    let flex = tablescan::simulate::model::Flex::default();
+    let flex = tablescan::lab::simulate::model::Flex::default();
     let p = &parameters["parameters"];
     assert_eq!(
         p["maximumInstanceCount"]["value"],

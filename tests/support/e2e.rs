@@ -1,10 +1,10 @@
 //! End-to-end harness: the real `tablescan` binary staged as a function app, run by the local
-//! Functions host (`tablescan::host`), on the shared Azurite, with unique queue and table names.
+//! Functions host (`tablescan::lab::host`), on the shared Azurite, with unique queue and table names.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tablescan::host::{Host, HostConfig, RunningHost};
+use tablescan::lab::host::{Host, HostConfig, RunningHost};
 use tablescan::scan::{list, ScanParameters, Strategy};
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::{Entity, QueueStore, TableStore};
@@ -27,6 +27,8 @@ pub struct TestApp {
     pub store: AzureTableStore,
     pub names: Names,
     pub dir: tempfile::TempDir,
+    /// The host's configuration, to start it again ([`TestApp::redeploy`]).
+    pub config: HostConfig,
 }
 
 /// Makes the staged host.json fast for tests: quick polling, immediate retry of failed messages.
@@ -62,7 +64,7 @@ impl TestApp {
         settings: &[(&str, &str)],
     ) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
-        tablescan::app::stage::stage(
+        tablescan::deploy::stage::stage(
             dir.path(),
             std::path::Path::new(env!("CARGO_BIN_EXE_tablescan")),
         )
@@ -105,16 +107,7 @@ impl TestApp {
         for (k, v) in all {
             config.settings.insert(k.to_string(), v.to_string());
         }
-        let host = Host::start(config, |connection| {
-            Ok(
-                tablescan::storage::connection::StorageAccount::new(connection.clone())
-                    .queue_store(std::sync::Arc::new(
-                        tablescan::storage::counters::RequestCounters::new(),
-                    )),
-            )
-        })
-        .await
-        .expect("host starts");
+        let host = start_host(config.clone()).await;
         host.wait_ready(Duration::from_secs(60))
             .await
             .expect("handler ready");
@@ -126,7 +119,23 @@ impl TestApp {
             store,
             names,
             dir,
+            config,
         }
+    }
+
+    /// A redeployment of the same version: stops the running host (no new work is taken,
+    /// invocations in flight finish, the handlers stop), then starts a new one, with new
+    /// handler processes, on the same app, storage, queues and tables.
+    pub async fn redeploy(&mut self) {
+        if let Some(host) = self.host.take() {
+            host.shutdown().await;
+        }
+        let host = start_host(self.config.clone()).await;
+        host.wait_ready(Duration::from_secs(60))
+            .await
+            .expect("handler ready");
+        self.base = format!("http://{}", host.http_addr());
+        self.host = Some(host);
     }
 
     pub fn host(&self) -> &RunningHost {
@@ -207,6 +216,19 @@ impl TestApp {
             host.shutdown().await;
         }
     }
+}
+
+/// Starts the local host with `config`, its queue bindings on the storage their connections name.
+async fn start_host(config: HostConfig) -> RunningHost {
+    Host::start(config, |connection| {
+        Ok(
+            tablescan::storage::connection::StorageAccount::new(connection.clone()).queue_store(
+                std::sync::Arc::new(tablescan::storage::counters::RequestCounters::new()),
+            ),
+        )
+    })
+    .await
+    .expect("host starts")
 }
 
 /// Every row of a table in key order.

@@ -16,9 +16,9 @@ use crate::app::messages::{self, ChildSpec, ItemMessage};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, NewWork, ScanRecord, ScanState, WorkState};
 use crate::app::work::Runner;
+use crate::lab::memory::MemoryQueueStore;
+use crate::lab::memory::MemoryTableStore;
 use crate::scan::{ScanParameters, Scanner, Strategy};
-use crate::storage::memory::MemoryTableStore;
-use crate::storage::memory_queue::MemoryQueueStore;
 use crate::storage::{Entity, QueueStore, TableStore};
 
 /// A driver whose completion step fails transiently once (`MODE` 0) or for good (1), then

@@ -1,43 +1,95 @@
 //! `GetScan`: `GET /api/scans/{id}` — state, parameters and exact counters of one scan.
-//! Cheap however big the scan: one point read of the record and one per counter shard.
+//!
+//! Invariant: cheap however big the scan, and it never writes. It costs one point read of the
+//! record and one query of the counter rows; a running scan whose counters show every work item
+//! finished (its last worker died before ending it, or its completion step keeps failing) gets
+//! one queue put on top: its drained check, queued ([`Runner::queue_drained_check`]), at most
+//! once per [`NUDGE_INTERVAL`] per scan and instance, and not while a completion step holds the
+//! scan's lease. The GET answers what it read; queued work ends the scan.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
 use axum::Json;
 use serde_json::Value;
+use time::OffsetDateTime;
 
 use crate::app::error::ApiError;
 use crate::app::job::{is_valid_scan_id, Drivers};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanRecord, ScanState, Tracker};
 use crate::app::work::Runner;
-use crate::storage::{QueueStore, StorageError, TableStore};
+use crate::storage::{QueueStore, TableStore};
 
 use super::status::status_json;
+
+/// Shortest time between two drained checks one instance queues for the same scan.
+const NUDGE_INTERVAL: Duration = Duration::from_secs(30);
+/// Most scans whose last queued check an instance remembers (the map is cleared when full).
+const NUDGES_REMEMBERED: usize = 256;
+
+static NUDGED: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
 
 pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tracker = state.tracker_on(state.bookkeeping());
-    let (mut record, counters) = read_status(&tracker, &id).await?;
-    if record.state == ScanState::Running && counters.pending() == 0 {
-        // Ended through the driver, which may have a completion step to run first.
+    if !is_valid_scan_id(&id) {
+        return Err(not_found(&id));
+    }
+    let (record, lease) = tracker
+        .get_scan_and_lease(&id)
+        .await?
+        .ok_or_else(|| not_found(&id))?;
+    let counters = tracker.totals(&id, record.shards).await?;
+    let leased = lease.is_some_and(|until| until > OffsetDateTime::now_utc());
+    if record.state == ScanState::Running
+        && counters.created > 0
+        && counters.pending() == 0
+        && !leased
+        && first_nudge_in_a_while(&id)
+    {
         let runner = Runner::new(&state);
-        let context = runner
-            .usable_context(&record)
-            .map_err(|e| ApiError::Storage(StorageError::invalid_response(e)))?;
-        if runner.complete_if_drained(&tracker, &context, None).await? {
-            record = tracker.get_scan(&id).await?.unwrap_or(record);
+        let queued = match runner.usable_context(&record) {
+            Ok(context) => runner.queue_drained_check(&context).await,
+            Err(e) => Err(ApiError::field("id", e)),
+        };
+        if let Err(e) = queued {
+            tracing::warn!(scan = %id, error = %e, "could not queue the drained check of a scan found drained but running");
         }
     }
     Ok(Json(status_json(&record, &counters)))
 }
 
-/// Reads a scan's status; a running scan whose work has all finished is ended here too (in case
-/// the worker that finished last died before noticing) — unless its driver has a completion
-/// step, which only the app (`handle`) can run.
+/// Whether this instance has not queued a drained check of `id` within [`NUDGE_INTERVAL`]
+/// (and records that it now does).
+fn first_nudge_in_a_while(id: &str) -> bool {
+    let mut guard = NUDGED.lock().unwrap_or_else(|p| p.into_inner());
+    let map = guard.get_or_insert_with(HashMap::new);
+    let now = Instant::now();
+    if map
+        .get(id)
+        .is_some_and(|at| now.duration_since(*at) < NUDGE_INTERVAL)
+    {
+        return false;
+    }
+    if map.len() >= NUDGES_REMEMBERED {
+        map.clear();
+    }
+    map.insert(id.to_string(), now);
+    true
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("no scan with id {id:?}"))
+}
+
+/// Reads a scan's status for a cancel's answer and the benchmark; a running scan whose work has
+/// all finished is ended here too (in case the worker that finished last died before noticing)
+/// — unless its driver has a completion step, which only queued work runs.
 pub async fn scan_status<S: TableStore, A>(
     tracker: &Tracker<'_, S>,
     id: &str,
@@ -64,12 +116,9 @@ async fn read_status<S: TableStore>(
     id: &str,
 ) -> Result<(ScanRecord, Counters), ApiError> {
     if !is_valid_scan_id(id) {
-        return Err(ApiError::NotFound(format!("no scan with id {id:?}")));
+        return Err(not_found(id));
     }
-    let record = tracker
-        .get_scan(id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no scan with id {id:?}")))?;
+    let record = tracker.get_scan(id).await?.ok_or_else(|| not_found(id))?;
     let counters = tracker.totals(id, record.shards).await?;
     Ok((record, counters))
 }

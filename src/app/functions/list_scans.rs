@@ -1,4 +1,6 @@
-//! `ListScans`: `GET /api/scans[?top=N]` — the most recent scans, newest first.
+//! `ListScans`: `GET /api/scans[?top=N][&state=S][&continuationToken=T]` — scans, newest first,
+//! a page at a time: `{"scans": [status, ...], "continuationToken": T | null}`. Pass a non-null
+//! `continuationToken` back (with the same `state`) for the next page.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,17 +12,29 @@ use serde_json::{json, Value};
 
 use crate::app::error::ApiError;
 use crate::app::state::AppState;
+use crate::app::tracking::{parse_list_token, ScanPage, ScanState};
 use crate::storage::{QueueStore, TableStore};
 
 use super::status::status_json;
 
 const DEFAULT_TOP: u32 = 20;
 const MAX_TOP: u32 = 100;
+/// The query parameters this function reads; any other is refused (a typo would otherwise list
+/// everything silently).
+const PARAMETERS: [&str; 4] = ["top", "state", "continuationToken", "code"];
 
 pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     State(state): State<Arc<AppState<T, Q>>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    if let Some(unknown) = query.keys().find(|k| !PARAMETERS.contains(&k.as_str())) {
+        return Err(ApiError::field(
+            unknown,
+            format!(
+                "unknown query parameter; expected top, state or continuationToken, got {unknown:?}"
+            ),
+        ));
+    }
     let top = match query.get("top") {
         None => DEFAULT_TOP,
         Some(v) => v
@@ -29,15 +43,38 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
             .filter(|n| (1..=MAX_TOP).contains(n))
             .ok_or_else(|| ApiError::field("top", format!("must be 1..={MAX_TOP}, got {v:?}")))?,
     };
+    let wanted = match query.get("state") {
+        None => None,
+        Some(v) => Some(ScanState::parse(v).ok_or_else(|| {
+            ApiError::field(
+                "state",
+                format!("must be running, completed, failed or cancelled, got {v:?}"),
+            )
+        })?),
+    };
+    let resume = match query.get("continuationToken") {
+        None => None,
+        Some(v) => Some(parse_list_token(v).ok_or_else(|| {
+            ApiError::field(
+                "continuationToken",
+                format!("not a token this API handed out: {v:?}"),
+            )
+        })?),
+    };
     let tracker = state.tracker_on(state.bookkeeping());
-    let records = match tracker.list_scans(top).await {
-        Err(e) if e.is_not_found() => Vec::new(), // no scan was ever started
+    let page = match tracker.list_scans(top, wanted, resume).await {
+        Err(e) if e.is_not_found() => ScanPage {
+            scans: Vec::new(),
+            continuation: None,
+        }, // no scan was ever started
         other => other?,
     };
-    let scans = try_join_all(records.iter().map(|r| {
+    let scans = try_join_all(page.scans.iter().map(|r| {
         let tracker = &tracker;
         async move { Ok::<_, ApiError>(status_json(r, &tracker.totals(&r.id, r.shards).await?)) }
     }))
     .await?;
-    Ok(Json(json!({ "scans": scans })))
+    Ok(Json(
+        json!({ "scans": scans, "continuationToken": page.continuation }),
+    ))
 }

@@ -62,7 +62,7 @@ use crate::storage::{StorageError, StorageErrorKind, TableStore};
 
 pub use codec::format_time;
 pub use counters::Counters;
-pub use records::{ScanRecord, ScanState};
+pub use records::{parse_list_token, ScanPage, ScanRecord, ScanState, COMPLETION_LEASE};
 pub use work_rows::{
     Completion, RecordError, Recorded, WorkState, MAX_FOLDED_CHILDREN, RESULT_PROPERTY,
 };

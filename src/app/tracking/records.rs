@@ -9,13 +9,46 @@ use crate::app::job::context::ScanContext;
 use crate::app::observe;
 use crate::retry::Verdict;
 use crate::storage::{
-    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+    odata, BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind,
+    TableStore,
 };
 
 /// Most query pages one scan listing reads. The scans table holds only scan rows, so one page
 /// of `top` rows normally answers; empty pages are the only reason to read more.
 const MAX_LIST_PAGES: usize = 8;
 const SCAN_ROW: &str = "scan";
+/// The scan record's property holding until when a completion step holds the scan's lease.
+const LEASE_PROPERTY: &str = "CompletionLeaseUntil";
+/// How long a completion step's lease lasts: longer than any invocation may run (host.json's
+/// `functionTimeout`, 10 minutes), so that a lease outlives the step that took it unless that
+/// step's invocation died, and then it expires by itself.
+pub const COMPLETION_LEASE: time::Duration = time::Duration::minutes(11);
+/// Listing continuation tokens: `a<id>` goes on after that scan id; `f<key>` from that partition
+/// key on (where the service said it would go on, when the page budget ran out).
+const AFTER: &str = "a";
+const FROM: &str = "f";
+
+/// One page of a scan listing ([`Tracker::list_scans`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScanPage {
+    pub scans: Vec<ScanRecord>,
+    /// Pass back (as `resume`, through [`parse_list_token`]) for the next page; `None`: no more.
+    pub continuation: Option<String>,
+}
+
+/// The filter that resumes a listing from one of its continuation tokens; `None` if `token` is
+/// not one (tokens carry a scan id or partition key: hex digits and `-`, at most 64).
+pub fn parse_list_token(token: &str) -> Option<Filter> {
+    let kind = token.get(..1)?;
+    let key = token.get(1..)?;
+    let is_key =
+        (1..=64).contains(&key.len()) && key.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    match kind {
+        AFTER if is_key => Some(Filter::pk(CompareOp::Gt, key)),
+        FROM if is_key => Some(Filter::pk(CompareOp::Ge, key)),
+        _ => None,
+    }
+}
 
 /// Lifecycle of a scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -37,7 +70,7 @@ impl ScanState {
         }
     }
 
-    fn parse(s: &str) -> Option<ScanState> {
+    pub fn parse(s: &str) -> Option<ScanState> {
         Some(match s {
             "running" => ScanState::Running,
             "completed" => ScanState::Completed,
@@ -140,30 +173,98 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     pub async fn get_scan(&self, scan_id: &str) -> Result<Option<ScanRecord>, StorageError> {
+        Ok(self.get_scan_and_lease(scan_id).await?.map(|(r, _)| r))
+    }
+
+    /// The scan's record and, if a completion step holds the lease on it, until when
+    /// ([`Tracker::take_completion_lease`]). One point read.
+    pub async fn get_scan_and_lease(
+        &self,
+        scan_id: &str,
+    ) -> Result<Option<(ScanRecord, Option<OffsetDateTime>)>, StorageError> {
         match self
             .store
             .get_entity(self.scans_table, scan_id, SCAN_ROW)
             .await
         {
-            Ok(found) => Ok(found.and_then(|(e, etag)| Self::parse_scan(e, etag))),
+            Ok(found) => Ok(found.and_then(|(e, etag)| {
+                let lease = get_time(&e.properties, LEASE_PROPERTY);
+                Self::parse_scan(e, etag).map(|r| (r, lease))
+            })),
             // No scans table yet: no scan was ever started.
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// The most recent scans, newest first (scan ids sort newest first).
-    pub async fn list_scans(&self, top: u32) -> Result<Vec<ScanRecord>, StorageError> {
-        let query = Query {
-            filter: Some(Filter::rk(CompareOp::Eq, SCAN_ROW)),
-            top: Some(top),
+    /// Takes the lease that lets one execution run a driver's completion step for the scan,
+    /// until `now + COMPLETION_LEASE`: `false` if the scan is no longer running or another
+    /// execution holds an unexpired lease (or took it between our read and write: the merge is
+    /// conditional on the record's ETag). One read and at most one merge of the record.
+    pub async fn take_completion_lease(&self, scan_id: &str) -> Result<bool, StorageError> {
+        let now = OffsetDateTime::now_utc();
+        let Some((record, lease)) = self.get_scan_and_lease(scan_id).await? else {
+            return Ok(false);
+        };
+        if record.state != ScanState::Running || lease.is_some_and(|until| until > now) {
+            return Ok(false);
+        }
+        match self
+            .set_lease(scan_id, now + COMPLETION_LEASE, Some(record.etag))
+            .await
+        {
+            Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Ok(false),
+            other => other.map(|()| true),
+        }
+    }
+
+    /// Gives the completion lease up (it expires now), after a completion step failed, so that
+    /// the next delivery may try again at once.
+    pub async fn release_completion_lease(&self, scan_id: &str) -> Result<(), StorageError> {
+        self.set_lease(scan_id, OffsetDateTime::now_utc(), None)
+            .await
+    }
+
+    async fn set_lease(
+        &self,
+        scan_id: &str,
+        until: OffsetDateTime,
+        etag: Option<String>,
+    ) -> Result<(), StorageError> {
+        let mut entity = Entity::new(scan_id, SCAN_ROW);
+        put_time(&mut entity.properties, LEASE_PROPERTY, until);
+        let op = BatchOperation::Merge { entity, etag };
+        self.store
+            .submit_batch(self.scans_table, scan_id, &[op])
+            .await
+    }
+
+    /// One page of the scans, newest first (scan ids sort newest first): at most `top` records,
+    /// only those in `state` if given, from where `resume` says ([`parse_list_token`]). The
+    /// page's `continuation` is set when more records may follow. Reads `top + 1` rows to know
+    /// whether more follow, and at most [`MAX_LIST_PAGES`] query pages (empty pages are the only
+    /// reason to read more than one; with a state filter the service may return few per page).
+    pub async fn list_scans(
+        &self,
+        top: u32,
+        state: Option<ScanState>,
+        resume: Option<Filter>,
+    ) -> Result<ScanPage, StorageError> {
+        let mut filters = vec![Filter::rk(CompareOp::Eq, SCAN_ROW)];
+        filters.extend(resume);
+        if let Some(state) = state {
+            let expr = odata::parse(&format!("State eq '{}'", state.as_str()))
+                .expect("a state filter parses");
+            filters.push(Filter::Where(expr));
+        }
+        let mut query = Query {
+            filter: Some(Filter::and(filters)),
+            top: Some(top + 1),
             select: None,
             continuation: None,
         };
+        let top = top as usize;
         let mut scans = Vec::new();
-        let mut query = query;
-        // Follow continuations past empty pages until we have `top` rows, the table ends, or
-        // the page budget is spent (then the listing is cut short, and says so in the log).
         for _ in 0..MAX_LIST_PAGES {
             let page = self.store.query_page(self.scans_table, &query).await?;
             scans.extend(
@@ -171,20 +272,36 @@ impl<T: TableStore> Tracker<'_, T> {
                     .into_iter()
                     .filter_map(|e| Self::parse_scan(e, String::new())),
             );
+            if scans.len() > top {
+                scans.truncate(top);
+                let continuation = scans.last().map(|last| format!("{AFTER}{}", last.id));
+                return Ok(ScanPage {
+                    scans,
+                    continuation,
+                });
+            }
             match page.continuation {
-                Some(c) if scans.len() < top as usize => query.continuation = Some(c),
-                _ => {
-                    scans.truncate(top as usize);
-                    return Ok(scans);
+                Some(c) => query.continuation = Some(c),
+                None => {
+                    return Ok(ScanPage {
+                        scans,
+                        continuation: None,
+                    })
                 }
             }
         }
         tracing::warn!(
             found = scans.len(),
             top,
-            "listing stopped after {MAX_LIST_PAGES} pages of the scans table"
+            "listing stopped after {MAX_LIST_PAGES} pages of the scans table; the answer's continuationToken goes on from there"
         );
-        Ok(scans)
+        let continuation = query
+            .continuation
+            .map(|c| format!("{FROM}{}", c.next_partition_key));
+        Ok(ScanPage {
+            scans,
+            continuation,
+        })
     }
 
     /// Moves a running scan to `state` (with `error`); returns false if it was no longer running.
@@ -282,11 +399,12 @@ mod tests {
     #[tokio::test]
     async fn a_listing_reads_a_bounded_number_of_pages() {
         let endless = Endless::default();
-        let scans = Tracker::new(&endless, "Scans", "Work")
-            .list_scans(100)
+        let page = Tracker::new(&endless, "Scans", "Work")
+            .list_scans(100, None, None)
             .await
             .unwrap();
-        assert!(scans.is_empty());
+        assert!(page.scans.is_empty());
+        assert_eq!(page.continuation.as_deref(), Some("fnext"));
         assert_eq!(endless.queries.load(Ordering::SeqCst), MAX_LIST_PAGES);
     }
 }

@@ -2,6 +2,7 @@
 //! runs (if it has one), then the scan is recorded `completed`.
 
 use super::*;
+use crate::app::error::ApiError;
 use crate::app::job::DriverHooks;
 use crate::app::tracking::ScanRecord;
 use crate::storage::StorageErrorKind;
@@ -37,14 +38,49 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
                 return Ok(false);
             };
             if totals.failed == 0 {
-                if let Some(ended) = self.run_completion(driver, tracker, scan).await? {
-                    return Ok(ended);
+                // One execution at a time runs the step: the one holding the scan's completion
+                // lease (see docs/architecture.md, "Ending a scan"); the others leave it to it.
+                if !tracker.take_completion_lease(&scan.scan_id).await? {
+                    return Ok(false);
+                }
+                match self.run_completion(driver, tracker, scan).await {
+                    Ok(Some(ended)) => return Ok(ended),
+                    Ok(None) => {}
+                    Err(e) => {
+                        // The next delivery may try again at once (else the lease expires).
+                        if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
+                            tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
+                        }
+                        return Err(e);
+                    }
                 }
             }
         }
         tracker
             .complete_if_drained(&scan.scan_id, scan.shards, shard)
             .await
+    }
+
+    /// Queues the drained check of a scan that a status read found running with no pending
+    /// work: its root work message once more (one queue put). Its delivery finds the root
+    /// finished and, like any duplicate delivery, runs the drained check and the driver's
+    /// completion step; a status read never runs them itself.
+    pub async fn queue_drained_check(&self, scan: &ScanContext) -> Result<(), ApiError> {
+        let unusable = |e: String| ApiError::Storage(StorageError::invalid_response(e));
+        let driver = self
+            .app
+            .drivers
+            .of(scan)
+            .map_err(|e| unusable(e.to_string()))?;
+        let root = driver.root(scan).map_err(|e| unusable(e.to_string()))?;
+        let message = self
+            .child_message(scan, &root)
+            .map_err(|e| unusable(e.to_string()))?;
+        self.app
+            .queues
+            .put_message(&message.queue, &message.text, Duration::ZERO)
+            .await?;
+        Ok(())
     }
 
     /// Runs the driver's completion step. `Some(ended)`: it failed for good and the scan was

@@ -1,0 +1,1477 @@
+//! Golden copies of every stored and queued format, and a scan that survives a redeployment
+//! (issue 27, part 7; the rule is docs/compatibility.md).
+//!
+//! During a deployment old and new handlers run side by side on one scan, so every format one
+//! version writes, the next must read. Each test here (a) builds real examples through the
+//! code's public API from fixed inputs (times and ids fixed; clock stamps replaced, see
+//! `golden/harness.rs`) and asserts that the bytes the code writes equal the golden file under
+//! `tests/golden/` (rewritten only with `UPDATE_GOLDEN=1`, so a change is a reviewed diff), and
+//! (b) reads each golden file back with today's decoders — through Azurite for stored rows,
+//! written there by the test's own REST client — and checks it gives the values built.
+//!
+//! Then `a_copy_continues_across_a_redeployment_mid_scan`: every handler killed at once, later
+//! the whole host stopped and a new one started on the same storage, and the copy completes
+//! exactly.
+
+mod support;
+
+#[path = "golden/harness.rs"]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use harness::{check, check_examples, op_from_line, replay, Example, Op, Recorder};
+use serde_json::{json, Value};
+use support::raw::RawClient;
+use tablescan::app::drivers::export::ExportOptions;
+use tablescan::app::drivers::import::{ImportOptions, ImportWork};
+use tablescan::app::drivers::kit::range::page_items;
+use tablescan::app::job::request::parse_request;
+use tablescan::app::job::WorkOutcome;
+use tablescan::app::job::{DriverName, RangeWork, ScanContext, TableRef, WorkSplit};
+use tablescan::app::messages::{
+    decode, encode, shard_for, work_id, ChildSpec, ItemJson, ItemMessage, MessageError,
+    StepMessage, WorkMessage,
+};
+use tablescan::app::tracking::{
+    Completion, Counters, NewWork, ScanRecord, ScanState, Tracker, WorkState,
+};
+use tablescan::scan::{LowerBound, ScanParameters, Step, Strategy};
+use tablescan::storage::export_format::{
+    decode_part, encode_part, part_name, sha256_hex, DecodeLimits, ExportLayout, Manifest,
+    ManifestPart,
+};
+use tablescan::storage::{odata, Entity, MessageEncoding, TableStore};
+use time::macros::datetime;
+use time::OffsetDateTime;
+
+/// The scan every example belongs to (a scan id as `POST /api/scans` makes them).
+const SCAN: &str = "9999998234567-0badcafe";
+const SHARDS: u32 = 4;
+
+fn started_at() -> OffsetDateTime {
+    datetime!(2026-01-02 03:04:05.678 UTC)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queue messages
+
+fn step(step: Step, shard: Option<u32>) -> StepMessage {
+    StepMessage {
+        scan_id: SCAN.into(),
+        step,
+        shard,
+    }
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    (a.to_string(), b.to_string())
+}
+
+/// A scan step of every kind that is queued (`Step::Segment` never is: it is a step's output,
+/// consumed in the invocation that read it).
+fn step_messages() -> Vec<(&'static str, StepMessage)> {
+    vec![
+        ("start: a prefix scan's root", step(Step::Start, None)),
+        (
+            "prefixQuery after a key, bounded above; the first child of its parent (its shard named)",
+            step(
+                Step::PrefixQuery {
+                    prefix: "ab".into(),
+                    lower: LowerBound::After("ab".into()),
+                    upper: Some("ac".into()),
+                    depth: 2,
+                },
+                Some(1),
+            ),
+        ),
+        (
+            "prefixQuery from a key, unbounded above",
+            step(
+                Step::PrefixQuery {
+                    prefix: String::new(),
+                    lower: LowerBound::From("k\u{e9}y\u{1F600}".into()),
+                    upper: None,
+                    depth: 0,
+                },
+                None,
+            ),
+        ),
+        (
+            "partitionKeyQuery",
+            step(
+                Step::PartitionKeyQuery {
+                    partition_key: "it's".into(),
+                    row_key_skip: None,
+                    depth: 3,
+                },
+                None,
+            ),
+        ),
+        (
+            "partitionKeyQuery after a row key",
+            step(
+                Step::PartitionKeyQuery {
+                    partition_key: "p1".into(),
+                    row_key_skip: Some("r0099".into()),
+                    depth: 3,
+                },
+                Some(3),
+            ),
+        ),
+        (
+            "serial: a serial scan's root",
+            step(Step::Serial { after: None }, None),
+        ),
+        (
+            "serial after a row",
+            step(
+                Step::Serial {
+                    after: Some(pair("p1", "r1")),
+                },
+                None,
+            ),
+        ),
+        (
+            "partitionKeyRange",
+            step(
+                Step::PartitionKeyRange {
+                    partition_key: "p1".into(),
+                    row_key_skip: Some("r1".into()),
+                    row_key_through: "r5".into(),
+                    depth: 4,
+                },
+                None,
+            ),
+        ),
+        (
+            "partitionKeyRange from the partition's start",
+            step(
+                Step::PartitionKeyRange {
+                    partition_key: "p1".into(),
+                    row_key_skip: None,
+                    row_key_through: "r5".into(),
+                    depth: 4,
+                },
+                None,
+            ),
+        ),
+        (
+            "serialRange",
+            step(
+                Step::SerialRange {
+                    after: Some(pair("p1", "r1")),
+                    through: pair("p9", "r9"),
+                    depth: 1,
+                },
+                None,
+            ),
+        ),
+        (
+            "serialRange from the range's start",
+            step(
+                Step::SerialRange {
+                    after: None,
+                    through: pair("p9", "r9"),
+                    depth: 1,
+                },
+                Some(0),
+            ),
+        ),
+    ]
+}
+
+/// A driver's work item, typed as its driver reads it.
+#[derive(Debug, Clone, PartialEq)]
+enum Typed {
+    Range(RangeWork),
+    Import(ImportWork),
+}
+
+fn item(typed: Typed, shard: Option<u32>) -> (ItemMessage, Typed) {
+    let work = match &typed {
+        Typed::Range(w) => ItemJson::from_item(w),
+        Typed::Import(w) => ItemJson::from_item(w),
+    }
+    .unwrap();
+    let message = ItemMessage {
+        scan_id: SCAN.into(),
+        work,
+        shard,
+    };
+    (message, typed)
+}
+
+/// Keys-only rows as a scan step reads them (for `page_items`, how range items are made).
+fn keys(keys: &[(&str, &str)]) -> Vec<Entity> {
+    keys.iter().map(|(pk, rk)| Entity::new(*pk, *rk)).collect()
+}
+
+fn sha(n: u8) -> String {
+    format!("{n:02x}").repeat(32)
+}
+
+/// Every driver's work items: copy, count (filtered), delete and export all queue range items
+/// (`RangeWork`), made from scanned pages by `page_items`; import queues chunk and part items.
+fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
+    let page = keys(&[("p1", "r1"), ("p1", "r2"), ("p2", "r0")]);
+    let range = page_items(WorkSplit::Page, &page).remove(0);
+    let by_partition = page_items(WorkSplit::PartitionKey, &page).remove(0);
+    let after = RangeWork::After {
+        after: pair("p2", "r0"),
+        to: pair("p3", "r9"),
+    };
+    let single = page_items(WorkSplit::Page, &keys(&[("", "empty pk")])).remove(0);
+    let cases = [
+        (
+            "copy: range (workSplit page)",
+            Typed::Range(range.clone()),
+            Some(2),
+        ),
+        (
+            "copy: rows of one partition (workSplit partitionKey)",
+            Typed::Range(by_partition),
+            None,
+        ),
+        (
+            "copy/count/delete/export: after (the rest of a range that grew)",
+            Typed::Range(after),
+            None,
+        ),
+        ("count (filtered): range", Typed::Range(single), None),
+        ("delete: range", Typed::Range(range.clone()), Some(0)),
+        ("export: range", Typed::Range(range), None),
+        (
+            "import: chunk of parts (manifest digest pinned)",
+            Typed::Import(ImportWork::Parts {
+                start: 0,
+                sha256: Some(sha(0xab)),
+            }),
+            None,
+        ),
+        (
+            "import: chunk of parts (scans started before the digest was recorded)",
+            Typed::Import(ImportWork::Parts {
+                start: 200,
+                sha256: None,
+            }),
+            None,
+        ),
+        (
+            "import: part",
+            Typed::Import(ImportWork::Part {
+                name: format!("parts/{SCAN}/c-0123456789abcdef0123456789abcdef.jsonl.gz"),
+                rows: 2000,
+                bytes: 18_443,
+                sha256: sha(0x9f),
+                skip: 0,
+            }),
+            Some(3),
+        ),
+        (
+            "import: part, its rows from a skip on",
+            Typed::Import(ImportWork::Part {
+                name: "parts/s/c-1.jsonl.gz".into(),
+                rows: 2000,
+                bytes: 18_443,
+                sha256: sha(0x9f),
+                skip: 1000,
+            }),
+            None,
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(name, typed, shard)| {
+            let (message, typed) = item(typed, shard);
+            (name, message, typed)
+        })
+        .collect()
+}
+
+/// A message's golden lines: the queue text, the envelope JSON inside it, its work id and the
+/// shard of its row (both part of its identity across versions).
+fn message_example<M: WorkMessage>(name: &str, message: &M) -> Example {
+    let queue = encode(message).unwrap();
+    let json = String::from_utf8(MessageEncoding::Base64.decode(&queue).unwrap()).unwrap();
+    let id = work_id(message);
+    Example::new(name)
+        .line("queue", queue)
+        .line("json", json)
+        .line("work id", id.clone())
+        .line(
+            "row shard of 4",
+            shard_for(message, &id, SHARDS).to_string(),
+        )
+}
+
+/// Reads a golden message back: the queue text decodes to the JSON, which decodes to `built`,
+/// with the same work id and shard.
+fn read_message<M: WorkMessage + PartialEq + std::fmt::Debug>(golden: &Example, built: &M) -> M {
+    let json = MessageEncoding::Base64.decode(golden.get("queue")).unwrap();
+    assert_eq!(json, golden.get("json").as_bytes(), "{}", golden.name);
+    let message: M = decode(golden.get("json")).unwrap();
+    assert_eq!(&message, built, "{}", golden.name);
+    let id = work_id(&message);
+    assert_eq!(id, golden.get("work id"), "{}", golden.name);
+    assert_eq!(
+        shard_for(&message, &id, SHARDS).to_string(),
+        golden.get("row shard of 4"),
+        "{}",
+        golden.name
+    );
+    message
+}
+
+#[test]
+fn queue_messages() {
+    let steps = step_messages();
+    let examples: Vec<Example> = steps
+        .iter()
+        .map(|(name, m)| message_example(name, m))
+        .collect();
+    let header = "Queue messages of the PrefixScan function: one scan step each (envelope `scan-step` v2).\n\
+                  queue: the message text as queued (base64); json: the envelope inside it;\n\
+                  work id and row shard: the identity of its work row. See docs/compatibility.md.";
+    let golden = check_examples("messages-scan-step.txt", header, &examples);
+    for (g, (_, built)) in golden.iter().zip(&steps) {
+        read_message(g, built);
+    }
+
+    let items = item_messages();
+    let examples: Vec<Example> = items
+        .iter()
+        .map(|(name, m, _)| message_example(name, m))
+        .collect();
+    let header = "Queue messages of the TableCopy function: one driver work item each (envelope\n\
+                  `table-copy` v2, whatever the driver). Lines as in messages-scan-step.txt.";
+    let golden = check_examples("messages-table-copy.txt", header, &examples);
+    for (g, (_, built, typed)) in golden.iter().zip(&items) {
+        let message = read_message(g, built);
+        let read = match typed {
+            Typed::Range(_) => Typed::Range(message.work.parse().unwrap()),
+            Typed::Import(_) => Typed::Import(message.work.parse().unwrap()),
+        };
+        assert_eq!(&read, typed, "{}", g.name);
+    }
+}
+
+/// Messages of the first version (v1: the whole scan context in every message) are refused,
+/// naming their version: only v2 is read (nothing was ever deployed that queued v1).
+#[test]
+fn v1_messages_are_refused() {
+    let context = contexts().remove(0).1;
+    let range = RangeWork::Range {
+        from: pair("a", "1"),
+        to: pair("b", "2"),
+    };
+    let context_json = serde_json::to_string(&context).unwrap();
+    let item = format!(
+        r#"{{"n":"table-copy","v":1,"d":{{"s":{context_json},"w":{}}}}}"#,
+        serde_json::to_string(&range).unwrap()
+    );
+    let start =
+        format!(r#"{{"n":"scan-step","v":1,"d":{{"s":{context_json},"w":{{"kind":"start"}}}}}}"#);
+    let example = |name: &str, json: &str| {
+        Example::new(name)
+            .line("queue", MessageEncoding::Base64.encode(json.as_bytes()))
+            .line("json", json)
+    };
+    let examples = [
+        example("table-copy v1: a copy range item", &item),
+        example("scan-step v1: start", &start),
+    ];
+    let header = "Messages of the first version (each carried its scan's whole context).\n\
+                  Never written, and refused when read (only v2 is read).";
+    let golden = check_examples("messages-v1.txt", header, &examples);
+    for (g, expected) in golden.iter().zip(["table-copy", "scan-step"]) {
+        let refused = match expected {
+            "table-copy" => decode::<ItemMessage>(g.get("json")).map(|_| ()),
+            _ => decode::<StepMessage>(g.get("json")).map(|_| ()),
+        };
+        assert!(
+            matches!(refused, Err(MessageError::WrongKind { version: 1, .. })),
+            "{}: {refused:?}",
+            g.name
+        );
+    }
+    let _ = (context, range);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scan contexts and scan records
+
+fn table(table: &str) -> TableRef {
+    TableRef {
+        connection: "AzureWebJobsStorage".into(),
+        table: table.into(),
+    }
+}
+
+/// The parameters a start request gives a scan (defaults, keys only while scanning).
+fn params() -> ScanParameters {
+    ScanParameters {
+        select: Some(Vec::new()),
+        inline_first_partition_page: true,
+        ..ScanParameters::default()
+    }
+}
+
+fn canonical(filter: &str) -> String {
+    odata::parse(filter).unwrap().render()
+}
+
+fn export_options() -> ExportOptions {
+    ExportOptions {
+        connection: "BackupStorage".into(),
+        container: "backups".into(),
+        prefix: "nightly/2026-01-02".into(),
+        started_at: started_at(),
+    }
+}
+
+fn import_options() -> ImportOptions {
+    ImportOptions {
+        container: "backups".into(),
+        prefix: "nightly/2026-01-02".into(),
+        manifest_sha256: Some(sha(0x5e)),
+    }
+}
+
+/// A context of each driver as its start records it (`ScanRequest::context` with the driver's
+/// `setup`), with the request each was started with.
+fn contexts() -> Vec<(&'static str, ScanContext, Value)> {
+    let base = ScanContext {
+        scan_id: SCAN.into(),
+        shards: SHARDS,
+        driver: DriverName::new("copy"),
+        strategy: Strategy::Prefix,
+        source: table("Packages"),
+        destination: Some(table("PackagesCopy")),
+        params: ScanParameters {
+            select: None,
+            ..params()
+        },
+        work_split: WorkSplit::Page,
+        filter: None,
+        select: None,
+        options: None,
+        in_step: true,
+    };
+    let bounded = ScanParameters {
+        prefix: "pk".into(),
+        lower: Some("pk0".into()),
+        upper: Some("pk9".into()),
+        take: 500,
+        ..params()
+    };
+    vec![
+        (
+            "copy: works in its steps (workSplit page, no filter, prefix strategy)",
+            base.clone(),
+            json!({"driver": "copy", "sourceTable": "Packages", "destinationTable": "PackagesCopy"}),
+        ),
+        (
+            "copy: workSplit partitionKey, serial, key range, another destination connection",
+            ScanContext {
+                strategy: Strategy::Serial,
+                destination: Some(TableRef {
+                    connection: "OtherStorage".into(),
+                    table: "PackagesCopy".into(),
+                }),
+                params: bounded.clone(),
+                work_split: WorkSplit::PartitionKey,
+                in_step: false,
+                ..base.clone()
+            },
+            json!({"driver": "copy", "sourceTable": "Packages", "strategy": "serial",
+                   "partitionKeyPrefix": "pk", "partitionKeyLowerBound": "pk0",
+                   "partitionKeyUpperBound": "pk9", "takeCount": 500,
+                   "destinationTable": "PackagesCopy", "destinationConnection": "OtherStorage",
+                   "workSplit": "partitionKey"}),
+        ),
+        (
+            "copy: filter and select (items re-read)",
+            ScanContext {
+                params: params(),
+                filter: Some(canonical("Size gt 10 and Name ne 'x'")),
+                select: Some(vec!["Name".into(), "Size".into()]),
+                in_step: false,
+                ..base.clone()
+            },
+            json!({"driver": "copy", "sourceTable": "Packages", "destinationTable": "PackagesCopy",
+                   "filter": canonical("Size gt 10 and Name ne 'x'"), "select": ["Name", "Size"]}),
+        ),
+        (
+            "count: filtered",
+            ScanContext {
+                driver: DriverName::new("count"),
+                destination: None,
+                params: params(),
+                filter: Some(canonical("Size gt 10")),
+                in_step: false,
+                ..base.clone()
+            },
+            json!({"driver": "count", "sourceTable": "Packages", "filter": canonical("Size gt 10")}),
+        ),
+        (
+            "delete: works in its steps (keys only)",
+            ScanContext {
+                driver: DriverName::new("delete"),
+                destination: None,
+                params: params(),
+                ..base.clone()
+            },
+            json!({"driver": "delete", "sourceTable": "Packages", "confirm": "Packages"}),
+        ),
+        (
+            "export: filter, select, options",
+            ScanContext {
+                driver: DriverName::new("export"),
+                destination: None,
+                params: params(),
+                filter: Some(canonical("Size gt 10")),
+                select: Some(vec!["Name".into()]),
+                options: Some(serde_json::to_value(export_options()).unwrap()),
+                in_step: false,
+                ..base.clone()
+            },
+            json!({"driver": "export", "sourceTable": "Packages", "filter": canonical("Size gt 10"),
+                   "select": ["Name"], "destinationContainer": "backups",
+                   "destinationPrefix": "nightly/2026-01-02", "destinationConnection": "BackupStorage"}),
+        ),
+        (
+            "import: no source table, options with the manifest's digest",
+            ScanContext {
+                driver: DriverName::new("import"),
+                source: table(""),
+                params: params(),
+                options: Some(serde_json::to_value(import_options()).unwrap()),
+                in_step: false,
+                ..base
+            },
+            json!({"driver": "import", "sourceContainer": "backups",
+                   "sourcePrefix": "nightly/2026-01-02", "destinationTable": "PackagesCopy"}),
+        ),
+    ]
+}
+
+#[test]
+fn scan_contexts() {
+    let all = contexts();
+    let examples: Vec<Example> = all
+        .iter()
+        .map(|(name, c, _)| Example::new(*name).line("json", serde_json::to_string(c).unwrap()))
+        .collect();
+    let header =
+        "Scan contexts: what every work item of a scan reads and writes, recorded on the\n\
+                  scan record's `Context` property at start (docs/architecture.md).";
+    let golden = check_examples("scan-contexts.txt", header, &examples);
+    for (g, (_, built, _)) in golden.iter().zip(&all) {
+        let read: ScanContext = serde_json::from_str(g.get("json")).unwrap();
+        assert_eq!(&read, built, "{}", g.name);
+        match read.driver.as_str() {
+            "export" => assert_eq!(
+                read.options::<ExportOptions>().unwrap().started_at,
+                started_at()
+            ),
+            "import" => assert_eq!(
+                read.options::<ImportOptions>().unwrap().manifest_sha256,
+                import_options().manifest_sha256
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// The request a scan records: the start request as parsed, the driver's fields with their
+/// defaults (as `start` records it).
+fn recorded_request(body: &Value) -> Value {
+    let drivers = ["copy", "count", "delete", "export", "import"];
+    let mut request = parse_request(body.to_string().as_bytes(), &drivers).unwrap();
+    let fields = Value::Object(request.fields.clone());
+    let fields = match request.driver.as_str() {
+        "copy" => serde_json::to_value(
+            serde_json::from_value::<tablescan::app::drivers::copy::CopyFields>(fields).unwrap(),
+        ),
+        "count" => Ok(json!({})),
+        "delete" => serde_json::to_value(
+            serde_json::from_value::<tablescan::app::drivers::delete::DeleteFields>(fields)
+                .unwrap(),
+        ),
+        "export" => serde_json::to_value(
+            serde_json::from_value::<tablescan::app::drivers::export::ExportFields>(fields)
+                .unwrap(),
+        ),
+        "import" => serde_json::to_value(
+            serde_json::from_value::<tablescan::app::drivers::import::ImportFields>(fields)
+                .unwrap(),
+        ),
+        other => panic!("no driver {other}"),
+    };
+    request.fields = fields.unwrap().as_object().unwrap().clone();
+    serde_json::to_value(&request).unwrap()
+}
+
+/// How a scan record's scan ended: its state and error.
+type ScanEnd = (ScanState, Option<&'static str>);
+
+/// Scan records of each driver, each running, and the copy's also completed and failed; each
+/// example's scan id is its own (the record's partition key).
+fn scan_records() -> Vec<(String, ScanRecord, Option<ScanEnd>)> {
+    let mut out = Vec::new();
+    for (i, (name, mut context, body)) in contexts().into_iter().enumerate() {
+        let id = format!("{}{i:02}", &SCAN[..SCAN.len() - 2]);
+        context.scan_id = id.clone();
+        let record = ScanRecord {
+            id,
+            state: ScanState::Running,
+            request: recorded_request(&body),
+            context: Some(context),
+            shards: SHARDS,
+            started_at: started_at(),
+            completed_at: None,
+            error: None,
+            etag: String::new(),
+        };
+        out.push((format!("{name}: running"), record.clone(), None));
+        if i == 0 {
+            let mut again = |suffix: &str, state, error| {
+                let id = format!("{}{suffix}", &SCAN[..SCAN.len() - 2]);
+                let record = ScanRecord {
+                    id: id.clone(),
+                    context: record.context.clone().map(|c| ScanContext {
+                        scan_id: id.clone(),
+                        ..c
+                    }),
+                    ..record.clone()
+                };
+                let label = format!("{name}: {}", state_name(state));
+                out.push((label, record, Some((state, error))));
+            };
+            again("c0", ScanState::Completed, None);
+            again(
+                "f0",
+                ScanState::Failed,
+                Some("1 work item(s) failed; see the failed work rows of scan …"),
+            );
+            again("x0", ScanState::Cancelled, Some("cancelled by request"));
+        }
+    }
+    out
+}
+
+fn state_name(state: ScanState) -> &'static str {
+    state.as_str()
+}
+
+/// A fresh Azure table store on the shared Azurite, recording the transactions it commits, and
+/// a tracker's two tables created on it.
+async fn recording_tracker() -> (
+    Recorder<tablescan::storage::azure_table::AzureTableStore>,
+    String,
+    String,
+) {
+    let store = Recorder::new(support::table_store().0);
+    let (scans, work) = (
+        support::unique_name("GoldenScans"),
+        support::unique_name("GoldenWork"),
+    );
+    Tracker::new(&store, &scans, &work)
+        .ensure_tables()
+        .await
+        .unwrap();
+    store.take();
+    (store, scans, work)
+}
+
+fn ops_example(name: &str, ops: &[Op]) -> Example {
+    let mut example = Example::new(name);
+    if let Some(first) = ops.first() {
+        example = example.line("partition", first.partition.clone());
+    }
+    for (i, op) in ops.iter().enumerate() {
+        assert_eq!(
+            op.partition, ops[0].partition,
+            "one transaction, one partition"
+        );
+        example = example.line(format!("op {}", i + 1), op.text());
+    }
+    example
+}
+
+fn ops_of(example: &Example) -> Vec<Op> {
+    let partition = example
+        .lines
+        .iter()
+        .find(|(k, _)| k == "partition")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    example
+        .lines
+        .iter()
+        .filter(|(k, _)| k.starts_with("op "))
+        .map(|(_, v)| op_from_line(&partition, v))
+        .collect()
+}
+
+/// Writes rows (JSON objects) into a new table with the test's own REST client, as a table holds
+/// them after a version wrote them; returns the table.
+async fn stored(
+    rows: &BTreeMap<(String, String), serde_json::Map<String, Value>>,
+    prefix: &str,
+) -> String {
+    let raw = RawClient::azurite();
+    let table = support::unique_name(prefix);
+    raw.create_table(&table).await.unwrap();
+    for row in rows.values() {
+        raw.insert(&table, &Value::Object(row.clone()).to_string())
+            .await
+            .unwrap_or_else(|e| panic!("insert {row:?}: {e}"));
+    }
+    table
+}
+
+#[tokio::test]
+async fn scan_records_as_stored() {
+    let (store, scans, work) = recording_tracker().await;
+    let tracker = Tracker::new(&store, &scans, &work);
+    let records = scan_records();
+    let mut examples = Vec::new();
+    for (name, record, end) in &records {
+        tracker.insert_scan(record).await.unwrap();
+        let mut ops = store.take();
+        if let Some((state, error)) = end {
+            assert!(tracker
+                .finish_scan(&record.id, *state, *error)
+                .await
+                .unwrap());
+            ops.extend(store.take());
+        }
+        examples.push(ops_example(name, &ops));
+    }
+    let header = "Scan records (scans table; PartitionKey = scan id, RowKey `scan`): the transactions\n\
+                  that write them, each operation's entity as sent. A start inserts the record; the\n\
+                  end merges State, CompletedAt and Error (If-Match). Clock stamps fixed.";
+    let golden = check_examples("scan-records.txt", header, &examples);
+
+    // Read back: the rows as stored, written by the test's own client, read by today's tracker.
+    let rows = replay(golden.iter().flat_map(ops_of).collect::<Vec<_>>().iter());
+    let table = stored(&rows, "GoldenScansRead").await;
+    let reader = support::table_store().0;
+    let tracker = Tracker::new(&reader, &table, &work);
+    for (g, (_, built, end)) in golden.iter().zip(&records) {
+        let read = tracker.get_scan(&built.id).await.unwrap().expect("record");
+        assert_eq!(read.request, built.request, "{}", g.name);
+        assert_eq!(read.context, built.context, "{}", g.name);
+        assert_eq!(
+            Some(read.recorded_context().unwrap()),
+            built.context,
+            "{}",
+            g.name
+        );
+        assert_eq!((read.shards, read.started_at), (SHARDS, started_at()));
+        let (state, error, completed) = match end {
+            None => (ScanState::Running, None, None),
+            Some((s, e)) => (*s, e.map(str::to_string), Some(harness::fixed_now())),
+        };
+        assert_eq!(
+            (read.state, read.error, read.completed_at),
+            (state, error, completed),
+            "{}",
+            g.name
+        );
+    }
+}
+
+/// A record without a `Context` property is read, but its work cannot run: no context is
+/// derived from its recorded request.
+#[tokio::test]
+async fn a_scan_record_without_a_context_cannot_run() {
+    let (_, record, _) = scan_records().remove(0);
+    let id = format!("{}l0", &SCAN[..SCAN.len() - 2]);
+    let golden = harness::parse(&String::from_utf8(harness::read("scan-records.txt")).unwrap());
+    let mut rows = replay(ops_of(&golden[0]).iter());
+    let row = rows.values_mut().next().unwrap();
+    assert!(row.remove("Context").is_some());
+    row.insert("PartitionKey".into(), json!(id));
+    let table = stored(&rows, "GoldenLegacyScans").await;
+    let reader = support::table_store().0;
+    let read = Tracker::new(&reader, &table, "unused")
+        .get_scan(&id)
+        .await
+        .unwrap()
+        .expect("record");
+    assert_eq!(read.context, None);
+    assert_eq!(read.request, record.request);
+    assert!(read
+        .recorded_context()
+        .is_err_and(|e| e.contains("no usable recorded context")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work rows, counter rows and recorded outcomes
+
+fn counters(f: impl FnOnce(&mut Counters)) -> Counters {
+    let mut c = Counters::default();
+    f(&mut c);
+    c
+}
+
+fn range(from: (&str, &str), to: (&str, &str)) -> RangeWork {
+    RangeWork::Range {
+        from: pair(from.0, from.1),
+        to: pair(to.0, to.1),
+    }
+}
+
+fn range_child(work: &RangeWork) -> ChildSpec {
+    ChildSpec::Item(ItemJson::from_item(work).unwrap())
+}
+
+fn import_child(work: &ImportWork) -> ChildSpec {
+    ChildSpec::Item(ItemJson::from_item(work).unwrap())
+}
+
+/// An export item's result: its part descriptors (what the manifest lists).
+fn export_result() -> String {
+    let part = ManifestPart {
+        name: part_name(SCAN, &export_item_ids()[0]).unwrap(),
+        rows: 3,
+        bytes: 1843,
+        sha256: sha(0x9f),
+    };
+    serde_json::to_string(&vec![&part]).unwrap()
+}
+
+/// Outcomes as this version records them (`WorkOutcome`, in a row's `Outcome0`, `Outcome1`, …).
+fn outcomes() -> Vec<(&'static str, WorkOutcome)> {
+    let step_outcome = WorkOutcome {
+        children: vec![
+            ChildSpec::Step(Step::PrefixQuery {
+                prefix: "p".into(),
+                lower: LowerBound::After("p4".into()),
+                upper: None,
+                depth: 1,
+            }),
+            range_child(&range(("p1", "r1"), ("p1", "r2"))),
+            // Its row lives in another shard than its parent's (where its id hashes).
+            range_child(&range(("p4", "r0"), ("p4", "r0"))),
+        ],
+        delta: counters(|c| {
+            c.rows_scanned = 3;
+            c.storage_requests = 2;
+        }),
+        first_grouped: true,
+        ..WorkOutcome::default()
+    };
+    vec![
+        (
+            "scan step: a follow-up step and two items, the first child in the item's own shard",
+            step_outcome,
+        ),
+        (
+            "scan step that worked on the rows it read (copy, delete): their key ranges",
+            WorkOutcome {
+                children: vec![ChildSpec::Step(Step::PartitionKeyQuery {
+                    partition_key: "p9".into(),
+                    row_key_skip: Some("r999".into()),
+                    depth: 2,
+                })],
+                delta: counters(|c| {
+                    c.rows_scanned = 1500;
+                    c.storage_requests = 3;
+                }),
+                first_grouped: true,
+                in_step: vec![
+                    range(("p1", "r1"), ("p8", "r7")),
+                    range(("p9", "r0"), ("p9", "r999")),
+                ],
+                ..WorkOutcome::default()
+            },
+        ),
+        (
+            "delete step without children (recorded so that a duplicate adopts its reading)",
+            WorkOutcome {
+                delta: counters(|c| {
+                    c.rows_scanned = 12;
+                    c.storage_requests = 1;
+                }),
+                first_grouped: true,
+                in_step: vec![range(("a", "1"), ("b", "2"))],
+                ..WorkOutcome::default()
+            },
+        ),
+        (
+            "export item: its part descriptors as its result",
+            WorkOutcome {
+                delta: counters(|c| {
+                    c.rows_written = 3;
+                    c.rows_matched = 3;
+                    c.storage_requests = 2;
+                }),
+                result: Some(export_result()),
+                ..WorkOutcome::default()
+            },
+        ),
+        (
+            "import chunk: part items and the next chunk",
+            WorkOutcome {
+                children: vec![
+                    import_child(&ImportWork::Part {
+                        name: "parts/s/c-1.jsonl.gz".into(),
+                        rows: 7,
+                        bytes: 1843,
+                        sha256: sha(0x9f),
+                        skip: 0,
+                    }),
+                    import_child(&ImportWork::Parts {
+                        start: 200,
+                        sha256: Some(sha(0x5e)),
+                    }),
+                ],
+                delta: counters(|c| c.storage_requests = 1),
+                first_grouped: true,
+                ..WorkOutcome::default()
+            },
+        ),
+    ]
+}
+
+#[test]
+fn work_outcomes() {
+    let all = outcomes();
+    let examples: Vec<Example> = all
+        .iter()
+        .map(|(name, o)| Example::new(*name).line("json", serde_json::to_string(o).unwrap()))
+        .collect();
+    let header = "Recorded outcomes of work items (the `Outcome0`, `Outcome1`, ... properties of an\n\
+                  `expanded` work row, split every 32,000 UTF-16 units): children, counters, result.";
+    let golden = check_examples("work-outcomes.txt", header, &examples);
+    for (g, (_, built)) in golden.iter().zip(&all) {
+        let read: WorkOutcome = serde_json::from_str(g.get("json")).unwrap();
+        assert_eq!(&read, built, "{}", g.name);
+    }
+}
+
+/// Outcomes earlier versions recorded, still adopted: the previous version's `g` (first *item*
+/// in the item's own shard), and counters without `dropped`/`rows_matched` (zero).
+#[test]
+fn earlier_outcomes_are_still_read() {
+    let step = r#"{"kind":"partitionKeyQuery","partitionKey":"p9","depth":2}"#;
+    let item = r#"{"kind":"range","from":["a","1"],"to":["b","2"]}"#;
+    let delta = r#"{"created":0,"completed":0,"failed":0,"rows_scanned":7,"rows_written":0,"storage_requests":1,"messages":0}"#;
+    let grouped = format!(r#"{{"c":[{{"s":{step}}},{{"c":{item}}}],"d":{delta},"g":true}}"#);
+    let ungrouped = format!(r#"{{"c":[{{"c":{item}}}],"d":{delta}}}"#);
+    let examples = [
+        Example::new("previous version: the first item in the item's own shard (g)")
+            .line("json", grouped),
+        Example::new("earlier versions: children where their ids hash; counters without dropped and rows_matched")
+            .line("json", ungrouped),
+    ];
+    let header = "Outcomes recorded by earlier versions: never written any more, still adopted.";
+    let golden = check_examples("work-outcomes-earlier.txt", header, &examples);
+    let read: Vec<WorkOutcome> = golden
+        .iter()
+        .map(|g| serde_json::from_str(g.get("json")).unwrap())
+        .collect();
+    let delta = counters(|c| {
+        c.rows_scanned = 7;
+        c.storage_requests = 1;
+    });
+    assert_eq!(read[0].delta, delta);
+    assert!(read[0].grouped && !read[0].first_grouped);
+    assert!(!read[0].in_own_shard(0) && read[0].in_own_shard(1));
+    assert_eq!(read[1].delta, delta);
+    assert!(!read[1].in_own_shard(0));
+    assert_eq!(
+        read[1].children,
+        vec![ChildSpec::Item(
+            ItemJson::from_item(&serde_json::from_str::<RangeWork>(item).unwrap()).unwrap()
+        )]
+    );
+}
+
+/// The ETag of a child's pending row.
+async fn pending_etag<S: TableStore>(tracker: &Tracker<'_, S>, child: &NewWork) -> String {
+    match tracker
+        .work_state(SCAN, child.shard, &child.id)
+        .await
+        .unwrap()
+    {
+        Some(WorkState::Pending { etag }) => etag,
+        other => panic!("{} is {other:?}", child.id),
+    }
+}
+
+/// Completes a pending child (done, or failed with `failure`); returns what that adds to the
+/// scan's totals.
+async fn complete_child<S: TableStore>(
+    tracker: &Tracker<'_, S>,
+    child: &NewWork,
+    delta: Counters,
+    failure: Option<&str>,
+    result: Option<&str>,
+) -> Counters {
+    let etag = pending_etag(tracker, child).await;
+    let (shard, id) = (child.shard, &child.id);
+    tracker
+        .complete(SCAN, shard, id, &etag, delta, failure, result, None)
+        .await
+        .unwrap();
+    delta.plus(&counters(|c| {
+        c.completed = 1;
+        c.failed = i64::from(failure.is_some());
+        c.messages = 1;
+    }))
+}
+
+/// The life of one export scan's work in the work table: each step a committed transaction.
+/// Returns (example name, the transaction's operations, the scan's totals after it).
+async fn work_scenario(
+    store: &Recorder<tablescan::storage::azure_table::AzureTableStore>,
+    tracker: &Tracker<'_, Recorder<tablescan::storage::azure_table::AzureTableStore>>,
+) -> Vec<(&'static str, Vec<Op>, Counters)> {
+    let mut out = Vec::new();
+    let mut totals = Counters::default();
+    let root = step(Step::Start, None);
+    let root_id = work_id(&root);
+    let own = shard_for(&root, &root_id, SHARDS);
+    let root_row = NewWork {
+        id: root_id.clone(),
+        kind: StepMessage::NAME,
+        shard: own,
+    };
+    tracker
+        .create_scan_work(SCAN, SHARDS, &root_row)
+        .await
+        .unwrap();
+    totals.created += 1;
+    out.push((
+        "scan started: the root's row (pending) and its shard's counter",
+        store.take(),
+        totals,
+    ));
+
+    let outcome = outcomes().remove(0).1;
+    let children: Vec<NewWork> = outcome
+        .children
+        .iter()
+        .enumerate()
+        .map(|(i, child)| {
+            let shard = outcome.in_own_shard(i).then_some(own);
+            let (id, kind, hint) = match child {
+                ChildSpec::Step(s) => {
+                    let m = StepMessage {
+                        scan_id: SCAN.into(),
+                        step: s.clone(),
+                        shard,
+                    };
+                    (
+                        work_id(&m),
+                        StepMessage::NAME,
+                        shard_for(&m, &work_id(&m), SHARDS),
+                    )
+                }
+                ChildSpec::Item(w) => {
+                    let m = ItemMessage {
+                        scan_id: SCAN.into(),
+                        work: w.clone(),
+                        shard,
+                    };
+                    (
+                        work_id(&m),
+                        ItemMessage::NAME,
+                        shard_for(&m, &work_id(&m), SHARDS),
+                    )
+                }
+            };
+            NewWork {
+                id,
+                kind,
+                shard: hint,
+            }
+        })
+        .collect();
+    let Some(WorkState::Pending { etag }) = tracker.work_state(SCAN, own, &root_id).await.unwrap()
+    else {
+        panic!("the root is pending");
+    };
+    let json = serde_json::to_string(&outcome).unwrap();
+    let recorded = tracker
+        .record_outcome(SCAN, own, &root_id, &etag, &json, &[&children[0]])
+        .await
+        .unwrap();
+    totals.created += 1;
+    out.push((
+        "root executed: its outcome recorded (pending -> expanded), its first child registered with it",
+        store.take(),
+        totals,
+    ));
+    for (i, child) in children.iter().enumerate().skip(1) {
+        tracker.register_children(SCAN, &[child]).await.unwrap();
+        totals.created += 1;
+        let name = [
+            "",
+            "the root's second child registered",
+            "the root's third child registered",
+        ][i];
+        out.push((name, store.take(), totals));
+    }
+    let done = tracker
+        .complete(
+            SCAN,
+            own,
+            &root_id,
+            &recorded.etag,
+            outcome.delta,
+            None,
+            None,
+            recorded.counter,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(done, Completion::Committed { .. }));
+    totals = totals.plus(&outcome.delta).plus(&counters(|c| {
+        c.completed = 1;
+        c.messages = 1;
+    }));
+    out.push((
+        "root finished (expanded -> done) with its counters",
+        store.take(),
+        totals,
+    ));
+
+    let step_child = &children[0];
+    let etag = pending_etag(tracker, step_child).await;
+    tracker
+        .drop_work(SCAN, step_child.shard, &step_child.id, &etag)
+        .await
+        .unwrap();
+    totals = totals.plus(&counters(|c| {
+        c.completed = 1;
+        c.dropped = 1;
+    }));
+    out.push((
+        "a step of an ended scan dropped (pending -> dropped)",
+        store.take(),
+        totals,
+    ));
+
+    let delta = outcomes().remove(3).1.delta;
+    let result = export_result();
+    totals = totals.plus(&complete_child(tracker, &children[1], delta, None, Some(&result)).await);
+    out.push((
+        "an export item finished (pending -> done) with its result",
+        store.take(),
+        totals,
+    ));
+
+    let delta = counters(|c| c.storage_requests = 1);
+    let error = "storage: the part could not be written (HTTP 403)";
+    totals = totals.plus(&complete_child(tracker, &children[2], delta, Some(error), None).await);
+    out.push((
+        "an item failed for good (pending -> failed) with its error",
+        store.take(),
+        totals,
+    ));
+    out
+}
+
+#[tokio::test]
+async fn work_and_counter_rows_as_stored() {
+    let (store, scans, work) = recording_tracker().await;
+    let tracker = Tracker::new(&store, &scans, &work);
+    let scenario = work_scenario(&store, &tracker).await;
+    let is_counter = |op: &Op| op.row_key == "counter";
+    let split = |counter: bool| -> Vec<Example> {
+        scenario
+            .iter()
+            .map(|(name, ops, _)| {
+                let ops: Vec<Op> = ops
+                    .iter()
+                    .filter(|o| is_counter(o) == counter)
+                    .cloned()
+                    .collect();
+                ops_example(name, &ops)
+            })
+            .collect()
+    };
+    let header =
+        "Work rows (work table; PartitionKey `<scan id>-<shard:02>`, RowKey = work id): the\n\
+                  operations on them of each transaction in the life of one scan's work (the same\n\
+                  transactions' counter rows are in counter-rows.txt). Clock stamps fixed.";
+    let golden_rows = check_examples("work-rows.txt", header, &split(false));
+    let header = "Counter rows (RowKey `counter`, one per shard partition that has work): the\n\
+                  operations on them of the transactions in work-rows.txt, example by example.";
+    let golden_counters = check_examples("counter-rows.txt", header, &split(true));
+
+    // Read back, transaction by transaction: the rows as stored after it, written by the test's
+    // own client, read by today's tracker.
+    let reader = support::table_store().0;
+    let mut ops: Vec<Op> = Vec::new();
+    let outcome_json = serde_json::to_string(&outcomes().remove(0).1).unwrap();
+    let mut last_table = String::new();
+    for ((rows_example, counter_example), (name, _, totals)) in
+        golden_rows.iter().zip(&golden_counters).zip(&scenario)
+    {
+        let touched = ops_of(rows_example);
+        ops.extend(touched.iter().cloned());
+        ops.extend(ops_of(counter_example));
+        let table = stored(&replay(ops.iter()), "GoldenWorkRead").await;
+        let read = Tracker::new(&reader, &scans, &table);
+        for op in &touched {
+            let shard: u32 = op.partition.rsplit('-').next().unwrap().parse().unwrap();
+            let state = read.work_state(SCAN, shard, &op.row_key).await.unwrap();
+            let row = &replay(ops.iter())[&(op.partition.clone(), op.row_key.clone())];
+            match (row["State"].as_str().unwrap(), state) {
+                ("pending", Some(WorkState::Pending { .. })) => {}
+                ("expanded", Some(WorkState::Expanded { outcome, .. })) => {
+                    assert_eq!(outcome, outcome_json, "{name}")
+                }
+                ("done" | "failed" | "dropped", Some(WorkState::Finished)) => {}
+                (s, state) => panic!("{name}: a {s} row read as {state:?}"),
+            }
+        }
+        let read_totals = read.totals(SCAN, SHARDS).await.unwrap();
+        assert_eq!(&read_totals, totals, "{name}: totals");
+        last_table = table;
+    }
+    let read = Tracker::new(&reader, &scans, &last_table);
+    assert_eq!(
+        read.work_results(SCAN, SHARDS, 10).await.unwrap(),
+        vec![export_result()]
+    );
+    assert!(read.is_drained(SCAN, SHARDS).await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The export format
+
+/// Rows as the Table service returns them: every EDM type, a double with no fraction marker
+/// left to annotate, strings that need escapes, a lone surrogate.
+fn export_rows() -> Vec<Vec<Entity>> {
+    let lines = [
+        r#"{"PartitionKey":"p1","RowKey":"r1","Big":"9223372036854775807","Big@odata.type":"Edm.Int64","Bin":"AQID","Bin@odata.type":"Edm.Binary","Count":42,"Flag":true,"Id":"c2a1f7de-2f4e-4f5b-9d7e-0a1b2c3d4e5f","Id@odata.type":"Edm.Guid","Name":"a\ud83d\ude00b \"q\" \u2028","Score":0.1,"When":"2026-01-02T03:04:05.1234567Z","When@odata.type":"Edm.DateTime"}"#,
+        r#"{"PartitionKey":"p1","RowKey":"r2","Lone":"\ud800","Nan":"NaN","Nan@odata.type":"Edm.Double","Whole":3.0,"Whole@odata.type":"Edm.Double","Tiny":5e-324}"#,
+        r#"{"PartitionKey":"it's","RowKey":"","Empty":""}"#,
+    ];
+    let entity = |line: &str| match serde_json::from_str(line).unwrap() {
+        tablescan::storage::ServiceEntity::Entity(e) => e,
+        other => panic!("{other:?}"),
+    };
+    vec![
+        vec![entity(lines[0]), entity(lines[1])],
+        vec![entity(lines[2])],
+    ]
+}
+
+/// The work ids of the export's two items (as `messages-table-copy.txt` would show them).
+fn export_item_ids() -> Vec<String> {
+    [
+        range(("p1", "r1"), ("p1", "r2")),
+        range(("it's", ""), ("it's", "")),
+    ]
+    .iter()
+    .map(|w| work_id(&item(Typed::Range(w.clone()), None).0))
+    .collect()
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+#[test]
+fn export_parts_and_manifest() {
+    let mut parts = Vec::new();
+    let mut expected = BTreeMap::new();
+    for (i, (rows, id)) in export_rows().into_iter().zip(export_item_ids()).enumerate() {
+        let encoded = encode_part(&rows).unwrap();
+        let (lines, blob) = (
+            format!("export-part-{}.jsonl", i + 1),
+            format!("export-part-{}.jsonl.gz", i + 1),
+        );
+        // The lines are the format, byte for byte. The gzip bytes around them may change with
+        // the compressor, so the blob is kept as written once: a file a new version must read.
+        check(&lines, &gunzip(&encoded.bytes));
+        let golden_blob = harness::kept(&blob, &encoded.bytes);
+        assert_eq!(
+            gunzip(&golden_blob),
+            harness::read(&lines),
+            "{blob} holds {lines}"
+        );
+        let name = part_name(SCAN, &id).unwrap();
+        expected.insert(name.clone(), (blob, rows));
+        parts.push(ManifestPart {
+            name,
+            rows: encoded.rows,
+            bytes: golden_blob.len() as u64,
+            sha256: sha256_hex(&golden_blob),
+        });
+    }
+    let manifest = Manifest::new(
+        "Packages",
+        SCAN,
+        parts,
+        started_at(),
+        datetime!(2026-01-02 03:09:10 UTC),
+    );
+    check("export-manifest.json", &manifest.to_json());
+
+    // Read back: the manifest, and each part it lists, with today's decoder.
+    let read = Manifest::parse(&harness::read("export-manifest.json")).unwrap();
+    assert_eq!(read, manifest);
+    assert_eq!(read.parts.len(), expected.len());
+    for part in &read.parts {
+        let (blob, rows) = &expected[&part.name];
+        let bytes = harness::read(blob);
+        let decoded =
+            decode_part(&bytes, part.rows, &part.sha256, &DecodeLimits::default()).unwrap();
+        assert_eq!(&decoded, rows, "{blob}");
+    }
+}
+
+#[test]
+fn export_names() {
+    let id = &export_item_ids()[0];
+    let examples: Vec<Example> = ["", "nightly/2026-01-02", "a/"]
+        .iter()
+        .map(|prefix| {
+            let layout = ExportLayout::new(prefix).unwrap();
+            let part = part_name(SCAN, id).unwrap();
+            Example::new(format!("prefix {prefix:?}"))
+                .line("manifest blob", layout.manifest_blob())
+                .line("part name (as listed)", part.clone())
+                .line("part blob", layout.blob(&part))
+        })
+        .collect();
+    let header = "Export blob names: `<prefix>manifest.json` and `<prefix>parts/<scan id>/<work item\n\
+                  id>.jsonl.gz` (docs/export-format.md); the manifest lists parts relative to the prefix.";
+    let golden = check_examples("export-names.txt", header, &examples);
+    for g in &golden {
+        let part = g.get("part name (as listed)");
+        let (scan, rest) = part
+            .strip_prefix("parts/")
+            .and_then(|p| p.split_once('/'))
+            .unwrap();
+        let item = rest.strip_suffix(".jsonl.gz").unwrap();
+        assert_eq!(part_name(scan, item).unwrap(), part);
+        let prefix = g
+            .get("manifest blob")
+            .strip_suffix("manifest.json")
+            .unwrap();
+        let layout = ExportLayout::new(prefix).unwrap();
+        assert_eq!(layout.blob(part), g.get("part blob"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A scan that continues across a handler restart and a redeployment
+
+/// Generous bound for the copy on a loaded 2-core machine.
+const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Rows in a table, read with the test's own REST client (0 while it does not exist).
+async fn rows_in(table: &str) -> usize {
+    RawClient::azurite()
+        .read_all(table)
+        .await
+        .map(|rows| rows.len())
+        .unwrap_or(0)
+}
+
+/// Waits until the copy wrote at least `rows` rows, and checks it is still running (mid-scan).
+async fn wait_mid_scan(app: &support::e2e::TestApp, id: &str, destination: &str, rows: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rows_in(destination).await < rows && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        support::faults::recorded_state(app, id).await.as_deref(),
+        Some("running"),
+        "the copy must still be running here (it wrote {} rows); make it longer",
+        rows_in(destination).await
+    );
+}
+
+/// The fault suite's `handler_crashes` kills handlers one at a time and `scale_out_with_an_
+/// instance_stopped` stops one instance of three; here every instance goes at once, twice:
+/// 1. every handler process is SIGKILLed mid-scan at the same moment (invocations in flight
+///    die); the host starts a fresh handler process per instance (generation 2);
+/// 2. the whole host is stopped mid-scan (no new work, invocations in flight finish, handlers
+///    stop) and a new host with new handler processes starts on the same app, storage, queues
+///    and tables: a redeployment of the same version.
+///
+/// The copy must complete by itself, exactly: destination = source row for row and property
+/// for property (read with the test's own REST client), every counter exact, no work left in
+/// the work table or the queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_continues_across_a_redeployment_mid_scan() {
+    use support::faults::{
+        failed_by_kills, seeded_source, sigkill, source_entities, start_copy, verify_copy, Summary,
+    };
+
+    let mut summary = Summary::new("redeployment");
+    let mut app = support::e2e::TestApp::start(2, &[]).await;
+    let (source, source_rows) = seeded_source(&app, source_entities(400, 27)).await;
+    let destination = support::unique_name("Dest");
+    let id = start_copy(&app, &source, &destination, 4).await;
+
+    wait_mid_scan(&app, &id, &destination, 20).await;
+    let pids: Vec<u32> = app.host().handler_pids().into_iter().flatten().collect();
+    assert_eq!(pids.len(), 2, "every instance has a handler");
+    let killed_at = rows_in(&destination).await;
+    for pid in &pids {
+        sigkill(*pid);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.host().handler_generations() != vec![2, 2] {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            app.host().handler_generations()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.host()
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let restarted: Vec<u32> = app.host().handler_pids().into_iter().flatten().collect();
+    assert!(
+        restarted.iter().all(|p| !pids.contains(p)),
+        "fresh handler processes"
+    );
+
+    let failed_by_kill = failed_by_kills(&app);
+    let restarted_at = rows_in(&destination).await;
+    wait_mid_scan(&app, &id, &destination, restarted_at + 20).await;
+    let redeployed_at = rows_in(&destination).await;
+    app.redeploy().await;
+    assert_eq!(app.host().handler_generations(), vec![1, 1], "a new host");
+    summary.faults = 2;
+
+    let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
+    let invocations: u64 = app
+        .host()
+        .invocation_stats()
+        .values()
+        .map(|s| s.invocations)
+        .sum();
+    eprintln!(
+        "redeployment: {} rows; every handler killed at {killed_at} rows written ({failed_by_kill} \
+         invocations in flight failed), the host redeployed at {redeployed_at}; the new host ran \
+         {invocations} invocations",
+        source_rows.len()
+    );
+    assert!(invocations > 0, "the new host continued the scan");
+    summary.add(&verdict);
+    summary.report(&[&verdict]);
+    app.shutdown().await;
+}
