@@ -167,18 +167,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
             // Try again, reading the row.
             return Err(changed_under(&begun.work_id));
         }
-        // Check for the end of the scan also after a duplicate completion: it may have been our
-        // own commit whose answer was lost, and then nobody else would notice.
-        let scan_completed = match completion {
-            Completion::Committed { shard_idle: false } => false,
-            Completion::Committed { shard_idle: true } => {
-                self.complete_if_drained(&tracker, scan, None).await?
-            }
-            Completion::Duplicate => self.complete_if_drained(&tracker, scan, Some(own)).await?,
-        };
-        if scan_completed {
-            tracing::info!(scan = %scan.scan_id, "scan completed");
-        }
+        self.notice_end(&tracker, scan, own, completion).await?;
         match completion {
             Completion::Duplicate => Ok(format!(
                 "{}: completed concurrently by another delivery",
@@ -192,6 +181,29 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
                 delta.rows_written
             )),
         }
+    }
+
+    /// Ends the scan if this completion drained it. Checked also after a duplicate completion:
+    /// it may have been this delivery's own commit whose answer was lost, and then nobody else
+    /// would notice.
+    async fn notice_end<S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        own: u32,
+        completion: Completion,
+    ) -> Result<(), WorkError> {
+        let scan_completed = match completion {
+            Completion::Committed { shard_idle: false } => false,
+            Completion::Committed { shard_idle: true } => {
+                self.complete_if_drained(tracker, scan, None).await?
+            }
+            Completion::Duplicate => self.complete_if_drained(tracker, scan, Some(own)).await?,
+        };
+        if scan_completed {
+            tracing::info!(scan = %scan.scan_id, "scan completed");
+        }
+        Ok(())
     }
 
     /// A scan step's work on the rows it read, done by the scan's driver after the step's
