@@ -5,7 +5,8 @@
 //! - [`storage`]: that interface and its Azure adapters (plus in-memory stores with `lab`);
 //! - [`app`]: the function app (custom-handler protocol, scan API, queue functions, `stage`).
 //!
-//! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses.
+//! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses; [`redact`]
+//! hides credentials in every log line and error message.
 //!
 //! That is what ships to Azure (`cargo build --release --no-default-features`). The default
 //! `lab` feature adds the development tools around it:
@@ -29,6 +30,7 @@ pub mod demo;
 pub mod host;
 #[cfg(feature = "lab")]
 pub mod proxy;
+pub mod redact;
 pub mod retry;
 pub mod scan;
 #[cfg(feature = "lab")]
