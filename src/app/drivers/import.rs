@@ -1,26 +1,39 @@
 //! The import driver (`"driver": "import"`): restores an export (docs/export-format.md) into
-//! `destinationTable`, in parallel, one work item per part. It scans no table: its root item
-//! reads the manifest and fans the parts out in chunks ([`PARTS_PER_ITEM`] part items and the
-//! next chunk item each); a part item downloads its part, verifies its SHA-256 and row count
-//! against the manifest **before writing anything** (a mismatch fails the scan naming the
-//! part), and upserts its rows in same-partition entity group transactions, every value passed
-//! through as the JSON text the export holds.
+//! `destinationTable`, in two phases. It scans no table. **Verification** (phase 0): the root
+//! item reads the manifest and fans the parts out in chunks ([`PARTS_PER_ITEM`] items and the
+//! next chunk item each), one verification item per part (or per [`VERIFY_SLICE_BYTES`] slice
+//! of a longer one), which checks the part's SHA-256, inflates and parses every line, and checks
+//! every row as the service would (keys, property names, each value a valid literal of its type,
+//! the service's limits: `Entity::check_writable`) and the row count. It writes nothing.
+//! **Writing** (phase 1, [`Driver::phase`]): started only once every verification item has
+//! finished and none failed, it fans the parts out again, and each write item re-checks its
+//! part's SHA-256 (the pin: a part changed since it was verified fails before any of its rows
+//! is written), decodes only its own rows, and upserts them in same-partition entity group
+//! transactions, every value passed through as the JSON text the export holds.
 //!
 //! Invariants:
 //! - One manifest per import, the one checked at start: its SHA-256 is recorded with the scan
 //!   and carried by every chunk item, and a chunk item that finds other bytes fails the scan
 //!   instead of restoring another export or mixing two.
-//! - Bounded: a chunk item queues at most [`PARTS_PER_ITEM`] items; a part item writes at most
-//!   [`MAX_ITEM_ROWS`] rows (a longer part, written by another tool, is continued by a child
-//!   item that skips the rows already written) and inflates at most what the format allows.
-//! - Idempotent: upserts (replace) of the same rows, so a redelivered item rewrites them.
+//! - Nothing is written unless every part verified: the write phase starts from the drained
+//!   check of a scan with no failed item.
+//! - Bounded: a chunk item queues at most [`PARTS_PER_ITEM`] items; a verification item checks
+//!   lines until [`VERIFY_SLICE_BYTES`] are inflated past its start, a write item decodes at most
+//!   [`MAX_ITEM_ROWS`] rows and [`WRITE_ITEM_BYTES`] of lines (the rest of a part is handed on
+//!   to a child that skips the lines already done); neither keeps more than one line and its
+//!   own rows in memory, and decoding runs on a blocking thread (`spawn_blocking`), never on
+//!   the thread that answers the API.
+//! - Idempotent: verification writes nothing, and upserts (replace) of the same rows rewrite
+//!   them.
 //!
 //! [`MAX_ITEM_ROWS`]: super::MAX_ITEM_ROWS
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::stream::{self, StreamExt, TryStreamExt};
+use bytes::Bytes;
+
+use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::app::config::Config;
@@ -31,10 +44,10 @@ use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::blob::BlobStore;
 use crate::storage::export_format::{
-    decode_part, sha256_hex, DecodeLimits, ExportLayout, Manifest, MAX_MANIFEST_BYTES,
-    MAX_PART_DECOMPRESSED_BYTES,
+    check_sha256, decode_line, sha256_hex, DecodeLimits, ExportFormatError, ExportLayout,
+    Manifest, PartLines, MAX_MANIFEST_BYTES, MAX_PART_DECOMPRESSED_BYTES,
 };
-use crate::storage::{Entity, QueueStore, TableStore};
+use crate::storage::{BatchOperation, Entity, QueueStore, StorageError, TableStore};
 
 use super::export::{check_blob_connection, check_container_field};
 use super::range::batches;
@@ -44,6 +57,14 @@ use super::{
 
 /// Most part items one chunk item queues (with the next chunk item).
 pub const PARTS_PER_ITEM: usize = 200;
+/// A verification item stops after the line that brings what it inflated past its start to
+/// this (its child continues): a few seconds of parsing at most.
+pub const VERIFY_SLICE_BYTES: u64 = 64 * 1024 * 1024;
+/// A write item stops after the line that brings its decoded lines to this (or after
+/// [`MAX_ITEM_ROWS`] rows), so its rows in memory stay small whatever the lines hold.
+///
+/// [`MAX_ITEM_ROWS`]: super::MAX_ITEM_ROWS
+pub const WRITE_ITEM_BYTES: u64 = 16 * 1024 * 1024;
 
 pub struct ImportDriver;
 
@@ -76,15 +97,28 @@ pub struct ImportOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum ImportWork {
-    /// Parts `start..` of the manifest (in its order): queues up to [`PARTS_PER_ITEM`] part
-    /// items and the next chunk. `sha256`: the manifest's digest when the import started
-    /// (`None` only in items of scans started before it was recorded: the root pins its read).
+    /// Parts `start..` of the manifest (in its order): queues up to [`PARTS_PER_ITEM`] items
+    /// (verification items, or with `write` write items) and the next chunk. `sha256`: the
+    /// manifest's digest when the import started (`None` only in items of scans started before
+    /// it was recorded: the root pins its read).
     Parts {
         start: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sha256: Option<String>,
+        /// The write phase's chunk (phase 1); absent in the verification phase's.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        write: bool,
     },
-    /// One part, as the manifest lists it; its rows from `skip` on.
+    /// Verifies one part, as the manifest lists it, from line `skip + 1` on.
+    Verify {
+        name: String,
+        rows: u64,
+        bytes: u64,
+        sha256: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        skip: u64,
+    },
+    /// Writes one part, as the manifest lists it; its rows from `skip` on.
     Part {
         name: String,
         rows: u64,
@@ -108,6 +142,7 @@ impl ImportOptions {
 impl Driver for ImportDriver {
     const NAME: &'static str = "import";
     const SCANS_TABLE: bool = false;
+    const PHASES: u32 = 1;
     type Fields = ImportFields;
     type Item = ImportWork;
 
@@ -174,6 +209,17 @@ impl Driver for ImportDriver {
         item_child::<Self>(&ImportWork::Parts {
             start: 0,
             sha256: options.manifest_sha256,
+            write: false,
+        })
+    }
+
+    /// The write phase: the parts fanned out again, once every part verified.
+    fn phase(context: &ScanContext, _: u32) -> Result<ChildSpec, WorkError> {
+        let options: ImportOptions = context.options()?;
+        item_child::<Self>(&ImportWork::Parts {
+            start: 0,
+            sha256: options.manifest_sha256,
+            write: true,
         })
     }
 
@@ -187,7 +233,26 @@ impl Driver for ImportDriver {
         item: ImportWork,
     ) -> Result<WorkOutcome, WorkError> {
         match item {
-            ImportWork::Parts { start, sha256 } => fan_out(state, begun, start, sha256).await,
+            ImportWork::Parts {
+                start,
+                sha256,
+                write,
+            } => fan_out(state, begun, start, sha256, write).await,
+            ImportWork::Verify {
+                name,
+                rows,
+                bytes,
+                sha256,
+                skip,
+            } => {
+                let part = PartRef {
+                    name,
+                    rows,
+                    bytes,
+                    sha256,
+                };
+                verify_part(state, begun, part, skip).await
+            }
             ImportWork::Part {
                 name,
                 rows,
@@ -196,10 +261,10 @@ impl Driver for ImportDriver {
                 skip,
             } => {
                 let part = PartRef {
-                    name: &name,
+                    name,
                     rows,
                     bytes,
-                    sha256: &sha256,
+                    sha256,
                 };
                 restore_part(state, begun, part, skip).await
             }
@@ -233,12 +298,14 @@ async fn read_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
     Ok((manifest, sha256_hex(&downloaded.bytes)))
 }
 
-/// A chunk item: queues the parts `start..start + PARTS_PER_ITEM` and the next chunk.
+/// A chunk item: queues the parts `start..start + PARTS_PER_ITEM` (verification items, or
+/// with `write` write items) and the next chunk.
 async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     begun: &Begun<ItemMessage>,
     start: u64,
     expected: Option<String>,
+    write: bool,
 ) -> Result<WorkOutcome, WorkError> {
     let (manifest, sha256) = read_manifest(state, &begun.scan, &begun.requests).await?;
     if let Some(expected) = expected.filter(|e| *e != sha256) {
@@ -249,15 +316,17 @@ async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
     let mut outcome = WorkOutcome::default();
     let start = usize::try_from(start).unwrap_or(usize::MAX);
     for part in manifest.parts.iter().skip(start).take(PARTS_PER_ITEM) {
-        outcome
-            .children
-            .push(item_child::<ImportDriver>(&ImportWork::Part {
-                name: part.name.clone(),
-                rows: part.rows,
-                bytes: part.bytes,
-                sha256: part.sha256.clone(),
-                skip: 0,
-            })?);
+        let part = PartRef {
+            name: part.name.clone(),
+            rows: part.rows,
+            bytes: part.bytes,
+            sha256: part.sha256.clone(),
+        };
+        let item = match write {
+            true => part.write_from(0),
+            false => part.verify_from(0),
+        };
+        outcome.children.push(item_child::<ImportDriver>(&item)?);
     }
     let next = start.saturating_add(PARTS_PER_ITEM);
     if next < manifest.parts.len() {
@@ -266,88 +335,309 @@ async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
             .push(item_child::<ImportDriver>(&ImportWork::Parts {
                 start: next as u64,
                 sha256: Some(sha256),
+                write,
             })?);
     }
     Ok(outcome)
 }
 
 /// A part as the manifest lists it.
-struct PartRef<'a> {
-    name: &'a str,
+#[derive(Debug, Clone)]
+struct PartRef {
+    name: String,
     rows: u64,
     bytes: u64,
-    sha256: &'a str,
+    sha256: String,
 }
 
-/// A part item: downloads and verifies the part, then upserts its rows from `skip` on (at most
-/// [`MAX_ITEM_ROWS`]; the rest is handed on).
-async fn restore_part<T: TableStore + Clone, Q: QueueStore + Clone>(
+impl PartRef {
+    fn verify_from(&self, skip: u64) -> ImportWork {
+        ImportWork::Verify {
+            name: self.name.clone(),
+            rows: self.rows,
+            bytes: self.bytes,
+            sha256: self.sha256.clone(),
+            skip,
+        }
+    }
+
+    fn write_from(&self, skip: u64) -> ImportWork {
+        ImportWork::Part {
+            name: self.name.clone(),
+            rows: self.rows,
+            bytes: self.bytes,
+            sha256: self.sha256.clone(),
+            skip,
+        }
+    }
+}
+
+/// A part's bytes, downloaded (at most the size the manifest lists), and how to name it in an
+/// error.
+struct Fetched {
+    bytes: Bytes,
+    /// `container/blob`.
+    blob: String,
+}
+
+impl Fetched {
+    fn failed(&self, why: impl std::fmt::Display) -> WorkError {
+        WorkError::Permanent(format!("part {} (listed in the manifest): {why}", self.blob))
+    }
+}
+
+/// Downloads a part the manifest lists.
+async fn fetch_part<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     begun: &Begun<ItemMessage>,
-    part: PartRef<'_>,
-    skip: u64,
-) -> Result<WorkOutcome, WorkError> {
+    part: &PartRef,
+) -> Result<Fetched, WorkError> {
     let scan = &*begun.scan;
     let options: ImportOptions = scan.options()?;
-    let destination = scan
-        .destination
-        .as_ref()
-        .ok_or_else(|| WorkError::Failed("import work without a destination".into()))?;
     let blobs = state.blob_store(&scan.source.connection, &begun.requests)?;
-    let blob = options.layout()?.blob(part.name);
-    let failed = |why: String| {
-        WorkError::Permanent(format!(
-            "part {}/{blob} (listed in the manifest): {why}",
-            options.container
-        ))
+    let name = options.layout()?.blob(&part.name);
+    let mut fetched = Fetched {
+        bytes: Bytes::new(),
+        blob: format!("{}/{name}", options.container),
     };
     if part.bytes > MAX_PART_DECOMPRESSED_BYTES {
-        return Err(failed(format!(
+        return Err(fetched.failed(format!(
             "{} bytes, over the {MAX_PART_DECOMPRESSED_BYTES}-byte bound",
             part.bytes
         )));
     }
-    let downloaded = match blobs.download(&options.container, &blob, part.bytes).await {
-        Err(e) if e.is_not_found() => return Err(failed("missing".into())),
+    fetched.bytes = match blobs.download(&options.container, &name, part.bytes).await {
+        Err(e) if e.is_not_found() => return Err(fetched.failed("missing")),
         Err(e) if e.is_transient() => return Err(e.into()),
-        Err(e) => return Err(failed(e.to_string())),
-        Ok(d) => d,
+        Err(e) => return Err(fetched.failed(e)),
+        Ok(d) => d.bytes,
     };
-    let rows = decode_part(
-        &downloaded.bytes,
-        part.rows,
-        part.sha256,
-        &DecodeLimits::default(),
-    )
-    .map_err(|e| failed(e.to_string()))?;
-    let skip = usize::try_from(skip).unwrap_or(usize::MAX);
+    Ok(fetched)
+}
+
+/// Runs CPU-heavy decoding on a blocking thread, never on the thread that answers the API.
+async fn off_thread<R: Send + 'static>(
+    work: impl FnOnce() -> Result<R, ExportFormatError> + Send + 'static,
+) -> Result<Result<R, ExportFormatError>, WorkError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| WorkError::Failed(format!("decoding a part stopped: {e}")))
+}
+
+/// A line as an entity the service would accept (see `Entity::check_writable`).
+fn writable_line(number: u64, text: &[u8]) -> Result<Entity, ExportFormatError> {
+    let entity = decode_line(number, text)?;
+    entity
+        .check_writable()
+        .map_err(|e| ExportFormatError::BadLine {
+            line: number,
+            message: e.message,
+        })?;
+    Ok(entity)
+}
+
+/// Skips the first `skip` lines of a part (counted, not parsed).
+fn skip_lines<R: std::io::Read>(
+    lines: &mut PartLines<R>,
+    skip: u64,
+    rows: u64,
+) -> Result<(), ExportFormatError> {
+    for done in 0..skip {
+        if lines.next_line()?.is_none() {
+            return Err(ExportFormatError::RowCountMismatch {
+                expected: rows,
+                actual: done.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What a verification slice found: the lines verified so far (from the part's start), and
+/// whether it reached the end of the part.
+struct Verified {
+    lines: u64,
+    ended: bool,
+}
+
+/// Verifies a part's lines `skip + 1 ..` (see the module documentation): checks the SHA-256,
+/// skips `skip` lines, then checks each line until the part ends (the row count must then be
+/// the manifest's) or [`VERIFY_SLICE_BYTES`] were inflated in this slice.
+fn verify_lines(bytes: &[u8], part: &PartRef, skip: u64) -> Result<Verified, ExportFormatError> {
+    check_sha256(bytes, &part.sha256)?;
+    let mut lines = PartLines::new(bytes, DecodeLimits::default());
+    skip_lines(&mut lines, skip, part.rows)?;
+    let stop = lines.decompressed_bytes().saturating_add(VERIFY_SLICE_BYTES);
+    let more_than = |rows: u64| ExportFormatError::RowCountMismatch {
+        expected: rows,
+        actual: format!("more than {rows}"),
+    };
+    let mut last = skip;
+    // Bounded: every line inflates at least one byte, and the slice stops at `stop`.
+    while let Some((number, text)) = lines.next_line()? {
+        if number > part.rows {
+            return Err(more_than(part.rows));
+        }
+        writable_line(number, text)?;
+        last = number;
+        if lines.decompressed_bytes() >= stop && number < part.rows {
+            return Ok(Verified {
+                lines: number,
+                ended: false,
+            });
+        }
+    }
+    if last != part.rows {
+        return Err(ExportFormatError::RowCountMismatch {
+            expected: part.rows,
+            actual: last.to_string(),
+        });
+    }
+    Ok(Verified {
+        lines: last,
+        ended: true,
+    })
+}
+
+/// A verification item: verifies a slice of a part's lines, handing the rest on. Writes
+/// nothing.
+async fn verify_part<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    begun: &Begun<ItemMessage>,
+    part: PartRef,
+    skip: u64,
+) -> Result<WorkOutcome, WorkError> {
+    let fetched = fetch_part(state, begun, &part).await?;
+    let (bytes, slice) = (fetched.bytes.clone(), part.clone());
+    let verified = off_thread(move || verify_lines(&bytes, &slice, skip))
+        .await?
+        .map_err(|e| fetched.failed(e))?;
     let mut outcome = WorkOutcome::default();
-    let rows: Vec<Entity> = rows.into_iter().skip(skip).collect();
-    let (rows, more) = match rows.len() > MAX_ITEM_ROWS {
-        true => (rows.into_iter().take(MAX_ITEM_ROWS).collect(), true),
-        false => (rows, false),
-    };
-    if more {
+    if !verified.ended {
+        let next = part.verify_from(verified.lines);
+        outcome.children.push(item_child::<ImportDriver>(&next)?);
+    }
+    Ok(outcome)
+}
+
+/// A write item's rows: lines `skip + 1 ..` of a part (SHA-256 checked first), at most
+/// [`MAX_ITEM_ROWS`] of them and the line that brings them past [`WRITE_ITEM_BYTES`].
+fn write_slice(bytes: &[u8], part: &PartRef, skip: u64) -> Result<Vec<Entity>, ExportFormatError> {
+    check_sha256(bytes, &part.sha256)?;
+    let mut lines = PartLines::new(bytes, DecodeLimits::default());
+    skip_lines(&mut lines, skip, part.rows)?;
+    let start = lines.decompressed_bytes();
+    let want = part.rows.saturating_sub(skip).min(MAX_ITEM_ROWS as u64);
+    let mut rows = Vec::with_capacity(want as usize);
+    // Bounded by `want` (at most MAX_ITEM_ROWS).
+    while (rows.len() as u64) < want {
+        let Some((number, text)) = lines.next_line()? else {
+            return Err(ExportFormatError::RowCountMismatch {
+                expected: part.rows,
+                actual: (skip + rows.len() as u64).to_string(),
+            });
+        };
+        rows.push(writable_line(number, text)?);
+        if lines.decompressed_bytes() - start >= WRITE_ITEM_BYTES {
+            break;
+        }
+    }
+    Ok(rows)
+}
+
+/// A write item: re-checks the part's SHA-256 (it was verified with these bytes), then upserts
+/// its rows from `skip` on (see [`write_slice`]; the rest is handed on).
+async fn restore_part<T: TableStore + Clone, Q: QueueStore + Clone>(
+    state: &AppState<T, Q>,
+    begun: &Begun<ItemMessage>,
+    part: PartRef,
+    skip: u64,
+) -> Result<WorkOutcome, WorkError> {
+    let scan = &*begun.scan;
+    let destination = scan
+        .destination
+        .as_ref()
+        .ok_or_else(|| WorkError::Failed("import work without a destination".into()))?;
+    let fetched = fetch_part(state, begun, &part).await?;
+    let (bytes, slice) = (fetched.bytes.clone(), part.clone());
+    let rows = off_thread(move || write_slice(&bytes, &slice, skip))
+        .await?
+        .map_err(|e| fetched.failed(e))?;
+    drop(fetched.bytes);
+    let mut outcome = WorkOutcome::default();
+    let next = skip + rows.len() as u64;
+    if next < part.rows {
         outcome
             .children
-            .push(item_child::<ImportDriver>(&ImportWork::Part {
-                name: part.name.to_string(),
-                rows: part.rows,
-                bytes: part.bytes,
-                sha256: part.sha256.to_string(),
-                skip: (skip + MAX_ITEM_ROWS) as u64,
-            })?);
+            .push(item_child::<ImportDriver>(&part.write_from(next))?);
     }
     let count = rows.len() as i64;
     let target = state.counted_table(&destination.connection, &begun.requests)?;
-    let target = &target;
-    stream::iter(batches(rows))
-        .map(|(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await })
-        .buffer_unordered(state.config.copy_concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
+    let concurrency = state.config.copy_concurrency;
+    let lines = (skip + 1, next);
+    write_rows(&target, &destination.table, rows, concurrency)
+        .await
+        .map_err(|(written, e)| write_failed(&fetched.blob, lines, written, e))?;
     outcome.delta.rows_scanned = count;
     outcome.delta.rows_matched = count;
     outcome.delta.rows_written = count;
     Ok(outcome)
+}
+
+/// Upserts `rows` in batches, `concurrency` at a time. On a failure no further batch is sent,
+/// the ones in flight are awaited, and the error comes with the rows written (exactly: every
+/// batch sent has answered).
+async fn write_rows<S: TableStore>(
+    target: &S,
+    table: &str,
+    rows: Vec<Entity>,
+    concurrency: usize,
+) -> Result<(), (u64, StorageError)> {
+    let stop = AtomicBool::new(false);
+    let stop = &stop;
+    let results: Vec<Result<u64, StorageError>> = stream::iter(batches(rows))
+        .map(|(pk, ops)| async move {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(0);
+            }
+            match target.submit_batch(table, &pk, &ops).await {
+                Ok(()) => Ok(ops.len() as u64),
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    Err(name_failed_row(e, &ops))
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let written = results.iter().filter_map(|r| r.as_ref().ok()).sum();
+    match results.into_iter().find_map(Result::err) {
+        Some(e) => Err((written, e)),
+        None => Ok(()),
+    }
+}
+
+/// The batch's error, naming the row the service refused when it said which.
+fn name_failed_row(mut e: StorageError, ops: &[BatchOperation]) -> StorageError {
+    if let Some(BatchOperation::Upsert(row)) = e.failed_operation.and_then(|i| ops.get(i)) {
+        e.message = format!(
+            "row ({:?}, {:?}): {}",
+            row.partition_key, row.row_key, e.message
+        );
+    }
+    e
+}
+
+/// A write item's failure: permanent for every answer but a transient one (408, 429, 5xx,
+/// timeouts: retried), the error saying how many of the item's rows were written before it.
+fn write_failed(blob: &str, lines: (u64, u64), written: u64, e: StorageError) -> WorkError {
+    let message = format!(
+        "part {blob}, lines {}..={}: {written} of them were written before the service refused a batch (the import's rowsWritten does not count them): {e}",
+        lines.0, lines.1
+    );
+    match e.is_transient() {
+        true => WorkError::Storage(StorageError { message, ..e }),
+        false => WorkError::Permanent(message),
+    }
 }
