@@ -353,7 +353,10 @@ impl Entity {
     pub fn check_writable(&self) -> Result<(), StorageError> {
         let row = || format!("row ({:?}, {:?})", self.partition_key, self.row_key);
         let refuse = |m: String| Err(StorageError::invalid_input(format!("{}: {m}", row())));
-        for (what, key) in [("PartitionKey", &self.partition_key), ("RowKey", &self.row_key)] {
+        for (what, key) in [
+            ("PartitionKey", &self.partition_key),
+            ("RowKey", &self.row_key),
+        ] {
             if let Err(m) = check_key(key) {
                 return refuse(format!("its {what} {m}"));
             }
@@ -366,7 +369,9 @@ impl Entity {
                 continue;
             }
             if name.contains('@') {
-                return refuse(format!("{name:?} is not a property name nor a type annotation"));
+                return refuse(format!(
+                    "{name:?} is not a property name nor a type annotation"
+                ));
             }
             if let Err(m) = check_property_name(name) {
                 return refuse(format!("property name {name:?} {m}"));
@@ -430,7 +435,10 @@ fn check_key(key: &str) -> Result<(), String> {
             "is {units} UTF-16 units, over the {MAX_KEY_UTF16} (1 KiB) the service allows"
         ));
     }
-    match key.chars().find(|&c| matches!(c, '/' | '\\' | '#' | '?') || c.is_control()) {
+    match key
+        .chars()
+        .find(|&c| matches!(c, '/' | '\\' | '#' | '?') || c.is_control())
+    {
         Some(c) => Err(format!("holds {c:?}, which the service refuses in keys")),
         None => Ok(()),
     }
@@ -488,7 +496,9 @@ pub fn check_literal(raw: &RawValue, annotation: Option<&RawValue>) -> Result<()
             None => text.parse::<f64>().is_ok(),
         },
         EdmType::DateTime => string().is_some_and(|s| is_date_time(&s)),
-        EdmType::Guid => string().is_some_and(|s| s.len() == 36 && uuid::Uuid::try_parse(&s).is_ok()),
+        EdmType::Guid => {
+            string().is_some_and(|s| s.len() == 36 && uuid::Uuid::try_parse(&s).is_ok())
+        }
         EdmType::Binary => string().is_some_and(|s| {
             use base64::Engine as _;
             base64::engine::general_purpose::STANDARD.decode(s).is_ok()

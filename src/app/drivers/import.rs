@@ -44,8 +44,8 @@ use crate::app::state::AppState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::blob::BlobStore;
 use crate::storage::export_format::{
-    check_sha256, decode_line, sha256_hex, DecodeLimits, ExportFormatError, ExportLayout,
-    Manifest, PartLines, MAX_MANIFEST_BYTES, MAX_PART_DECOMPRESSED_BYTES,
+    check_sha256, decode_line, sha256_hex, DecodeLimits, ExportFormatError, ExportLayout, Manifest,
+    PartLines, MAX_MANIFEST_BYTES, MAX_PART_DECOMPRESSED_BYTES,
 };
 use crate::storage::{BatchOperation, Entity, QueueStore, StorageError, TableStore};
 
@@ -382,7 +382,10 @@ struct Fetched {
 
 impl Fetched {
     fn failed(&self, why: impl std::fmt::Display) -> WorkError {
-        WorkError::Permanent(format!("part {} (listed in the manifest): {why}", self.blob))
+        WorkError::Permanent(format!(
+            "part {} (listed in the manifest): {why}",
+            self.blob
+        ))
     }
 }
 
@@ -467,7 +470,9 @@ fn verify_lines(bytes: &[u8], part: &PartRef, skip: u64) -> Result<Verified, Exp
     check_sha256(bytes, &part.sha256)?;
     let mut lines = PartLines::new(bytes, DecodeLimits::default());
     skip_lines(&mut lines, skip, part.rows)?;
-    let stop = lines.decompressed_bytes().saturating_add(VERIFY_SLICE_BYTES);
+    let stop = lines
+        .decompressed_bytes()
+        .saturating_add(VERIFY_SLICE_BYTES);
     let more_than = |rows: u64| ExportFormatError::RowCountMismatch {
         expected: rows,
         actual: format!("more than {rows}"),

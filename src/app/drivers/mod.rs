@@ -548,7 +548,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 .child_message_in(scan, &root, None)
                 .map_err(|e| unusable(e.to_string()))?;
             let work = &message.work;
-            match tracker.work_state(&scan.scan_id, work.shard, &work.id).await? {
+            match tracker
+                .work_state(&scan.scan_id, work.shard, &work.id)
+                .await?
+            {
                 Some(WorkState::Finished) => continue,
                 Some(_) => return Ok(false),
                 None => {
