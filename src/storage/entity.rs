@@ -757,6 +757,100 @@ mod tests {
     }
 
     #[test]
+    fn literals_are_checked_against_their_types() {
+        let raw = |t: &str| RawValue::from_string(t.to_string()).unwrap();
+        let check = |value: &str, edm: Option<&str>| {
+            let annotation = edm.map(|e| raw(&format!("\"{e}\"")));
+            check_literal(&raw(value), annotation.as_deref())
+        };
+        for (value, edm) in [
+            (r#""9223372036854775807""#, Some("Edm.Int64")),
+            (r#""-5""#, Some("Edm.Int64")),
+            ("2147483647", Some("Edm.Int32")),
+            ("7", None),
+            ("1.5", None),
+            (r#""NaN""#, Some("Edm.Double")),
+            (r#""-Infinity""#, Some("Edm.Double")),
+            ("1e300", Some("Edm.Double")),
+            (r#""2020-01-01T00:00:00.1234567Z""#, Some("Edm.DateTime")),
+            (r#""2020-01-01T00:00:00""#, Some("Edm.DateTime")),
+            (
+                r#""c56a4180-65aa-42ec-a945-5fd21dec0538""#,
+                Some("Edm.Guid"),
+            ),
+            (r#""AAEC""#, Some("Edm.Binary")),
+            ("true", Some("Edm.Boolean")),
+            (r#""x\ud800""#, None),
+            ("null", Some("Edm.Int64")),
+        ] {
+            assert_eq!(check(value, edm), Ok(()), "{value} {edm:?}");
+        }
+        for (value, edm, says) in [
+            (r#""abc""#, Some("Edm.Int64"), "not a valid Edm.Int64"),
+            (r#""9223372036854775808""#, Some("Edm.Int64"), "Edm.Int64"),
+            ("2147483648", None, "not a valid Edm.Int32"),
+            (r#""nan""#, Some("Edm.Double"), "Edm.Double"),
+            (r#""yesterday""#, Some("Edm.DateTime"), "Edm.DateTime"),
+            (r#""nope""#, Some("Edm.Guid"), "Edm.Guid"),
+            (
+                r#""c56a418065aa42eca9455fd21dec0538""#,
+                Some("Edm.Guid"),
+                "Edm.Guid",
+            ),
+            (r#""A""#, Some("Edm.Binary"), "Edm.Binary"),
+            ("1", Some("Edm.Boolean"), "Edm.Boolean"),
+            ("1", Some("Edm.Decimal"), "not an Edm type"),
+            ("[1]", None, "a JSON array"),
+        ] {
+            let e = check(value, edm).unwrap_err();
+            assert!(e.contains(says), "{value} {edm:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn writable_rows_have_service_keys_and_names() {
+        let mut e = Entity::new("p", "r");
+        e.properties.insert("V", json!(1));
+        e.check_writable().unwrap();
+        for (pk, says) in [
+            ("a/b", "'/'"),
+            ("a\u{1}", "'\\u{1}'"),
+            (&"k".repeat(513)[..], "513"),
+        ] {
+            let err = Entity::new(pk, "r")
+                .check_writable()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("PartitionKey") && err.contains(says), "{err}");
+        }
+        e.properties.insert("W@odata.type", json!("Edm.Int64"));
+        assert!(e
+            .check_writable()
+            .unwrap_err()
+            .to_string()
+            .contains("annotates no property"));
+        let mut names = Entity::new("p", "r");
+        names.properties.insert("x".repeat(256), json!(1));
+        assert!(names
+            .check_writable()
+            .unwrap_err()
+            .to_string()
+            .contains("256 characters"));
+    }
+
+    #[test]
+    fn names_given_twice_are_refused() {
+        for text in [
+            r#"{"PartitionKey":"p","PartitionKey":"q","RowKey":"r"}"#,
+            r#"{"PartitionKey":"p","RowKey":"r","V":1,"V":2}"#,
+        ] {
+            let mut de = serde_json::Deserializer::from_str(text);
+            let e = parse_service_entity(&mut de).unwrap_err().to_string();
+            assert!(e.contains("is given twice"), "{e}");
+        }
+    }
+
+    #[test]
     fn limits_are_checked_as_the_service_counts() {
         let mut e = Entity::new("p", "r");
         e.properties.insert("S", json!("x".repeat(32 * 1024)));
