@@ -45,7 +45,7 @@ use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::blob::BlobStore;
 use crate::storage::export_format::{
     check_sha256, decode_line, sha256_hex, DecodeLimits, ExportFormatError, ExportLayout, Manifest,
-    PartLines, MAX_MANIFEST_BYTES, MAX_PART_DECOMPRESSED_BYTES,
+    ManifestPart, PartLines, MAX_MANIFEST_BYTES, MAX_PART_DECOMPRESSED_BYTES,
 };
 use crate::storage::{BatchOperation, Entity, QueueStore, StorageError, TableStore};
 
@@ -57,6 +57,9 @@ use super::{
 
 /// Most part items one chunk item queues (with the next chunk item).
 pub const PARTS_PER_ITEM: usize = 200;
+/// Most parts one verification item checks: one item's bookkeeping for many parts, so the
+/// verification phase costs little more than a blob read per part.
+pub const PARTS_PER_VERIFY: usize = 16;
 /// A verification item stops after the line that brings what it inflated past its start to
 /// this (its child continues): a few seconds of parsing at most.
 pub const VERIFY_SLICE_BYTES: u64 = 64 * 1024 * 1024;
@@ -109,12 +112,10 @@ pub enum ImportWork {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         write: bool,
     },
-    /// Verifies one part, as the manifest lists it, from line `skip + 1` on.
+    /// Verifies up to [`PARTS_PER_VERIFY`] parts, as the manifest lists them, in order; the
+    /// first from line `skip + 1` on.
     Verify {
-        name: String,
-        rows: u64,
-        bytes: u64,
-        sha256: String,
+        parts: Vec<PartRef>,
         #[serde(default, skip_serializing_if = "is_zero")]
         skip: u64,
     },
@@ -238,21 +239,7 @@ impl Driver for ImportDriver {
                 sha256,
                 write,
             } => fan_out(state, begun, start, sha256, write).await,
-            ImportWork::Verify {
-                name,
-                rows,
-                bytes,
-                sha256,
-                skip,
-            } => {
-                let part = PartRef {
-                    name,
-                    rows,
-                    bytes,
-                    sha256,
-                };
-                verify_part(state, begun, part, skip).await
-            }
+            ImportWork::Verify { parts, skip } => verify_parts(state, begun, parts, skip).await,
             ImportWork::Part {
                 name,
                 rows,
@@ -315,18 +302,23 @@ async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
     }
     let mut outcome = WorkOutcome::default();
     let start = usize::try_from(start).unwrap_or(usize::MAX);
-    for part in manifest.parts.iter().skip(start).take(PARTS_PER_ITEM) {
-        let part = PartRef {
-            name: part.name.clone(),
-            rows: part.rows,
-            bytes: part.bytes,
-            sha256: part.sha256.clone(),
-        };
-        let item = match write {
-            true => part.write_from(0),
-            false => part.verify_from(0),
-        };
-        outcome.children.push(item_child::<ImportDriver>(&item)?);
+    let chunk: Vec<&ManifestPart> = manifest
+        .parts
+        .iter()
+        .skip(start)
+        .take(PARTS_PER_ITEM)
+        .collect();
+    if write {
+        for part in chunk {
+            let item = PartRef::from(part).write_from(0);
+            outcome.children.push(item_child::<ImportDriver>(&item)?);
+        }
+    } else {
+        for group in chunk.chunks(PARTS_PER_VERIFY) {
+            let parts = group.iter().map(|p| PartRef::from(*p)).collect();
+            let item = ImportWork::Verify { parts, skip: 0 };
+            outcome.children.push(item_child::<ImportDriver>(&item)?);
+        }
     }
     let next = start.saturating_add(PARTS_PER_ITEM);
     if next < manifest.parts.len() {
@@ -341,26 +333,27 @@ async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
     Ok(outcome)
 }
 
-/// A part as the manifest lists it.
-#[derive(Debug, Clone)]
-struct PartRef {
+/// A part as the manifest lists it (as a verification item carries it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRef {
     name: String,
     rows: u64,
     bytes: u64,
     sha256: String,
 }
 
-impl PartRef {
-    fn verify_from(&self, skip: u64) -> ImportWork {
-        ImportWork::Verify {
-            name: self.name.clone(),
-            rows: self.rows,
-            bytes: self.bytes,
-            sha256: self.sha256.clone(),
-            skip,
+impl From<&ManifestPart> for PartRef {
+    fn from(part: &ManifestPart) -> Self {
+        PartRef {
+            name: part.name.clone(),
+            rows: part.rows,
+            bytes: part.bytes,
+            sha256: part.sha256.clone(),
         }
     }
+}
 
+impl PartRef {
     fn write_from(&self, skip: u64) -> ImportWork {
         ImportWork::Part {
             name: self.name.clone(),
@@ -456,39 +449,45 @@ fn skip_lines<R: std::io::Read>(
     Ok(())
 }
 
-/// What a verification slice found: the lines verified so far (from the part's start), and
-/// whether it reached the end of the part.
+/// What a verification slice found: the lines verified so far (from the part's start), whether
+/// it reached the end of the part, and the bytes it inflated.
 struct Verified {
     lines: u64,
     ended: bool,
+    inflated: u64,
 }
 
 /// Verifies a part's lines `skip + 1 ..` (see the module documentation): checks the SHA-256,
 /// skips `skip` lines, then checks each line until the part ends (the row count must then be
-/// the manifest's) or [`VERIFY_SLICE_BYTES`] were inflated in this slice.
-fn verify_lines(bytes: &[u8], part: &PartRef, skip: u64) -> Result<Verified, ExportFormatError> {
+/// the manifest's) or `budget` bytes were inflated past the skipped lines.
+fn verify_lines(
+    bytes: &[u8],
+    part: &PartRef,
+    skip: u64,
+    budget: u64,
+) -> Result<Verified, ExportFormatError> {
     check_sha256(bytes, &part.sha256)?;
     let mut lines = PartLines::new(bytes, DecodeLimits::default());
     skip_lines(&mut lines, skip, part.rows)?;
-    let stop = lines
-        .decompressed_bytes()
-        .saturating_add(VERIFY_SLICE_BYTES);
+    let start = lines.decompressed_bytes();
     let more_than = |rows: u64| ExportFormatError::RowCountMismatch {
         expected: rows,
         actual: format!("more than {rows}"),
     };
     let mut last = skip;
-    // Bounded: every line inflates at least one byte, and the slice stops at `stop`.
+    // Bounded: every line inflates at least one byte, and the slice stops at `budget`.
     while let Some((number, text)) = lines.next_line()? {
         if number > part.rows {
             return Err(more_than(part.rows));
         }
         writable_line(number, text)?;
         last = number;
-        if lines.decompressed_bytes() >= stop && number < part.rows {
+        let inflated = lines.decompressed_bytes() - start;
+        if inflated >= budget && number < part.rows {
             return Ok(Verified {
                 lines: number,
                 ended: false,
+                inflated,
             });
         }
     }
@@ -501,26 +500,45 @@ fn verify_lines(bytes: &[u8], part: &PartRef, skip: u64) -> Result<Verified, Exp
     Ok(Verified {
         lines: last,
         ended: true,
+        inflated: lines.decompressed_bytes() - start,
     })
 }
 
-/// A verification item: verifies a slice of a part's lines, handing the rest on. Writes
-/// nothing.
-async fn verify_part<T: TableStore + Clone, Q: QueueStore + Clone>(
+/// A verification item: verifies its parts in order (the first from line `skip + 1`), one
+/// downloaded at a time, until [`VERIFY_SLICE_BYTES`] are inflated; the rest is handed on.
+/// Writes nothing.
+async fn verify_parts<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     begun: &Begun<ItemMessage>,
-    part: PartRef,
-    skip: u64,
+    parts: Vec<PartRef>,
+    mut skip: u64,
 ) -> Result<WorkOutcome, WorkError> {
-    let fetched = fetch_part(state, begun, &part).await?;
-    let (bytes, slice) = (fetched.bytes.clone(), part.clone());
-    let verified = off_thread(move || verify_lines(&bytes, &slice, skip))
-        .await?
-        .map_err(|e| fetched.failed(e))?;
     let mut outcome = WorkOutcome::default();
-    if !verified.ended {
-        let next = part.verify_from(verified.lines);
-        outcome.children.push(item_child::<ImportDriver>(&next)?);
+    let mut budget = VERIFY_SLICE_BYTES;
+    for (i, listed) in parts.iter().enumerate() {
+        if budget == 0 {
+            let rest = parts[i..].to_vec();
+            let next = ImportWork::Verify { parts: rest, skip };
+            outcome.children.push(item_child::<ImportDriver>(&next)?);
+            break;
+        }
+        let part = listed.clone();
+        let fetched = fetch_part(state, begun, &part).await?;
+        let (bytes, slice) = (fetched.bytes.clone(), part.clone());
+        let verified = off_thread(move || verify_lines(&bytes, &slice, skip, budget))
+            .await?
+            .map_err(|e| fetched.failed(e))?;
+        budget = budget.saturating_sub(verified.inflated.max(1));
+        skip = 0;
+        if !verified.ended {
+            let rest = parts[i..].to_vec();
+            let next = ImportWork::Verify {
+                parts: rest,
+                skip: verified.lines,
+            };
+            outcome.children.push(item_child::<ImportDriver>(&next)?);
+            break;
+        }
     }
     Ok(outcome)
 }
