@@ -18,6 +18,9 @@
 //!   driver's items): bounded like every invocation (at most [`MAX_ITEM_QUERIES`] queries and
 //!   [`MAX_ITEM_ROWS`] rows for items that read a key range); the rest is handed on as new
 //!   items (children of the outcome);
+//! - optional further phases ([`Driver::phase`]): a phase starts (its root item registered and
+//!   queued) only once every work item of the phases before it has finished and none failed,
+//!   so a driver can check everything before it changes anything;
 //! - an optional step once every work item has finished, before the scan is recorded
 //!   `completed` ([`Driver::complete`]).
 //!
@@ -72,6 +75,8 @@ pub trait Driver: Send + Sync + 'static {
     const SELECT: bool = false;
     /// Whether [`Driver::complete`] does anything (saves the drained checks it needs otherwise).
     const COMPLETES: bool = false;
+    /// How many phases follow the root's ([`Driver::phase`]).
+    const PHASES: u32 = 0;
     /// Whether [`Driver::work_rows`] changes the rows a scan reads (a delete): a step then
     /// records what it read before working on it, so that a duplicate delivery reading after
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
@@ -145,6 +150,19 @@ pub trait Driver: Send + Sync + 'static {
         begun: &Begun<ItemMessage>,
         item: Self::Item,
     ) -> impl Future<Output = Result<WorkOutcome, WorkError>> + Send;
+
+    /// The root work item of phase `n` (`1..=PHASES`; phase 0's is [`Driver::root`]). It is
+    /// started by the drained check that finds every item of phases `0..n` finished and none
+    /// failed, and the scan completes only once it and all it spawned have finished too. The
+    /// item must depend only on the scan's context: its JSON is its identity, so concurrent
+    /// drained checks start it once.
+    fn phase(context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
+        let _ = context;
+        Err(WorkError::Permanent(format!(
+            "the {} driver has no phase {n}",
+            Self::NAME
+        )))
+    }
 
     /// Runs once every work item of the scan has finished (none failed), before the scan is
     /// recorded `completed`; may run more than once. An error leaves the scan running (the next

@@ -38,6 +38,10 @@ pub trait DriverHooks<S>: Send + Sync {
     fn scans_table(&self) -> bool;
     /// `Driver::COMPLETES`.
     fn completes(&self) -> bool;
+    /// `Driver::PHASES`.
+    fn phases(&self) -> u32;
+    /// `Driver::phase`.
+    fn phase(&self, context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError>;
     /// `Driver::CHANGES_SOURCE`.
     fn changes_source(&self) -> bool;
     /// Reads and checks the driver's fields and the common ones it accepts (a 4xx names the

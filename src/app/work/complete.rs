@@ -1,11 +1,16 @@
-//! Ending a drained scan: once all its work has finished, the scan's driver's completion step
-//! runs (if it has one), then the scan is recorded `completed`.
+//! Ending a drained scan: once all its work has finished, the driver's further phases start
+//! one after the other (if it has any), its completion step runs (if it has one), then the
+//! scan is recorded `completed`.
 
 use super::*;
 use crate::app::error::ApiError;
 use crate::app::job::DriverHooks;
 use crate::app::tracking::ScanRecord;
 use crate::storage::StorageErrorKind;
+
+/// How long a phase's root message stays invisible: time for its work row to be registered
+/// after the message is queued (a delivery before that is retried: it finds no work row).
+const PHASE_START_DELAY: Duration = Duration::from_secs(1);
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// The context a scan's work runs with: the one recorded at start, naming a driver this
@@ -29,36 +34,97 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
             .drivers
             .of(scan)
             .map_err(|e| StorageError::new(StorageErrorKind::InvalidInput, e.to_string()))?;
-        if driver.completes() {
+        if driver.completes() || driver.phases() > 0 {
             // Judged once, and the scan is completed only on that judgement: a scan found busy
             // here must not be completed by the check below if its last item finishes in
             // between (that item's own check then runs the step), or it would end `completed`
-            // before its completion step ran. Once drained, nothing can add work.
+            // before its completion step ran. Once drained, only a phase start adds work.
             let Some(totals) = tracker.drained(&scan.scan_id, scan.shards).await? else {
                 return Ok(false);
             };
             if totals.failed == 0 {
-                // One execution at a time runs the step: the one holding the scan's completion
-                // lease (see docs/architecture.md, "Ending a scan"); the others leave it to it.
-                if !tracker.take_completion_lease(&scan.scan_id).await? {
+                if !self.phases_done(driver, tracker, scan).await? {
                     return Ok(false);
                 }
-                match self.run_completion(driver, tracker, scan).await {
-                    Ok(Some(ended)) => return Ok(ended),
-                    Ok(None) => {}
-                    Err(e) => {
-                        // The next delivery may try again at once (else the lease expires).
-                        if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
-                            tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
-                        }
-                        return Err(e);
-                    }
+                if driver.completes() {
+                    return self.complete_once(driver, tracker, scan, shard).await;
                 }
             }
         }
         tracker
             .complete_if_drained(&scan.scan_id, scan.shards, shard)
             .await
+    }
+
+    /// The completion step under the scan's lease, then the end of the scan.
+    async fn complete_once<S: TableStore>(
+        &self,
+        driver: &dyn DriverHooks<AppState<T, Q>>,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+        shard: Option<u32>,
+    ) -> Result<bool, StorageError> {
+        // One execution at a time runs the step: the one holding the scan's completion lease
+        // (see docs/architecture.md, "Ending a scan"); the others leave it to it.
+        if !tracker.take_completion_lease(&scan.scan_id).await? {
+            return Ok(false);
+        }
+        match self.run_completion(driver, tracker, scan).await {
+            Ok(Some(ended)) => return Ok(ended),
+            Ok(None) => {}
+            Err(e) => {
+                // The next delivery may try again at once (else the lease expires).
+                if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
+                    tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
+                }
+                return Err(e);
+            }
+        }
+        tracker
+            .complete_if_drained(&scan.scan_id, scan.shards, shard)
+            .await
+    }
+
+    /// Whether every phase of the driver after the root's has run (`Driver::phase`), on a scan
+    /// found drained with no failure. The first phase whose root item is not finished answers
+    /// `false`; if its root is not registered either, it is started here: queued (after
+    /// [`PHASE_START_DELAY`]) and then registered, so a crash in between leaves nothing
+    /// registered and unqueued (the scan still looks drained, and the next drained check
+    /// starts it again). Starting twice is harmless: the id hashes the item, registering an
+    /// existing row leaves it alone, and a second message is a duplicate delivery. `true`
+    /// (every root finished) is sound because a finished item registered its children first:
+    /// the caller's later drained judgement sees all a phase spawned.
+    async fn phases_done<S: TableStore>(
+        &self,
+        driver: &dyn DriverHooks<AppState<T, Q>>,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+    ) -> Result<bool, StorageError> {
+        let unusable = |e: String| StorageError::invalid_input(e);
+        for n in 1..=driver.phases() {
+            let root = driver.phase(scan, n).map_err(|e| unusable(e.to_string()))?;
+            let message = self
+                .child_message_in(scan, &root, None)
+                .map_err(|e| unusable(e.to_string()))?;
+            let work = &message.work;
+            match tracker
+                .work_state(&scan.scan_id, work.shard, &work.id)
+                .await?
+            {
+                Some(WorkState::Finished) => continue,
+                Some(_) => return Ok(false),
+                None => {
+                    self.app
+                        .queues
+                        .put_message(&message.queue, &message.text, PHASE_START_DELAY)
+                        .await?;
+                    tracker.register_children(&scan.scan_id, &[work]).await?;
+                    tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Queues the drained check of a scan that a status read found running with no pending

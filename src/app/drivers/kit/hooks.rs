@@ -43,6 +43,14 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
         D::COMPLETES
     }
 
+    fn phases(&self) -> u32 {
+        D::PHASES
+    }
+
+    fn phase(&self, context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
+        D::phase(context, n)
+    }
+
     fn changes_source(&self) -> bool {
         D::CHANGES_SOURCE
     }
