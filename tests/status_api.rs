@@ -27,7 +27,7 @@ use tablescan::app::state::AppState;
 use tablescan::app::tracking::{Counters, ScanRecord, ScanState, WorkState};
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::azure_table::AzureTableStore;
-use tablescan::storage::counters::{RequestCounters, RequestCounts};
+use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
 type State = Arc<AppState<AzureTableStore, AzureQueueStore>>;

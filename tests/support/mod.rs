@@ -17,7 +17,7 @@ use tablescan::lab::azurite::Azurite;
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::connection::StorageAccount;
-use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::TableStore;
 
 /// The Azurite shared by this test process.
