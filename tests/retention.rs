@@ -34,6 +34,7 @@ struct TestApp {
     state: State,
     queues: AzureQueueStore,
     prefix_queue: String,
+    copy_queue: String,
     scans_table: String,
     work_table: String,
 }
@@ -53,6 +54,7 @@ fn test_app() -> TestApp {
         ("TABLESCAN_COUNTER_SHARDS", "4"),
         ("TABLESCAN_WORK_RETENTION", "1s"),
         ("TABLESCAN_SCAN_RETENTION", "3s"),
+        ("TABLESCAN_TEST_FAIL_PREFIX", "zz"),
     ]);
     let config = Config::from_lookup(|k| settings.get(k).map(|v| v.to_string())).unwrap();
     let counters = Arc::new(RequestCounters::new());
@@ -65,6 +67,7 @@ fn test_app() -> TestApp {
         state: AppState::new(config, tables, queues.clone()),
         queues,
         prefix_queue,
+        copy_queue,
         scans_table,
         work_table,
     }
@@ -82,6 +85,7 @@ fn another_instance(t: &TestApp) -> TestApp {
         state: AppState::new(config, tables, t.queues.clone()),
         queues: t.queues.clone(),
         prefix_queue: t.prefix_queue.clone(),
+        copy_queue: t.copy_queue.clone(),
         scans_table: t.scans_table.clone(),
         work_table: t.work_table.clone(),
     }
@@ -134,15 +138,20 @@ async fn take_scan_messages(t: &TestApp, id: &str) -> Vec<String> {
     all
 }
 
-async fn start_count_scan(t: &TestApp) -> String {
+/// A count scan of a new 3-row table whose partition keys start with `prefix` (`zz`: its range
+/// items fail every attempt), with `filter` if given (a filtered count works in range items).
+async fn start_count_scan(t: &TestApp, prefix: &str, filter: Option<&str>) -> String {
     let store = account().table_store(Arc::new(RequestCounters::new()));
     let source = support::new_table(&store, "Source").await;
     for i in 0..3 {
-        let pk = format!("p{i:03}");
+        let pk = format!("{prefix}{i:03}");
         let op = BatchOperation::Insert(Entity::new(pk.clone(), "r"));
         store.submit_batch(&source, &pk, &[op]).await.unwrap();
     }
-    let body = json!({"driver": "count", "sourceTable": source, "takeCount": 2});
+    let mut body = json!({"driver": "count", "sourceTable": source, "takeCount": 2});
+    if let Some(filter) = filter {
+        body["filter"] = json!(filter);
+    }
     let (status, body) = call(&t.state, "POST", "/api/scans", Some(body)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     body["id"].as_str().unwrap().to_string()
@@ -154,7 +163,7 @@ async fn status(t: &TestApp, id: &str) -> (StatusCode, Value) {
 
 /// A scan that completed: its step messages delivered until none is left.
 async fn completed_scan(t: &TestApp) -> String {
-    let id = start_count_scan(t).await;
+    let id = start_count_scan(t, "p", None).await;
     for _ in 0..20 {
         let messages = take_scan_messages(t, &id).await;
         if messages.is_empty() {
@@ -170,7 +179,7 @@ async fn completed_scan(t: &TestApp) -> String {
 
 /// A scan cancelled with its root message still queued: returns its id and that message.
 async fn cancelled_scan(t: &TestApp) -> (String, String) {
-    let id = start_count_scan(t).await;
+    let id = start_count_scan(t, "p", None).await;
     let (code, body) = call(&t.state, "DELETE", &format!("/api/scans/{id}"), None).await;
     assert_eq!(code, StatusCode::OK, "{body}");
     let mut messages = take_scan_messages(t, &id).await;
@@ -178,14 +187,22 @@ async fn cancelled_scan(t: &TestApp) -> (String, String) {
     (id, messages.remove(0))
 }
 
-/// A scan failed by the poison function settling its root message.
+/// A scan failed by a work item failing its last delivery.
 async fn failed_scan(t: &TestApp) -> String {
-    let id = start_count_scan(t).await;
-    for m in take_scan_messages(t, &id).await {
-        assert_eq!(deliver(t, "PrefixScanPoison", &m, 1).await, StatusCode::OK);
+    let id = start_count_scan(t, "zz", Some("Flag eq true")).await;
+    let last = t.state.config.max_dequeue_count;
+    for _ in 0..10 {
+        for m in take_scan_messages(t, &id).await {
+            assert_eq!(deliver(t, "PrefixScan", &m, 1).await, StatusCode::OK);
+        }
+        for m in take_messages(t, &t.copy_queue).await {
+            deliver(t, "TableCopy", &m, last).await;
+        }
+        if status(t, &id).await.1["state"] == "failed" {
+            return id;
+        }
     }
-    assert_eq!(status(t, &id).await.1["state"], "failed");
-    id
+    panic!("scan {id} did not fail");
 }
 
 /// The rows of the work table in scan `id`'s partitions.
