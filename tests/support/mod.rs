@@ -9,6 +9,7 @@ pub mod e2e;
 pub mod faults;
 pub mod identity;
 pub mod raw;
+pub mod router;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
