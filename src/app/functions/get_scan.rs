@@ -19,7 +19,8 @@ use time::OffsetDateTime;
 use crate::app::error::ApiError;
 use crate::app::job::{is_valid_scan_id, Drivers};
 use crate::app::state::AppState;
-use crate::app::tracking::{Counters, ScanRecord, ScanState, Tracker};
+use crate::app::tracking::retention::Kept;
+use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState, Tracker};
 use crate::app::work::Runner;
 use crate::storage::{QueueStore, TableStore};
 
@@ -40,11 +41,9 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     if !is_valid_scan_id(&id) {
         return Err(not_found(&id));
     }
-    let (record, lease) = tracker
-        .get_scan_and_lease(&id)
-        .await?
-        .ok_or_else(|| not_found(&id))?;
-    let counters = tracker.totals(&id, record.shards).await?;
+    let kept = tracker.get_kept(&id).await?.ok_or_else(|| not_found(&id))?;
+    let (record, lease) = (&kept.record, kept.lease);
+    let counters = counters_of(&tracker, &kept).await?;
     let leased = lease.is_some_and(|until| until > OffsetDateTime::now_utc());
     if record.state == ScanState::Running
         && counters.created > 0
@@ -53,7 +52,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         && first_nudge_in_a_while(&id)
     {
         let runner = Runner::new(&state);
-        let queued = match runner.usable_context(&record) {
+        let queued = match runner.usable_context(record) {
             Ok(context) => runner.queue_drained_check(&context).await,
             Err(e) => Err(ApiError::field("id", e)),
         };
@@ -61,7 +60,23 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
             tracing::warn!(scan = %id, error = %e, "could not queue the drained check of a scan found drained but running");
         }
     }
-    Ok(Json(status_json(&record, &counters)))
+    let mut status = status_json(record, &counters);
+    if let Some(at) = kept.work_removed_at {
+        status["workRowsRemovedAt"] = Value::from(format_time(at));
+    }
+    Ok(Json(status))
+}
+
+/// A scan's counters: those kept on its record once its cleanup began (its counter rows may be
+/// gone), else its counter rows' sums (one query).
+async fn counters_of<S: TableStore>(
+    tracker: &Tracker<'_, S>,
+    kept: &Kept,
+) -> Result<Counters, ApiError> {
+    Ok(match kept.final_counters {
+        Some(counters) => counters,
+        None => tracker.totals(&kept.record.id, kept.record.shards).await?,
+    })
 }
 
 /// Whether this instance has not queued a drained check of `id` within [`NUDGE_INTERVAL`]
@@ -84,7 +99,10 @@ fn first_nudge_in_a_while(id: &str) -> bool {
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::NotFound(format!("no scan with id {id:?}"))
+    ApiError::NotFound(format!(
+        "no scan with id {id:?}: it never existed, or it ended longer ago than \
+         TABLESCAN_SCAN_RETENTION and its record was removed"
+    ))
 }
 
 /// Reads a scan's status for a cancel's answer and the benchmark; a running scan whose work has
@@ -118,7 +136,7 @@ async fn read_status<S: TableStore>(
     if !is_valid_scan_id(id) {
         return Err(not_found(id));
     }
-    let record = tracker.get_scan(id).await?.ok_or_else(|| not_found(id))?;
-    let counters = tracker.totals(id, record.shards).await?;
-    Ok((record, counters))
+    let kept = tracker.get_kept(id).await?.ok_or_else(|| not_found(id))?;
+    let counters = counters_of(tracker, &kept).await?;
+    Ok((kept.record, counters))
 }
