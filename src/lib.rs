@@ -1,36 +1,23 @@
 //! tablescan: parallel scans of Azure Table Storage, run as an Azure Functions custom handler.
 //!
-//! Layers, from the inside out:
+//! What ships to Azure (`cargo build --release --no-default-features`), from the inside out:
 //! - [`scan`]: the pure scan algorithm (prefix discovery and serial paging) over a table interface;
-//! - [`storage`]: that interface and its Azure adapters (plus in-memory stores with `lab`);
-//! - [`app`]: the function app (custom-handler protocol, scan API, queue functions, `stage`).
+//! - [`storage`]: that interface and its Azure adapters;
+//! - [`app`]: the function app (custom-handler protocol, scan API, queue functions);
+//! - [`deploy`]: `stage` and `package`, which turn this binary into a function app;
+//! - [`cli`]: the `tablescan` command.
 //!
 //! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses.
 //!
-//! That is what ships to Azure (`cargo build --release --no-default-features`). The default
-//! `lab` feature adds the development tools around it:
-//! - `host`: a local stand-in for the Azure Functions host, for development and tests;
-//! - `azurite`: starting the Azurite storage emulator for tests, demo and benchmark;
-//! - `dataset`, `demo`, `bench`, `proxy`: test data, the demo, the benchmark and the counting,
-//!   fault-injecting storage proxy;
-//! - `simulate`: a virtual-time simulation of a copy on a Consumption plan around the real app.
+//! `lab` (the default feature) holds every development tool, and nothing shipped uses it: the
+//! local Functions host, Azurite, test data, the demo, the benchmark, the storage proxy, the
+//! simulator, the in-memory stores and their commands (see `lab/mod.rs`).
 
 pub mod app;
-#[cfg(feature = "lab")]
-pub mod azurite;
-#[cfg(feature = "lab")]
-pub mod bench;
 pub mod cli;
+pub mod deploy;
 #[cfg(feature = "lab")]
-pub mod dataset;
-#[cfg(feature = "lab")]
-pub mod demo;
-#[cfg(feature = "lab")]
-pub mod host;
-#[cfg(feature = "lab")]
-pub mod proxy;
+pub mod lab;
 pub mod retry;
 pub mod scan;
-#[cfg(feature = "lab")]
-pub mod simulate;
 pub mod storage;

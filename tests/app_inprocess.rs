@@ -15,8 +15,8 @@ use tower::ServiceExt;
 use tablescan::app::config::Config;
 use tablescan::app::server::app;
 use tablescan::app::state::AppState;
-use tablescan::storage::memory::{MemoryTableStore, Pagination};
-use tablescan::storage::memory_queue::MemoryQueueStore;
+use tablescan::lab::memory::MemoryQueueStore;
+use tablescan::lab::memory::{MemoryTableStore, Pagination};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
 type State = Arc<AppState<MemoryTableStore, MemoryQueueStore>>;

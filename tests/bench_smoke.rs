@@ -2,7 +2,7 @@
 //! through the local host on Azurite, is verified, and the JSON contract and chart are written.
 
 use serde_json::Value;
-use tablescan::bench::{run_bench, BenchArgs};
+use tablescan::lab::bench::{run_bench, BenchArgs};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
@@ -220,7 +220,7 @@ async fn a_delete_alone_reports_the_copy_and_delete_floors() {
         out: Some(out.clone()),
         quiet: true,
         timeout_seconds: 240,
-        variants: vec![tablescan::bench::Variant::PrefixDelete],
+        variants: vec![tablescan::lab::bench::Variant::PrefixDelete],
         handler_binary: Some(env!("CARGO_BIN_EXE_tablescan").into()),
         ..BenchArgs::default()
     };

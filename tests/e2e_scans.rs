@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use support::e2e::{seed, TestApp};
 use support::raw::{self, RawClient};
 use support::unique_name;
-use tablescan::dataset;
+use tablescan::lab::dataset;
 use tablescan::storage::Entity;
 
 /// A small dataset with realistic keys plus adversarial ones.

@@ -1,7 +1,7 @@
 //! The fault suite for backups (issue 14): export scans (table → Blob Storage) and import scans
 //! (export → table) through the local Functions host and the real handler on Azurite while
 //! handlers are SIGKILLed, every queue message is stored two or three times, and storage
-//! (tables, queues and blobs, through `tablescan::proxy`) throttles, times out, delays and
+//! (tables, queues and blobs, through `tablescan::lab::proxy`) throttles, times out, delays and
 //! resets connections. Then a part corrupted after its export must fail the import, naming it.
 //!
 //! The oracles share nothing with tablescan's export format code: the manifest is read as
@@ -32,7 +32,7 @@ use support::faults::{
 };
 use support::raw::{self, RawClient};
 use support::unique_name;
-use tablescan::proxy::{FaultPolicy, StorageProxy};
+use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::blob::{BlobStore, BlobWrite};
 use tablescan::storage::counters::RequestKind;
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use tablescan::app::catalog::{Trigger, FUNCTIONS};
-use tablescan::app::stage::{self, StageError, FUNCTION_DEFINITIONS, HOST_JSON};
+use tablescan::deploy::stage::{self, StageError, FUNCTION_DEFINITIONS, HOST_JSON};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -294,21 +294,80 @@ async fn restarts_a_crashed_or_killed_handler() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gives_up_after_three_handler_failures() {
-    let app = App::new(json!({}), json!({}))
-        .function("Work", http_fn("work", json!(["post"])))
-        .setting("TEST_HANDLER_EXIT_AT_START", "2");
-    let host = app.start_http().await.unwrap();
-    let error = tokio::time::timeout(LONG, host.failed())
-        .await
-        .expect("the host gives up");
+/// Waits for the host to give up on an instance, with the host's message.
+async fn expect_give_up(host: &tablescan::lab::host::RunningHost, what: &str) {
+    let error = tokio::time::timeout(LONG, host.failed()).await.expect(what);
     assert!(
         error
             .to_string()
             .contains("Exceeded http worker restart retry count"),
         "{error}"
     );
+}
+
+/// `times` POSTs to `url`, each answered 200.
+async fn answers_200(client: &reqwest::Client, url: &str, times: usize) {
+    for _ in 0..times {
+        let response = client.post(url).body("{}").send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+    }
+}
+
+/// Three kills within 30 minutes end one host instance, not the host: the other instance keeps
+/// serving, and after the recycle delay the failed one starts a fresh handler and serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recycles_an_instance_that_gave_up_and_keeps_the_others() {
+    let app = App::new(json!({}), json!({})).function("Work", http_fn("work", json!(["post"])));
+    let mut config = app.config(2);
+    config.recycle_delay = Duration::from_secs(2);
+    let host =
+        tablescan::lab::host::Host::start::<tablescan::lab::host::NoStorage, _>(config, |_| {
+            Err("no storage in this test".into())
+        })
+        .await
+        .unwrap();
+    host.wait_ready(LONG).await.unwrap();
+    let url = format!("http://{}/api/work", host.http_addr());
+    let client = http_client();
+    for kill in 0..3 {
+        host.wait_ready(LONG).await.unwrap();
+        let pid = host.handler_pids()[0].unwrap();
+        kill_process(pid);
+        if kill < 2 {
+            wait_for("a restarted handler", LONG, || {
+                let pids = host.handler_pids();
+                async move { pids[0].filter(|p| *p != pid) }
+            })
+            .await;
+        }
+    }
+    expect_give_up(&host, "instance 0 gives up").await;
+    // Instance 1 answers while instance 0 is down.
+    answers_200(&client, &url, 4).await;
+    wait_for("the recycled instance's handler", LONG, || {
+        let pids = host.handler_pids();
+        async move { pids[0] }
+    })
+    .await;
+    host.wait_ready(LONG).await.unwrap();
+    assert!(
+        host.log_lines()
+            .iter()
+            .any(|l| l.contains("[i0] recycling the host instance")),
+        "{:?}",
+        host.log_lines()
+    );
+    answers_200(&client, &url, 4).await;
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gives_up_after_three_handler_failures() {
+    let app = App::new(json!({}), json!({}))
+        .function("Work", http_fn("work", json!(["post"])))
+        .setting("TEST_HANDLER_EXIT_AT_START", "2");
+    let host = app.start_http().await.unwrap();
+    expect_give_up(&host, "the host gives up").await;
     let exits = host
         .log_lines()
         .iter()

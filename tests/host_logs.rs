@@ -17,7 +17,7 @@ use host_support::{has_log, http_client, App};
 use serde_json::{json, Value};
 use support::e2e::{seed, TestApp};
 use support::unique_name;
-use tablescan::dataset;
+use tablescan::lab::dataset;
 use tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY;
 use tablescan::storage::Entity;
 
@@ -29,7 +29,7 @@ fn payload_fn() -> Value {
     ]})
 }
 
-async fn invoke(host: &tablescan::host::RunningHost, commands: Value) -> u16 {
+async fn invoke(host: &tablescan::lab::host::RunningHost, commands: Value) -> u16 {
     http_client()
         .post(format!("http://{}/api/work", host.http_addr()))
         .header("Content-Type", "application/json")
@@ -42,7 +42,7 @@ async fn invoke(host: &tablescan::host::RunningHost, commands: Value) -> u16 {
 }
 
 /// Waits (up to 10 s) for a captured line containing every one of `needles`.
-async fn line_with(host: &tablescan::host::RunningHost, needles: &[&str]) -> Option<String> {
+async fn line_with(host: &tablescan::lab::host::RunningHost, needles: &[&str]) -> Option<String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let found = host
@@ -57,7 +57,7 @@ async fn line_with(host: &tablescan::host::RunningHost, needles: &[&str]) -> Opt
 }
 
 /// Like [`line_with`], failing the test (with the whole log) when no such line comes.
-async fn expect_line(host: &tablescan::host::RunningHost, needles: &[&str]) -> String {
+async fn expect_line(host: &tablescan::lab::host::RunningHost, needles: &[&str]) -> String {
     match line_with(host, needles).await {
         Some(line) => line,
         None => panic!("no line with {needles:?} in {:#?}", host.log_lines()),
@@ -65,7 +65,7 @@ async fn expect_line(host: &tablescan::host::RunningHost, needles: &[&str]) -> S
 }
 
 /// Fails the test (with the whole log) if a line contains `needle`.
-fn expect_no_line(host: &tablescan::host::RunningHost, needle: &str) {
+fn expect_no_line(host: &tablescan::lab::host::RunningHost, needle: &str) {
     assert!(
         !has_log(host, needle),
         "{needle:?} in {:#?}",
@@ -147,9 +147,9 @@ async fn host_json_log_levels_filter_what_the_handler_says() {
 #[test]
 fn host_json_keeps_what_operators_need() {
     use tablescan::app::catalog::{Trigger, FUNCTIONS};
-    use tablescan::host::config::{load_app, HttpMode, LogLevel};
+    use tablescan::lab::host::config::{load_app, HttpMode, LogLevel};
     let dir = tempfile::tempdir().unwrap();
-    tablescan::app::stage::stage(
+    tablescan::deploy::stage::stage(
         dir.path(),
         std::path::Path::new(env!("CARGO_BIN_EXE_tablescan")),
     )

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use host_support::*;
 use serde_json::{json, Value};
-use tablescan::host::{Host, RunningHost};
+use tablescan::lab::host::{Host, RunningHost};
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::{MessageEncoding, QueueStore};
 

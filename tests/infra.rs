@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use serde_json::Value as Json;
 use tablescan::app::catalog::{Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING};
 use tablescan::app::config::{required_settings, Config, STORAGE_SETTING};
-use tablescan::app::stage::function_json;
+use tablescan::deploy::stage::function_json;
 
 mod bicep;
 use bicep::{is, parse, str, Template, V};

@@ -142,7 +142,7 @@ fn package_has_the_app_with_modes_and_same_bytes_every_time() {
         if let Some(function) = name.strip_suffix("/function.json") {
             assert_eq!(
                 data.as_slice(),
-                tablescan::app::stage::function_json(function)
+                tablescan::deploy::stage::function_json(function)
                     .unwrap()
                     .as_bytes()
             );
@@ -290,7 +290,7 @@ async fn the_unzipped_package_runs_under_the_host() {
     let client = RawClient::azurite();
     let source = unique_name("PkgSource");
     let destination = unique_name("PkgDest");
-    let entities: Vec<_> = tablescan::dataset::entities(60, 5, Default::default())
+    let entities: Vec<_> = tablescan::lab::dataset::entities(60, 5, Default::default())
         .flatten()
         .collect();
     seed(&app.store, &source, entities).await;

@@ -4,7 +4,7 @@ mod support;
 
 use std::sync::Arc;
 
-use tablescan::proxy::{FaultPolicy, StorageProxy};
+use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::counters::{RequestCounters, RequestKind};
 use tablescan::storage::retry::RetryPolicy;

@@ -9,11 +9,11 @@ use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tablescan::lab::memory::{MemoryTableStore, Pagination};
 use tablescan::scan::{
     LowerBound, ScanError, ScanParameters, Scanner, Step, StepBudget, Strategy,
     MAX_SEGMENTS_PER_PREFIX,
 };
-use tablescan::storage::memory::{MemoryTableStore, Pagination};
 use tablescan::storage::{
     compare_keys, BatchOperation, Continuation, Entity, Page, Query, StorageResult, TableStore,
 };

@@ -3,8 +3,8 @@
 
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
+use tablescan::lab::memory::{MemoryTableStore, Pagination};
 use tablescan::scan::{list, ScanParameters, Scanner, Step, StepBudget, Strategy};
-use tablescan::storage::memory::{MemoryTableStore, Pagination};
 use tablescan::storage::{compare_keys, Entity, Filter, Query, TableStore};
 
 const TABLE: &str = "source";

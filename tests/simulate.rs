@@ -9,15 +9,15 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tablescan::scan::ScanParameters;
-use tablescan::simulate::cloud::{charge_cpu, Cpu, CPU};
-use tablescan::simulate::data::SyntheticTable;
-use tablescan::simulate::model::{Flex, Model, Plan};
-use tablescan::simulate::summary::floor;
-use tablescan::simulate::{
+use tablescan::lab::simulate::cloud::{charge_cpu, Cpu, CPU};
+use tablescan::lab::simulate::data::SyntheticTable;
+use tablescan::lab::simulate::model::{Flex, Model, Plan};
+use tablescan::lab::simulate::summary::floor;
+use tablescan::lab::simulate::{
     run_scenario, run_scenarios, run_simulate, scenarios, Scenario, ScenarioResult, SimulateArgs,
     Variant,
 };
+use tablescan::scan::ScanParameters;
 
 #[derive(Parser)]
 struct Cli {
@@ -499,7 +499,7 @@ fn calibration_anchors() {
 fn flex_defaults_are_the_templates() {
     let parameters: serde_json::Value =
         serde_json::from_str(include_str!("../infra/main.parameters.json")).unwrap();
-    let flex = tablescan::simulate::model::Flex::default();
+    let flex = tablescan::lab::simulate::model::Flex::default();
     let p = &parameters["parameters"];
     assert_eq!(
         p["maximumInstanceCount"]["value"],

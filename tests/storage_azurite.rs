@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{account, azurite, new_table, queue_store, table_store, unique_name};
-use tablescan::azurite::Azurite;
+use tablescan::lab::azurite::Azurite;
 use tablescan::scan::{list, ScanParameters, Strategy};
 use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::counters::{RequestCounters, RequestCounts};

@@ -100,7 +100,7 @@ pub async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
         .await
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "lab"))]
 mod tests {
     use std::collections::BTreeMap;
 
@@ -110,8 +110,8 @@ mod tests {
 
     use super::*;
     use crate::app::config::Config;
-    use crate::storage::memory::{MemoryTableStore, Pagination};
-    use crate::storage::memory_queue::MemoryQueueStore;
+    use crate::lab::memory::MemoryQueueStore;
+    use crate::lab::memory::{MemoryTableStore, Pagination};
 
     /// Every catalog function is routed at its path and method (whatever its handler answers to
     /// an empty request, it is not the router's "no function" or "method not allowed").

@@ -323,8 +323,8 @@ impl<S: BlobStore> BlobStore for Counted<S> {
 #[cfg(all(test, feature = "lab"))]
 mod tests {
     use super::*;
-    use crate::storage::memory::MemoryTableStore;
-    use crate::storage::memory_queue::MemoryQueueStore;
+    use crate::lab::memory::MemoryQueueStore;
+    use crate::lab::memory::MemoryTableStore;
 
     #[test]
     fn a_driver_state_is_made_once_per_type() {

@@ -1,22 +1,22 @@
-//! [`AnyBlobStore`]: the blob store a function app holds per connection — Azure Blob Storage
-//! (and Azurite), or under `lab` the in-memory store — behind one concrete type, so the app's
-//! state needs no third storage type parameter for the two drivers that use blobs. Every method
-//! delegates; nothing else happens here.
+//! [`AnyBlobStore`]: the blob store a function app holds per connection, behind one concrete type,
+//! so the app's state needs no third storage type parameter for the two drivers that use blobs.
+//! Every method delegates; nothing else happens here.
+//!
+//! One kind today: Azure Blob Storage (and Azurite). The lab's in-memory blob store is not a
+//! variant (shipped code names no lab code, and no app test holds one); its unit tests use it
+//! through [`BlobStore`] directly. Another kind would be one more variant and one more arm in
+//! `delegate!` (static dispatch, so the Azure path pays nothing for it).
 
 use bytes::Bytes;
 
 use super::azure_blob::AzureBlobStore;
 use super::blob::{BlobListPage, BlobProperties, BlobStore, BlobWrite, BlockListing, Downloaded};
-#[cfg(feature = "lab")]
-use super::memory_blob::MemoryBlobStore;
 use super::StorageResult;
 
 /// A blob store of one of the kinds tablescan runs on. Cheap to clone.
 #[derive(Clone)]
 pub enum AnyBlobStore {
     Azure(AzureBlobStore),
-    #[cfg(feature = "lab")]
-    Memory(MemoryBlobStore),
 }
 
 /// `delegate!(self, s => s.method(args))` on whichever store this is.
@@ -24,8 +24,6 @@ macro_rules! delegate {
     ($self:ident, $s:ident => $call:expr) => {
         match $self {
             AnyBlobStore::Azure($s) => $call.await,
-            #[cfg(feature = "lab")]
-            AnyBlobStore::Memory($s) => $call.await,
         }
     };
 }

@@ -1,5 +1,6 @@
 //! Storage adapters: the table and queue interfaces tablescan runs on, their Azure implementations
-//! (over `azure_data_tables` / `azure_storage_queues` 0.21) and an in-memory ordered table for tests.
+//! (over `azure_data_tables` / `azure_storage_queues` 0.21). The in-memory stores for tests are
+//! lab code (`crate::lab::memory`, with the `lab` feature).
 //!
 //! Nothing here knows about Azure Functions or about scans. The scan engine talks to [`TableStore`];
 //! the function app and the local host talk to [`QueueStore`].
@@ -18,8 +19,8 @@
 //!   `blob_store`).
 //!
 //! Blob Storage (export and import): [`blob`] is the [`blob::BlobStore`] interface and its
-//! checks, [`export_format`] the part files and manifest (pure: no I/O), `memory_blob` (`lab`)
-//! an in-memory store for unit tests, [`any_blob`] either store as one type (what the app holds).
+//! checks, [`export_format`] the part files and manifest (pure: no I/O), [`any_blob`] the store
+//! the app holds.
 //!
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
@@ -37,12 +38,6 @@ pub mod counters;
 pub mod entity;
 pub mod export_format;
 pub mod keys;
-#[cfg(feature = "lab")]
-pub mod memory;
-#[cfg(feature = "lab")]
-pub mod memory_blob;
-#[cfg(feature = "lab")]
-pub mod memory_queue;
 pub mod odata;
 pub mod retry;
 mod settings;

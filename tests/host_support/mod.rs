@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tablescan::host::{Host, HostConfig, HostError, NoStorage, RunningHost};
+use tablescan::lab::host::{Host, HostConfig, HostError, NoStorage, RunningHost};
 
 /// The test handler binary; `cargo test` builds examples next to the test binaries.
 pub fn test_handler() -> PathBuf {

@@ -1,10 +1,10 @@
 //! End-to-end harness: the real `tablescan` binary staged as a function app, run by the local
-//! Functions host (`tablescan::host`), on the shared Azurite, with unique queue and table names.
+//! Functions host (`tablescan::lab::host`), on the shared Azurite, with unique queue and table names.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tablescan::host::{Host, HostConfig, RunningHost};
+use tablescan::lab::host::{Host, HostConfig, RunningHost};
 use tablescan::scan::{list, ScanParameters, Strategy};
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::{Entity, QueueStore, TableStore};
@@ -64,7 +64,7 @@ impl TestApp {
         settings: &[(&str, &str)],
     ) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
-        tablescan::app::stage::stage(
+        tablescan::deploy::stage::stage(
             dir.path(),
             std::path::Path::new(env!("CARGO_BIN_EXE_tablescan")),
         )

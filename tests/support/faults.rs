@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::json;
-use tablescan::dataset;
-use tablescan::proxy::{FaultPolicy, StorageProxy};
+use tablescan::lab::dataset;
+use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::counters::RequestKind;
 use tablescan::storage::Entity;
 
@@ -381,9 +381,7 @@ pub async fn kill_more_while_running(
     let budget = room.min(MAX_DELIVERIES - 1);
     let mut made = 0;
     while made < budget {
-        let pause = rand::thread_rng().gen_range(200..900);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        if recorded_state(app, id).await.as_deref() != Some("running") {
+        if !running_after_pause(app, id, 200..900).await {
             break;
         }
         let pids = app.host().handler_pids();
@@ -467,4 +465,30 @@ pub async fn check_kills(app: &TestApp, kills: &[usize]) {
         failed_by_kill > 0,
         "no kill hit an invocation in flight; the test did not exercise redelivery"
     );
+}
+
+/// Sleeps a random number of milliseconds in `pause_ms`, then says whether scan `id` still runs.
+async fn running_after_pause(app: &TestApp, id: &str, pause_ms: std::ops::Range<u64>) -> bool {
+    let pause = rand::thread_rng().gen_range(pause_ms);
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+    recorded_state(app, id).await.as_deref() == Some("running")
+}
+
+/// Kills a running handler of a random instance about once a second while scan `id` runs, at
+/// most `max` times and with no limit per instance: an instance killed three times gives up and
+/// is recycled by the host. Returns the kills.
+pub async fn kill_every_second_while_running(app: &TestApp, id: &str, max: usize) -> usize {
+    let mut made = 0;
+    while made < max {
+        if !running_after_pause(app, id, 700..1300).await {
+            break;
+        }
+        let running: Vec<u32> = app.host().handler_pids().into_iter().flatten().collect();
+        if running.is_empty() {
+            continue;
+        }
+        sigkill(running[rand::thread_rng().gen_range(0..running.len())]);
+        made += 1;
+    }
+    made
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 
 use base64::Engine;
 use serde_json::json;
-use tablescan::azurite::{Azurite, AzuriteOptions};
+use tablescan::lab::azurite::{Azurite, AzuriteOptions};
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
 use tablescan::storage::counters::RequestCounters;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, Query as TableQuery};

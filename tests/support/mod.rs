@@ -13,7 +13,7 @@ pub mod raw;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tablescan::azurite::Azurite;
+use tablescan::lab::azurite::Azurite;
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::connection::StorageAccount;

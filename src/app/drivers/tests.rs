@@ -7,9 +7,9 @@ use std::sync::Arc;
 use super::*;
 use crate::app::messages;
 use crate::app::tracking::{NewWork, ScanRecord, WorkState};
+use crate::lab::memory::MemoryQueueStore;
+use crate::lab::memory::MemoryTableStore;
 use crate::scan::{ScanParameters, Strategy};
-use crate::storage::memory::MemoryTableStore;
-use crate::storage::memory_queue::MemoryQueueStore;
 
 /// A driver whose completion step fails transiently once (`MODE` 0) or for good (1), then
 /// writes a marker row; it counts its runs. `SCANS`: whether it scans a table.

@@ -1,0 +1,444 @@
+//! `tablescan simulate`: a deterministic discrete-event simulation, in virtual time, of a table
+//! copy on an Azure Functions Consumption or Flex Consumption plan, driving tablescan's real
+//! router, scan engine, work splitting and bookkeeping against in-memory stores wrapped in a
+//! cloud model.
+//!
+//! Virtual time is tokio's paused clock on a current-thread runtime: every `sleep` (latency,
+//! CPU, polling, backoff) advances time only when nothing else can run, so hours of simulated
+//! cloud run in seconds and the same seed gives the same result. Every figure it produces is
+//! simulated, not measured.
+
+pub mod blog;
+pub mod cloud;
+pub mod data;
+pub mod host;
+pub mod model;
+pub mod report;
+pub mod scenario;
+pub mod summary;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use serde_json::json;
+use tokio::time::{sleep, Instant};
+use tower::ServiceExt;
+
+use crate::app::config::Config;
+use crate::app::server::app;
+use crate::app::state::AppState;
+use crate::app::tracking::{seed_backoff_jitter, ScanState};
+use crate::lab::memory::MemoryQueueStore;
+use crate::lab::memory::MemoryTableStore;
+use crate::scan::{Scanner, StepBudget, Strategy};
+use crate::storage::QueueStore;
+
+use cloud::{Account, CloudQueues, CloudTables, Retry};
+use data::{nuget_like, Sink, SyntheticStore};
+use host::{Host, ScanMode};
+use model::{Model, Plan};
+pub use scenario::{
+    model_from, scenarios, Design, PlatformArgs, Scenario, SimulateArgs, SplitArg, Suite, Variant,
+    BLOG_ROWS,
+};
+use summary::{summarize, Run};
+pub use summary::{Floor, ScenarioResult};
+
+/// Runs `tablescan simulate`.
+pub fn run_simulate(args: SimulateArgs) -> Result<(), String> {
+    let model = model_from(&args);
+    let scenarios = scenarios(&args);
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let results = run_scenarios(&scenarios, &model, args.seed, args.horizon_minutes, jobs)?;
+    let out = json!({
+        "simulated": true,
+        "note": "Every figure is simulated by tablescan's cloud model (docs/simulator.md), not measured on Azure.",
+        "model": model,
+        "scenarios": results,
+    });
+    let text = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
+    write(&args.out, &text)?;
+    let chart_path = args
+        .chart
+        .clone()
+        .unwrap_or_else(|| args.out.with_extension("svg"));
+    write(&chart_path, &report::chart(&results))?;
+    let report_path = args
+        .report
+        .clone()
+        .unwrap_or_else(|| args.out.with_extension("md"));
+    write(&report_path, &report::render(&results, &model, args.seed))?;
+    Ok(())
+}
+
+fn write(path: &std::path::Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs scenarios on up to `jobs` OS threads, biggest tables first; results in input order.
+///
+/// Each scenario runs on one thread from start to end, in its own current-thread runtime with
+/// its own stores, model state and (thread-local) bookkeeping jitter, so its result does not
+/// depend on what runs beside it.
+pub fn run_scenarios(
+    scenarios: &[Scenario],
+    model: &Model,
+    seed: u64,
+    horizon_minutes: f64,
+    jobs: usize,
+) -> Result<Vec<ScenarioResult>, String> {
+    // Longest first, so the big scenarios do not start last and run alone.
+    let mut order: Vec<usize> = (0..scenarios.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(scenarios[i].rows));
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<ScenarioResult, String>>>> =
+        scenarios.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, scenarios.len().max(1)) {
+            scope.spawn(|| loop {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return;
+                };
+                let s = &scenarios[i];
+                eprintln!("simulating {} ...", s.name());
+                let r = run_scenario(s, model, seed, horizon_minutes);
+                match &r {
+                    Ok(r) => eprintln!(
+                        "  SIMULATED {}: completed {} in {:.0} s (storage floor {:.0} s, {}; this run's requests at the account target {:.0} s), {} instances, ${:.3} (wall {:.0} s)",
+                        s.name(), r.completed, r.duration_seconds, r.floor.seconds, r.floor.binding,
+                        r.floor.run_requests_seconds, r.max_instances, r.estimated_cost_usd, r.wall_seconds
+                    ),
+                    Err(e) => eprintln!("  {}: {e}", s.name()),
+                }
+                *slots[i].lock().unwrap() = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|s| s.into_inner().unwrap().expect("every scenario ran"))
+        .collect()
+}
+
+/// Runs one scenario in its own virtual-time runtime.
+pub fn run_scenario(
+    scenario: &Scenario,
+    model: &Model,
+    seed: u64,
+    horizon_minutes: f64,
+) -> Result<ScenarioResult, String> {
+    let wall = std::time::Instant::now();
+    if scenario.plan == Plan::Flex {
+        scenario.flex.validate()?;
+    }
+    let source = Arc::new(nuget_like(scenario.rows, model.mean_rows_per_key, seed));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    // host.json belongs to the design under test, not to the cloud model.
+    let mut model = model.clone();
+    model.batch_size = scenario.design.batch_size;
+    model.new_batch_threshold = scenario.design.new_batch_threshold;
+    model.max_polling_ms = scenario.design.max_polling_ms;
+    model.failed_visibility_ms = scenario.design.visibility_timeout_ms;
+    model.target_messages_per_instance =
+        (model.batch_size as usize + model.new_batch_threshold) as f64;
+    let mut result = runtime.block_on(simulate(
+        scenario,
+        Arc::new(model),
+        seed,
+        source,
+        horizon_minutes,
+    ))?;
+    result.wall_seconds = wall.elapsed().as_secs_f64();
+    Ok(result)
+}
+
+/// Starts tablescan's scan through its real HTTP API; returns the scan id.
+async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String> {
+    let body = json!({
+        "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
+        "strategy": d.strategy, "takeCount": d.take,
+        "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
+        "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
+    });
+    let response = router
+        .clone()
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/api/scans")
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .expect("valid request"),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let reply: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("starting the scan failed: {status} {reply}"));
+    }
+    Ok(reply["id"].as_str().ok_or("no scan id")?.to_string())
+}
+
+async fn simulate(
+    scenario: &Scenario,
+    model: Arc<Model>,
+    seed: u64,
+    source: Arc<data::SyntheticTable>,
+    horizon_minutes: f64,
+) -> Result<ScenarioResult, String> {
+    seed_backoff_jitter(seed);
+    let epoch = Instant::now();
+    let retry = if scenario.variant == Variant::Prefix {
+        Retry::Tablescan
+    } else {
+        Retry::BlogSdk
+    };
+    let account = Account::new(model.clone(), seed, retry);
+    let sink = Arc::new(Sink::new(source.clone()));
+    let memory = MemoryTableStore::default();
+    let tables = CloudTables {
+        memory: memory.clone(),
+        synthetic: SyntheticStore {
+            source_table: "Source".into(),
+            destination_table: "Dest".into(),
+            source: source.clone(),
+            sink: sink.clone(),
+        },
+        account: account.clone(),
+    };
+    let queues = CloudQueues {
+        inner: MemoryQueueStore::without_yields(),
+        account: account.clone(),
+        messages_put: Arc::new(AtomicU64::new(0)),
+    };
+    let state = app_state(&scenario.design, &model, tables.clone(), queues.clone())?;
+    let router = app(state.clone());
+    let blog = (scenario.variant != Variant::Prefix).then(|| {
+        Arc::new(blog::Blog::new(
+            tables.clone(),
+            queues.clone(),
+            scenario.design.take,
+        ))
+    });
+    let scan_id = match &blog {
+        Some(blog) => start_blog(blog, &queues, scenario.variant).await?,
+        // tablescan: start the scan through the real API, as a client would.
+        None => start_scan(&router, &scenario.design).await?,
+    };
+    let mode = match &blog {
+        Some(b) => ScanMode::Blog(b.clone()),
+        None => ScanMode::Router,
+    };
+    let host = Arc::new(Host::new(
+        model.clone(),
+        scenario.plan,
+        scenario.flex.clone(),
+        state.clone(),
+        router,
+        mode,
+        epoch,
+    ));
+    match scenario.plan {
+        // One instance is up when the run starts (it served the start request).
+        Plan::Consumption => host.add_instance(),
+        // Per-function scaling from zero; always-ready instances are there from the start.
+        Plan::Flex => {
+            for &f in host.functions() {
+                for _ in 0..scenario.flex.always_ready {
+                    host.add_flex_instance(f, true);
+                }
+            }
+        }
+    }
+    tokio::spawn(host.clone().scale(queues.clone()));
+    let watch = Watch {
+        scenario,
+        host: &host,
+        account: &account,
+        queues: &queues,
+        sink: &sink,
+        tracker: state.tracker_on(&memory),
+        scan_id: blog.is_none().then_some(scan_id.as_str()),
+        horizon: Duration::from_secs_f64(horizon_minutes * 60.0),
+    };
+    let watched = watch.run().await?;
+    host.stopped.store(true, Ordering::Relaxed);
+    let run = Run {
+        host: &host,
+        account: &account,
+        queues: &queues,
+        sink: &sink,
+        source: &source,
+        completed: watched.completed,
+        rows_over_time: watched.rows_over_time,
+        peak_requests_per_second: watched.peak_requests_per_second,
+    };
+    Ok(summarize(scenario, &model, seed, run))
+}
+
+/// The real app's state over the modelled storage, configured as the scenario's design says.
+fn app_state(
+    d: &Design,
+    model: &Model,
+    tables: CloudTables,
+    queues: CloudQueues,
+) -> Result<Arc<AppState<CloudTables, CloudQueues>>, String> {
+    let settings: BTreeMap<&str, String> = [
+        (
+            "AzureWebJobsStorage",
+            "UseDevelopmentStorage=true".to_string(),
+        ),
+        ("TABLESCAN_COUNTER_SHARDS", d.counter_shards.to_string()),
+        ("TABLESCAN_COPY_CONCURRENCY", d.copy_concurrency.to_string()),
+        (
+            "TABLESCAN_MAX_DEQUEUE_COUNT",
+            model.max_dequeue_count.to_string(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let mut config =
+        Config::from_lookup(|k| settings.get(k).cloned()).map_err(|e| e.to_string())?;
+    config.step_budget = StepBudget {
+        max_pages: d.budget_pages,
+        max_queries: d.budget_queries,
+        max_rows: usize::MAX,
+    };
+    Ok(AppState::new(
+        config,
+        [("AzureWebJobsStorage".to_string(), tables)]
+            .into_iter()
+            .collect(),
+        queues,
+    ))
+}
+
+/// The blog's app: one worker queue and one start message; nothing is tracked.
+async fn start_blog(
+    blog: &blog::Blog,
+    queues: &CloudQueues,
+    variant: Variant,
+) -> Result<String, String> {
+    queues
+        .create_queue(&blog.queue)
+        .await
+        .map_err(|e| e.to_string())?;
+    let root = match variant {
+        Variant::Serial => Scanner::<CloudTables>::root(Strategy::Serial),
+        _ => Scanner::<CloudTables>::root(Strategy::Prefix),
+    };
+    queues
+        .put_message(
+            &blog.queue,
+            &blog::BlogMessage::Scan(root).encode(),
+            Duration::ZERO,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(String::new())
+}
+
+/// Watches a running scenario (reading bookkeeping directly, outside the model) once a
+/// simulated second, until it completes, fails, or runs past the horizon.
+struct Watch<'a> {
+    scenario: &'a Scenario,
+    host: &'a Host,
+    account: &'a Account,
+    queues: &'a CloudQueues,
+    sink: &'a Sink,
+    tracker: crate::app::tracking::Tracker<'a, MemoryTableStore>,
+    /// tablescan's scan; `None` for the blog's app, which tracks nothing.
+    scan_id: Option<&'a str>,
+    horizon: Duration,
+}
+
+/// What watching a run saw.
+struct Watched {
+    completed: bool,
+    rows_over_time: Vec<(f64, u64)>,
+    peak_requests_per_second: u64,
+}
+
+impl Watch<'_> {
+    fn requests(&self) -> u64 {
+        self.account.table_counters.snapshot().total()
+            + self.account.queue_counters.snapshot().total()
+    }
+
+    /// Whether the copy completed, rows copied over (simulated) time, and the peak request rate.
+    async fn run(&self) -> Result<Watched, String> {
+        let epoch = self.host.epoch;
+        let mut rows_over_time = vec![(0.0, 0)];
+        let mut tick = 0u64;
+        let mut last = self.requests();
+        let mut peak = 0;
+        let completed = loop {
+            sleep(Duration::from_secs(1)).await;
+            let now = self.requests();
+            peak = peak.max(now - last);
+            last = now;
+            tick += 1;
+            if tick % 5 == 0 {
+                rows_over_time.push((epoch.elapsed().as_secs_f64(), self.sink.unique_rows()));
+            }
+            if let Some(done) = self.ended().await? {
+                break done;
+            }
+            if epoch.elapsed() >= self.horizon {
+                break false;
+            }
+        };
+        rows_over_time.push((epoch.elapsed().as_secs_f64(), self.sink.unique_rows()));
+        Ok(Watched {
+            completed,
+            rows_over_time,
+            peak_requests_per_second: peak,
+        })
+    }
+
+    /// `Some(completed)` once the run is over.
+    async fn ended(&self) -> Result<Option<bool>, String> {
+        let Some(scan_id) = self.scan_id else {
+            // The blog tracked nothing: the copy is over when the queue is empty and idle.
+            if self.queues.inner.is_empty() && self.host.running.load(Ordering::Relaxed) == 0 {
+                return Ok(Some(true));
+            }
+            // The serial paging restarts from its first page after a timeout, so it cannot
+            // finish: stop at the first one (the blog halted it after a restart).
+            let serial_timed_out = self.scenario.variant == Variant::Serial
+                && self.host.timeouts.load(Ordering::Relaxed) > 0;
+            return Ok(serial_timed_out.then_some(false));
+        };
+        let record = self
+            .tracker
+            .get_scan(scan_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(match record.map(|r| r.state) {
+            Some(ScanState::Completed) => Some(true),
+            Some(ScanState::Running) | None => None,
+            Some(other) => {
+                eprintln!("  scan ended {}", other.as_str());
+                Some(false)
+            }
+        })
+    }
+}
