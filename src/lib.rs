@@ -7,7 +7,8 @@
 //! - [`deploy`]: `stage` and `package`, which turn this binary into a function app;
 //! - [`cli`]: the `tablescan` command.
 //!
-//! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses.
+//! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses; [`redact`]
+//! hides credentials in every log line and error message.
 //!
 //! `lab` (the default feature) holds every development tool, and nothing shipped uses it: the
 //! local Functions host, Azurite, test data, the demo, the benchmark, the storage proxy, the
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod deploy;
 #[cfg(feature = "lab")]
 pub mod lab;
+pub mod redact;
 pub mod retry;
 pub mod scan;
 pub mod storage;

@@ -17,20 +17,16 @@ use super::state::AppState;
 /// Diagnostics at `WARN` and above go to stderr, the rest to stdout: the host logs a custom
 /// handler's stdout at Information and its stderr at Error, or at Warning when the line says
 /// "warn" — which a `WARN` line does (docs/custom-handler-protocol.md §11). What operators
-/// query is written by [`super::observe`], whatever `RUST_LOG` says.
+/// query is written by [`super::observe`], whatever `RUST_LOG` says. No level of `RUST_LOG` lets
+/// a credential through: every line is scrubbed and the request-dumping targets are capped
+/// ([`crate::redact::log_subscriber`]).
 pub fn init_logging() {
     use tracing_subscriber::fmt::writer::MakeWriterExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber::util::SubscriberInitExt;
     let writer = std::io::stderr
         .with_max_level(tracing::Level::WARN)
         .or_else(std::io::stdout);
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer)
-        .with_ansi(false)
-        .with_target(false)
-        .try_init();
+    let _ = crate::redact::log_subscriber(writer, "info").try_init();
 }
 
 /// Reads the app settings, connects to storage and serves until SIGTERM / Ctrl-C.

@@ -15,7 +15,8 @@
 //! - a scan's start and its end (completed, cancelled) go to stdout (Information); a failed end
 //!   goes to stderr (Error);
 //! - lines are written whole, one `write` each, and never carry secrets: the free text is
-//!   scrubbed of SAS signatures, account keys and bearer tokens, and bounded in length.
+//!   scrubbed ([`crate::redact::scrub`]: SAS signatures, keys, tokens, secrets) before it is
+//!   bounded in length.
 
 use std::io::Write;
 use std::time::Instant;
@@ -213,38 +214,13 @@ fn text(value: &str) -> String {
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    let scrubbed = scrub(&one_line);
+    let scrubbed = crate::redact::scrub(&one_line);
     if scrubbed.chars().count() > MAX_MSG_CHARS {
         let cut: String = scrubbed.chars().take(MAX_MSG_CHARS).collect();
         format!("{cut}…")
     } else {
         scrubbed
     }
-}
-
-/// Masks what follows each secret marker (case-insensitive) up to the next delimiter. The
-/// storage adapters already hide SAS signatures in their errors; this is the last line of defence.
-fn scrub(value: &str) -> String {
-    const MARKERS: [&str; 5] = [
-        "sig=",
-        "accountkey=",
-        "sharedaccesssignature=",
-        "client_secret=",
-        "bearer ",
-    ];
-    let mut out = value.to_string();
-    for marker in MARKERS {
-        let mut from = 0;
-        while let Some(found) = out[from..].to_ascii_lowercase().find(marker) {
-            let start = from + found + marker.len();
-            let len = out[start..]
-                .find(['&', ';', ' ', '"', '\'', ',', ')', '>'])
-                .unwrap_or(out.len() - start);
-            out.replace_range(start..start + len, "***");
-            from = start + 3;
-        }
-    }
-    out
 }
 
 /// The serde name of a unit enum value (`copy`, `prefix`).

@@ -8,7 +8,7 @@
 //!   failures under the account's policy.
 //! - Error responses reach the SDK's error type with the service's error code and message, whether
 //!   the service put them in a header or only in the body ([`ErrorDetailsTransport`]).
-//! - No text made here carries a SAS signature ([`redact`]).
+//! - No text made here carries a credential ([`crate::redact::scrub`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +22,8 @@ use azure_core::{
 };
 use azure_storage::clients::ServiceType;
 use bytes::Bytes;
+
+use crate::redact::scrub;
 
 use super::auth::{sdk_credentials, token_connection, with_role_hint};
 use super::connection::StorageAccount;
@@ -188,30 +190,30 @@ pub(crate) fn map_sdk_error(operation: &str, error: azure_core::Error) -> Storag
                 Some(detail) => format!("{operation} failed: {detail}"),
                 None => format!("{operation} failed"),
             };
-            StorageError::from_status(status, error_code.clone(), redact(&message))
+            StorageError::from_status(status, error_code.clone(), scrub(&message))
         }
         ErrorKind::Io => StorageError::new(
             StorageErrorKind::Transient,
-            redact(&format!("{operation} failed: {}", error_chain(&error))),
+            scrub(&format!("{operation} failed: {}", error_chain(&error))),
         ),
         // The SDK's bearer policy wraps every token failure as a credential error; the provider's
         // transient ones (I/O inside) stay transient, so a later attempt may succeed.
         ErrorKind::Credential if wraps_io(&error) => StorageError::new(
             StorageErrorKind::Transient,
-            redact(&format!(
+            scrub(&format!(
                 "{operation}: credential error: {}",
                 error_chain(&error)
             )),
         ),
         ErrorKind::Credential => StorageError::new(
             StorageErrorKind::Rejected,
-            redact(&format!(
+            scrub(&format!(
                 "{operation}: credential error: {}",
                 error_chain(&error)
             )),
         ),
         _ => {
-            StorageError::invalid_response(redact(&format!("{operation}: {}", error_chain(&error))))
+            StorageError::invalid_response(scrub(&format!("{operation}: {}", error_chain(&error))))
         }
     }
 }
@@ -248,28 +250,6 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
 
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or("").trim().to_string()
-}
-
-/// Removes SAS signatures from text that may quote a request URL (reqwest errors do).
-pub(crate) fn redact(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(pos) = find_ascii_ci(rest, "sig=") {
-        let value_start = pos + 4;
-        out.push_str(&rest[..value_start]);
-        out.push_str("REDACTED");
-        let tail = &rest[value_start..];
-        let end = tail
-            .find(['&', ')', ' ', '"', '\'', ',', '\n', '>'])
-            .unwrap_or(tail.len());
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn find_ascii_ci(haystack: &str, needle: &str) -> Option<usize> {
-    haystack.to_ascii_lowercase().find(needle)
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters, for key literals in URLs.
@@ -364,16 +344,6 @@ mod tests {
         assert!(transient.message.contains("connection Src"), "{transient}");
         let permanent = map_sdk_error("create queue q", wrapped(ErrorKind::Credential));
         assert_eq!(permanent.kind, StorageErrorKind::Rejected, "{permanent}");
-    }
-
-    #[test]
-    fn redact_removes_sas_signatures() {
-        let s = "error sending request for url (https://a.table.core.windows.net/t()?sv=1&SIG=abc%2Bdef&se=2)";
-        let r = redact(s);
-        assert!(!r.contains("abc%2Bdef"), "{r}");
-        assert!(r.contains("SIG=REDACTED&se=2)"), "{r}");
-        assert_eq!(redact("no secrets"), "no secrets");
-        assert_eq!(redact("sig=x"), "sig=REDACTED");
     }
 
     #[test]

@@ -22,10 +22,11 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 
 use super::auth::{Authorization, TableRequestToSign};
-use super::azure::{error_chain, redact};
+use super::azure::error_chain;
 use super::connection::StorageAccount;
 use super::token::TokenError;
 use super::{StorageError, StorageErrorKind, StorageResult};
+use crate::redact::scrub;
 
 /// The service version the SDK sends; requests of both paths agree.
 const SERVICE_VERSION: &str = "2022-11-02";
@@ -166,10 +167,10 @@ fn transport_error(operation: &impl Fn() -> String, error: &reqwest::Error) -> S
     let text = format!("{} failed: {}", operation(), error_chain(error));
     if error.is_builder() {
         // The request could not even be built (an invalid header value): retrying cannot help.
-        return StorageError::invalid_input(redact(&text));
+        return StorageError::invalid_input(scrub(&text));
     }
     // reqwest quotes the URL, which carries the SAS signature when one is used.
-    StorageError::new(StorageErrorKind::Transient, redact(&text))
+    StorageError::new(StorageErrorKind::Transient, scrub(&text))
 }
 
 /// The service's `{"odata.error":{"code","message":{"value"}}}` (or `x-ms-error-code`) as a
@@ -200,7 +201,7 @@ fn error_response(
         ),
         detail => format!("{operation} failed: {detail}"),
     };
-    StorageError::from_status(status.as_u16(), code, redact(&text))
+    StorageError::from_status(status.as_u16(), code, scrub(&text))
 }
 
 /// `(code, message)` from the service's `{"odata.error":{"code":..,"message":{"value":..}}}` (or

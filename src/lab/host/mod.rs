@@ -290,14 +290,10 @@ impl Host {
 
 /// `tablescan host`: runs the app until Ctrl-C / SIGTERM (or until a handler fails too often).
 pub async fn run_host(args: HostArgs) -> Result<(), HostError> {
-    // The CLI may already have a subscriber; otherwise show the host's log at info level.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .try_init();
+    // The CLI may already have a subscriber; otherwise show the host's log at info level, the
+    // handler's forwarded lines among it, scrubbed of credentials (src/redact.rs).
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = crate::redact::log_subscriber(std::io::stdout, "info").try_init();
     let mut config = HostConfig::new(&args.app_dir);
     config.listen = SocketAddr::from(([127, 0, 0, 1], args.port));
     config.instances = usize::from(args.instances);

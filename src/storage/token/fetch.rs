@@ -25,7 +25,8 @@ use azure_core::error::ErrorKind;
 use time::OffsetDateTime;
 
 use super::{FetchError, Fetched, TokenFetch, STORAGE_RESOURCE, STORAGE_SCOPE};
-use crate::storage::azure::{error_chain, redact};
+use crate::redact::scrub;
+use crate::storage::azure::error_chain;
 use crate::storage::token_source::{ManagedIdentityEndpoint, ManagedIdentityId, TokenSource};
 
 /// One request to an identity or token endpoint.
@@ -202,7 +203,7 @@ impl azure_core::HttpClient for EndpointClient {
         let response = tokio::time::timeout(ENDPOINT_TIMEOUT, self.0.execute_request(request))
             .await
             .map_err(|_| unanswered(format!("no answer within {ENDPOINT_TIMEOUT:?}")))?
-            .map_err(|e| unanswered(redact(&error_chain(&e))))?;
+            .map_err(|e| unanswered(scrub(&error_chain(&e))))?;
         let status = u16::from(response.status());
         if (200..300).contains(&status) {
             return Ok(response);
@@ -254,7 +255,7 @@ fn sdk_error(error: azure_core::Error) -> FetchError {
     }
     FetchError {
         transient: matches!(error.kind(), ErrorKind::Io),
-        message: redact(&error_chain(&error)),
+        message: scrub(&error_chain(&error)),
     }
 }
 
@@ -392,7 +393,7 @@ fn error_detail(body: &[u8]) -> (Option<String>, String) {
     let detail = format!("{code} {}", text(value.get("error_description")))
         .trim()
         .to_string();
-    ((!code.is_empty()).then_some(code), redact(&detail))
+    ((!code.is_empty()).then_some(code), scrub(&detail))
 }
 
 /// `{"access_token": "...", "expires_on": "1700000000" | 1700000000, ...}` (or `expires_in`).
