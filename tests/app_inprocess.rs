@@ -1121,13 +1121,16 @@ async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_han
     assert_eq!(body["pendingWorkItems"], 0);
 }
 
-/// The poison-queue function settles a message whose item no delivery recorded: the item and
-/// its scan fail with a reason; a second delivery and an undecodable message change nothing.
+/// The poison-queue function settles a message whose item no delivery recorded — once the
+/// item's last delivery marked its row (as it does before it works, so a delivery killed in the
+/// middle leaves the mark): the item and its scan fail with a reason; a second delivery and an
+/// undecodable message change nothing. The same message before the mark (forged: the item has
+/// deliveries left) is ignored and the scan goes on.
 #[tokio::test]
 async fn poison_queue_function_fails_an_unrecorded_item_once() {
     let tables = MemoryTableStore::default();
     tables.load("Source", source_rows());
-    let (state, queues) = state_with(tables, &[]);
+    let (state, queues) = state_with(tables.clone(), &[]);
     let (_, body) = post_json(
         &state,
         "/api/scans",
@@ -1142,15 +1145,42 @@ async fn poison_queue_function_fails_an_unrecorded_item_once() {
     let decoded =
         String::from_utf8(MessageEncoding::Base64.decode(&messages[0].text).unwrap()).unwrap();
     let payload = host_payload("PrefixScanPoison", &decoded, 1, "p1");
-    for delivery in ["first", "second"] {
-        let (status, reply) = call(
+    let settle = || {
+        call(
             &state,
             "POST",
             "/PrefixScanPoison",
             Some("application/json"),
             payload.clone(),
         )
-        .await;
+    };
+    let (status, reply) = settle().await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert!(reply.to_string().contains("ignored"), "{reply}");
+    let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+    assert_eq!(scan["state"], "running", "a forged message: {scan}");
+    // The root's last delivery marked its row, then died.
+    let work_table = state.config.work_table.clone();
+    let root = tables
+        .rows(&work_table)
+        .into_iter()
+        .find(|e| e.row_key != "counter")
+        .unwrap();
+    let mut mark = Entity::new(root.partition_key.clone(), root.row_key.clone());
+    mark.properties.insert("LastDelivery", json!(true));
+    tables
+        .submit_batch(
+            &work_table,
+            &root.partition_key,
+            &[BatchOperation::Merge {
+                entity: mark,
+                etag: None,
+            }],
+        )
+        .await
+        .unwrap();
+    for delivery in ["first", "second"] {
+        let (status, reply) = settle().await;
         assert_eq!(status, StatusCode::OK, "{delivery}: {reply}");
         let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
         assert_eq!(scan["state"], "failed", "{delivery}: {scan}");

@@ -18,9 +18,16 @@
 //! - **Bounded.** An item writes at most [`MAX_ITEM_ROWS`] rows, in parts of at most
 //!   [`PART_SPLIT_BYTES`] before compression (one blob request each); the completion step reads
 //!   at most [`MAX_EXPORT_PARTS`] descriptors (one query per 1,000, one listing per 5,000).
-//! - An export never overwrites another: a prefix that already holds a manifest is refused at
-//!   start (400 naming `destinationPrefix`). Its own manifest is written once (`If-None-Match:
-//!   *`): a completion step run again leaves it as it is.
+//! - **One export per prefix.** At start the export reserves its prefix: it creates
+//!   `<prefix>reservation.json` naming its scan id with `If-None-Match: *`, so of two exports
+//!   started into one prefix exactly one wins; the other is refused (400 naming
+//!   `destinationPrefix`), as is a prefix that already holds a manifest. A reservation whose
+//!   export failed or was cancelled is taken over with `If-Match: <its ETag>` (again one winner).
+//! - **A completed export's manifest is its own.** The completion step checks that the
+//!   reservation still names its scan before writing the manifest, writes it once
+//!   (`If-None-Match: *`), and when it finds one there (a completion step run again, or any
+//!   other writer) reads its `scanId`: a manifest of another scan fails the export instead of
+//!   completing it. So a completion step run again leaves the manifest as it is.
 //!
 //! [`MAX_ITEM_ROWS`]: super::MAX_ITEM_ROWS
 
@@ -38,6 +45,7 @@ use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
 use crate::app::messages::{ItemMessage, ScanContext, WorkSplit};
 use crate::app::state::AppState;
+use crate::app::tracking::ScanState;
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::storage::blob::{
     check_container, BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS,
@@ -157,6 +165,7 @@ impl Driver for ExportDriver {
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
         let blobs = state.blob_store(&options.connection, &Arc::new(AtomicU64::new(0)))?;
         let manifest = layout.manifest_blob();
+        blobs.create_container(&options.container).await?;
         if blobs
             .properties(&options.container, &manifest)
             .await?
@@ -170,8 +179,7 @@ impl Driver for ExportDriver {
                 ),
             ));
         }
-        blobs.create_container(&options.container).await?;
-        Ok(())
+        reserve(state, &blobs, &options, &layout, &context.scan_id).await
     }
 
     fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
@@ -279,8 +287,9 @@ async fn write_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
         .await?
         .is_some()
     {
-        return Ok(());
+        return check_own_manifest(&blobs, &options.container, &manifest_blob, context).await;
     }
+    check_own_reservation(&blobs, &options.container, &layout, &context.scan_id).await?;
     let tracker = state.tracker_on(state.bookkeeping());
     let results = tracker
         .work_results(&context.scan_id, context.shards, MAX_EXPORT_PARTS)
@@ -336,9 +345,170 @@ async fn write_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
         )
         .await
     {
-        // A concurrent run of this step wrote it first: its manifest is the export's.
-        Err(e) if e.kind == StorageErrorKind::Conflict => Ok(()),
+        // Written first by a concurrent run of this step (then it is the export's), or by
+        // anything else (then the export fails).
+        Err(e) if e.kind == StorageErrorKind::Conflict => {
+            check_own_manifest(&blobs, &options.container, &manifest_blob, context).await
+        }
         other => other.map(|_| ()).map_err(WorkError::from),
+    }
+}
+
+/// The blob that reserves a prefix for one export, relative to the prefix.
+pub const RESERVATION_NAME: &str = "reservation.json";
+/// Largest reservation blob read back (ours are about 150 bytes).
+const MAX_RESERVATION_BYTES: u64 = 64 * 1024;
+
+/// `<prefix>reservation.json`: which export holds the prefix (docs/export-format.md).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Reservation {
+    format: String,
+    scan_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    reserved_at: OffsetDateTime,
+}
+
+/// Only what is checked of a blob that names its export: its `scanId` (a manifest's or a
+/// reservation's; any other field is ignored).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ScanIdOnly {
+    scan_id: String,
+}
+
+/// Reserves the prefix for scan `scan_id` (see the module's invariants): creates the
+/// reservation if there is none, takes over one whose export failed or was cancelled, and
+/// refuses the prefix otherwise (400 naming `destinationPrefix`).
+async fn reserve<T: TableStore + Clone, Q: QueueStore + Clone, B: BlobStore>(
+    state: &AppState<T, Q>,
+    blobs: &B,
+    options: &ExportOptions,
+    layout: &ExportLayout,
+    scan_id: &str,
+) -> Result<(), ApiError> {
+    let container = &options.container;
+    let name = layout.blob(RESERVATION_NAME);
+    let refuse = |why: String| {
+        ApiError::field(
+            "destinationPrefix",
+            format!("{container}/{name}: {why}; choose another prefix"),
+        )
+    };
+    let body = Bytes::from(
+        serde_json::to_vec(&Reservation {
+            format: crate::storage::export_format::FORMAT.to_string(),
+            scan_id: scan_id.to_string(),
+            reserved_at: OffsetDateTime::now_utc(),
+        })
+        .expect("a reservation serializes"),
+    );
+    let create = BlobWrite::new(MANIFEST_CONTENT_TYPE).with_condition(WriteCondition::IfNotExists);
+    match blobs.upload(container, &name, body.clone(), &create).await {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind == StorageErrorKind::Conflict => {}
+        Err(e) => return Err(e.into()),
+    }
+    let held = match blobs
+        .download(container, &name, MAX_RESERVATION_BYTES)
+        .await
+    {
+        Ok(held) => held,
+        Err(e) if e.is_not_found() => {
+            return Err(refuse(
+                "was reserved and released meanwhile; try again".into(),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let holder = serde_json::from_slice::<ScanIdOnly>(&held.bytes)
+        .map_err(|e| {
+            refuse(format!(
+                "the prefix is reserved, by an unreadable reservation ({e})"
+            ))
+        })?
+        .scan_id;
+    let tracker = state.tracker_on(state.bookkeeping());
+    match tracker.get_scan(&holder).await?.map(|r| r.state) {
+        Some(ScanState::Failed | ScanState::Cancelled) => {}
+        Some(held_state) => {
+            return Err(refuse(format!(
+                "the prefix is reserved by export {holder}, which is {}",
+                held_state.as_str()
+            )))
+        }
+        None => {
+            return Err(refuse(format!(
+                "the prefix is reserved by scan {holder}, which is not recorded (still starting, \
+                 or its start failed: then delete this blob to free the prefix)"
+            )))
+        }
+    }
+    // Its export ended without a manifest: take the prefix over, if nobody else does first.
+    let take_over = BlobWrite::new(MANIFEST_CONTENT_TYPE)
+        .with_condition(WriteCondition::IfMatch(held.properties.etag));
+    match blobs.upload(container, &name, body, &take_over).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Err(refuse(format!(
+            "another export took over the reservation of ended export {holder} first"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The scan id a blob of this export names (its reservation or its manifest); `Ok(None)` if
+/// the blob does not exist.
+async fn named_scan<B: BlobStore>(
+    blobs: &B,
+    container: &str,
+    name: &str,
+    max_bytes: u64,
+) -> Result<Option<String>, WorkError> {
+    let bytes = match blobs.download(container, name, max_bytes).await {
+        Ok(found) => found.bytes,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    serde_json::from_slice::<ScanIdOnly>(&bytes)
+        .map(|named| Some(named.scan_id))
+        .map_err(|e| WorkError::Permanent(format!("{container}/{name} is unreadable: {e}")))
+}
+
+/// `Ok` if the prefix's reservation names this scan: another export took it over (this one
+/// was recorded as ended meanwhile) or it was deleted, and this export must not write the
+/// prefix's manifest.
+async fn check_own_reservation<B: BlobStore>(
+    blobs: &B,
+    container: &str,
+    layout: &ExportLayout,
+    scan_id: &str,
+) -> Result<(), WorkError> {
+    let name = layout.blob(RESERVATION_NAME);
+    match named_scan(blobs, container, &name, MAX_RESERVATION_BYTES).await? {
+        Some(holder) if holder == scan_id => Ok(()),
+        holder => Err(WorkError::Permanent(format!(
+            "{container}/{name} {}: the prefix is not this export's, so it writes no manifest",
+            holder.map_or("is missing".to_string(), |h| format!("names export {h}"))
+        ))),
+    }
+}
+
+/// `Ok` if the manifest there was written by this scan; otherwise the export fails rather than
+/// complete with a manifest that is not its own.
+async fn check_own_manifest<B: BlobStore>(
+    blobs: &B,
+    container: &str,
+    manifest: &str,
+    context: &ScanContext,
+) -> Result<(), WorkError> {
+    match named_scan(blobs, container, manifest, MAX_MANIFEST_BYTES).await? {
+        Some(writer) if writer == context.scan_id => Ok(()),
+        writer => Err(WorkError::Permanent(format!(
+            "{container}/{manifest} {}, not by this one: this export has no manifest",
+            writer.map_or("vanished".to_string(), |w| format!(
+                "was written by export {w}"
+            ))
+        ))),
     }
 }
 

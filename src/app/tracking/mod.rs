@@ -45,6 +45,11 @@
 //! 6. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
 //!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
 //!    the queued messages clean up an ended scan's work rows as they are delivered.
+//! 7. A work item's delivery whose dequeue count reached the maximum marks the item's row
+//!    (`LastDelivery`, merged under the row's ETag) before it works, and only then; a redelivery
+//!    finding the mark does not write it again. The poison functions fail only an unfinished item
+//!    so marked: a message in a poison queue is no proof that its item exhausted its deliveries
+//!    (it may be forged), the mark is. The mark costs one request, on last deliveries only.
 //!
 //! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
 //! and the drained check), [`work_rows`] (work items' rows) and [`codec`] (how values are
@@ -64,7 +69,8 @@ pub use codec::format_time;
 pub use counters::Counters;
 pub use records::{parse_list_token, ScanPage, ScanRecord, ScanState, COMPLETION_LEASE};
 pub use work_rows::{
-    Completion, RecordError, Recorded, WorkState, MAX_FOLDED_CHILDREN, RESULT_PROPERTY,
+    Completion, RecordError, Recorded, WorkState, LAST_DELIVERY_PROPERTY, MAX_FOLDED_CHILDREN,
+    RESULT_PROPERTY,
 };
 
 /// Optimistic-concurrency retries on a contended row before giving up (the message retries).

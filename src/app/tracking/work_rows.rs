@@ -67,23 +67,80 @@ impl<T: TableStore> Tracker<'_, T> {
         shard: u32,
         work_id: &str,
     ) -> Result<Option<WorkState>, StorageError> {
+        Ok(self
+            .work_state_marked(scan_id, shard, work_id)
+            .await?
+            .map(|(state, _)| state))
+    }
+
+    /// Reads a work item's row, and whether a last delivery marked it
+    /// ([`Tracker::mark_last_delivery`]).
+    pub async fn work_state_marked(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+    ) -> Result<Option<(WorkState, bool)>, StorageError> {
         let pk = shard_partition(scan_id, shard);
         Ok(self
             .store
             .get_entity(self.work_table, &pk, work_id)
             .await?
-            .map(
-                |(entity, etag)| match get_str(&entity.properties, "State").as_deref() {
+            .map(|(entity, etag)| {
+                let props = &entity.properties;
+                let marked = props.get_value(LAST_DELIVERY_PROPERTY) == Some(json!(true));
+                let state = match get_str(props, "State").as_deref() {
                     Some("pending") => WorkState::Pending { etag },
                     Some("expanded") => {
                         let outcome: String = (0..MAX_CUSTOM_PROPERTIES)
-                            .map_while(|i| get_str(&entity.properties, &format!("Outcome{i}")))
+                            .map_while(|i| get_str(props, &format!("Outcome{i}")))
                             .collect();
                         WorkState::Expanded { etag, outcome }
                     }
                     _ => WorkState::Finished,
-                },
-            ))
+                };
+                (state, marked)
+            }))
+    }
+
+    /// Marks an unfinished row (at `etag`) as being run by its item's last delivery
+    /// ([`LAST_DELIVERY_PROPERTY`]), merged so that a recorded outcome stays. Returns the row's
+    /// new ETag, or `None` if the row changed (or went) since it was read: read it again.
+    /// Idempotent: marking a marked row changes nothing but its ETag.
+    pub async fn mark_last_delivery(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        etag: &str,
+    ) -> Result<Option<String>, StorageError> {
+        let pk = shard_partition(scan_id, shard);
+        let mut row = Entity::new(pk.clone(), work_id);
+        row.properties.insert(LAST_DELIVERY_PROPERTY, json!(true));
+        let ops = [BatchOperation::Merge {
+            entity: row,
+            etag: Some(etag.to_string()),
+        }];
+        match self
+            .store
+            .submit_batch_with_etags(self.work_table, &pk, &ops)
+            .await
+        {
+            Ok(etags) => match etags.into_iter().next().flatten() {
+                Some(etag) => Ok(Some(etag)),
+                // The store did not report it: the caller reads the row again.
+                None => Ok(None),
+            },
+            Err(e)
+                if matches!(
+                    e.kind,
+                    StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Records an item's outcome (`pending` → `expanded`) if no other execution did first, and
@@ -489,6 +546,13 @@ struct Finish<'a> {
 
 /// The property of a finished row holding its driver's result ([`Tracker::complete`]).
 pub const RESULT_PROPERTY: &str = "Result";
+
+/// The Boolean property a work item's last delivery sets on its unfinished row before it runs
+/// ([`Tracker::mark_last_delivery`]): the poison functions fail only an item so marked, since
+/// only a delivery with the queue's own dequeue count can prove the item exhausted its
+/// deliveries (a message in a poison queue proves nothing: anyone who can write queues can put
+/// one there). Finishing the row replaces it, mark included.
+pub const LAST_DELIVERY_PROPERTY: &str = "LastDelivery";
 
 /// What [`Tracker::record_outcome`] wrote: the row's new ETag, and the shard's counter with its
 /// ETag when children were registered with it.

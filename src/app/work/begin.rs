@@ -184,11 +184,19 @@ async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore
     shard: u32,
     last_attempt: bool,
 ) -> Result<Progress, InvocationResponse> {
-    let state = patiently(last_attempt, || {
-        tracker.work_state(&scan.scan_id, shard, work_id)
+    let read = patiently(last_attempt, || {
+        tracker.work_state_marked(&scan.scan_id, shard, work_id)
     })
     .await
     .map_err(|e| storage_failure(work_id, e))?;
+    let state = match read {
+        Some((state, false)) if last_attempt => {
+            mark_last_delivery(tracker, scan, work_id, shard, state)
+                .await
+                .map_err(|e| storage_failure(work_id, e))?
+        }
+        read => read.map(|(state, _)| state),
+    };
     match state {
         Some(WorkState::Pending { etag }) => Ok(Progress::Fresh { etag }),
         Some(WorkState::Expanded { etag, outcome }) => {
@@ -219,4 +227,53 @@ async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore
             ),
         )),
     }
+}
+
+/// Most times the last delivery reads its row again to mark it (each time because the row
+/// changed in between: a concurrent duplicate delivery recorded or finished it).
+const MAX_MARK_ATTEMPTS: u32 = 5;
+
+/// On the last delivery: marks the unfinished item's row before the item runs (tracking
+/// invariant 7), so that if this delivery dies too, the poison function knows the item really
+/// exhausted its deliveries. Returns the row's state with its new ETag (or the state a
+/// concurrent delivery left it in).
+async fn mark_last_delivery<S: TableStore>(
+    tracker: &Tracker<'_, S>,
+    scan: &ScanContext,
+    work_id: &str,
+    shard: u32,
+    mut state: WorkState,
+) -> Result<Option<WorkState>, StorageError> {
+    for _ in 0..MAX_MARK_ATTEMPTS {
+        let etag = match &state {
+            WorkState::Pending { etag } | WorkState::Expanded { etag, .. } => etag.clone(),
+            WorkState::Finished => return Ok(Some(state)),
+        };
+        let marked = patiently(true, || {
+            tracker.mark_last_delivery(&scan.scan_id, shard, work_id, &etag)
+        })
+        .await?;
+        if let Some(new_etag) = marked {
+            return Ok(Some(match state {
+                WorkState::Pending { .. } => WorkState::Pending { etag: new_etag },
+                WorkState::Expanded { outcome, .. } => WorkState::Expanded {
+                    etag: new_etag,
+                    outcome,
+                },
+                WorkState::Finished => WorkState::Finished,
+            }));
+        }
+        match patiently(true, || {
+            tracker.work_state_marked(&scan.scan_id, shard, work_id)
+        })
+        .await?
+        {
+            Some((now, false)) => state = now,
+            other => return Ok(other.map(|(now, _)| now)),
+        }
+    }
+    Err(StorageError::new(
+        crate::storage::StorageErrorKind::Transient,
+        format!("the row of {work_id} kept changing while its last delivery marked it"),
+    ))
 }

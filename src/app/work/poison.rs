@@ -1,5 +1,6 @@
 //! Failing a work item for good: on its last delivery, or when the host moved its message to
-//! the poison queue without any delivery recording an outcome.
+//! the poison queue after a last delivery that began (it marked the item's row) and recorded no
+//! outcome. A poison message alone proves nothing: anyone who can write the queues can forge one.
 
 use super::*;
 
@@ -44,12 +45,15 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     }
 
     /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
-    /// its work item is still unfinished, no delivery recorded an outcome (the handler was killed
-    /// or timed out every time, or storage stayed unreachable): the item is recorded as failed
-    /// and its scan fails, instead of running forever — or, if the scan has already ended, the
-    /// item is dropped. Idempotent: a finished item is left alone (the usual case — the last
-    /// delivery recorded its own failure). A message that cannot be decoded, or names no
-    /// recorded scan, has no work item to settle and is dropped with a warning.
+    /// its work item is still unfinished and its last delivery marked its row before working
+    /// (tracking invariant 7), no delivery recorded an outcome (the handler was killed or timed
+    /// out every time): the item is recorded as failed and its scan fails, instead of running
+    /// forever — or, if the scan has already ended, the item is dropped. An unfinished item
+    /// without the mark has not exhausted its deliveries: the message is forged (or its last
+    /// delivery never got as far as the mark), and it is dropped with a warning; the scan goes on.
+    /// Idempotent: a finished item is left alone (the usual case — the last delivery recorded its
+    /// own failure). A message that cannot be decoded, or names no recorded scan, has no work
+    /// item to settle and is dropped with a warning.
     pub async fn settle_poisoned<M: WorkMessage>(&self, body: &[u8]) -> InvocationResponse {
         let invocation = match queue_invocation(body) {
             Ok(invocation) => invocation,
@@ -127,12 +131,35 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
                 ),
             };
         }
+        let shard = messages::shard_for(&message, &work_id, scan.shards);
+        match patiently(true, || tracker.work_state_marked(scan_id, shard, &work_id)).await {
+            // Not marked by a last delivery: the item has deliveries left (or its last one has
+            // not begun), so the message is forged or early. Failing the scan on it would let
+            // anyone who can write a queue stop any scan.
+            Ok(Some((WorkState::Pending { .. } | WorkState::Expanded { .. }, false))) => {
+                tracing::warn!(work = %work_id, scan = %scan_id, "ignored a poisoned message whose work item has not exhausted its deliveries (forged, or early); the scan goes on");
+                return reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: ignored a poisoned message of scan {scan_id}: its work item \
+                         has not exhausted its deliveries (no last delivery marked it); the scan \
+                         goes on"
+                    ),
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{work_id}: could not read the poisoned item: {e}"),
+                )
+            }
+        }
         let reason = format!(
-            "work item {work_id} ({}) was poisoned: every delivery failed without recording an \
-             outcome (handler killed or timed out, or storage unreachable)",
+            "work item {work_id} ({}) was poisoned: its last delivery began and no delivery \
+             recorded an outcome (handler killed or timed out)",
             M::NAME
         );
-        let shard = messages::shard_for(&message, &work_id, scan.shards);
         match self.fail_work_item(&scan, &work_id, shard, &reason).await {
             Ok(true) => reply(
                 StatusCode::OK,
