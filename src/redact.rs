@@ -313,6 +313,22 @@ fn scheme(value: &str) -> &str {
     }
 }
 
+/// `error: source: source ...`: an error and its causes (each cause once), for I/O errors whose
+/// cause is in the chain. Not scrubbed: callers pass it through [`scrub`] before it goes out.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

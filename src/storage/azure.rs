@@ -23,7 +23,7 @@ use azure_core::{
 use azure_storage::clients::ServiceType;
 use bytes::Bytes;
 
-use crate::redact::scrub;
+use crate::redact::{error_chain, scrub};
 
 use super::auth::{sdk_credentials, token_connection, with_role_hint};
 use super::connection::StorageAccount;
@@ -231,21 +231,6 @@ fn wraps_io(error: &azure_core::Error) -> bool {
         source = cause.source();
     }
     false
-}
-
-/// `error: source: source ...`, for I/O errors whose cause is in the chain.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn first_line(s: &str) -> String {

@@ -22,10 +22,10 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 
 use super::auth::{Authorization, TableRequestToSign};
-use super::azure::error_chain;
 use super::connection::StorageAccount;
 use super::token::TokenError;
 use super::{StorageError, StorageErrorKind, StorageResult};
+use crate::redact::error_chain;
 use crate::redact::scrub;
 
 /// The service version the SDK sends; requests of both paths agree.

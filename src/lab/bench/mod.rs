@@ -17,6 +17,7 @@ mod report;
 mod requests;
 mod run;
 mod sampler;
+mod upstream;
 mod variant;
 
 use std::path::PathBuf;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::floor::{measure_floors, Floor, FloorJob, FloorTargets};
 use super::report::{floor_row, VariantResult};
-use super::run::Upstream;
+use super::upstream::Upstream;
 use super::variant::{Job, Variant};
 use crate::storage::connection::ConnectionSettings;
 

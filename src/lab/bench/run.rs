@@ -14,6 +14,7 @@ use super::passes::{floor_jobs, FloorRuns};
 use super::report::{BenchReport, VariantResult};
 use super::requests::{delta, per_1000, Minimum, Requests};
 use super::sampler::HandlerSampler;
+use super::upstream::Upstream;
 use super::variant::{Job, Targets, Variant};
 use super::BenchArgs;
 use crate::app::functions::get_scan::scan_status;
@@ -22,7 +23,7 @@ use crate::lab::dataset::{self, RowsPerKey};
 use crate::lab::demo::{fingerprint, post_scan, seed, start_app_with, watch_scan, Storage};
 use crate::lab::host::stats::FunctionStats;
 use crate::lab::host::RunningHost;
-use crate::lab::proxy::{Counts, FaultPolicy, StorageProxy};
+use crate::lab::proxy::{Counts, StorageProxy};
 use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore};
@@ -116,23 +117,6 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         floors,
         variants: results,
     })
-}
-
-/// Azurite's table, queue and blob endpoints, which each variant's proxy fronts.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Upstream {
-    table: SocketAddr,
-    queue: SocketAddr,
-    blob: SocketAddr,
-}
-
-impl Upstream {
-    /// A counting proxy (no faults) in front of all three endpoints.
-    pub(super) async fn counting_proxy(&self, seed: u64) -> Result<StorageProxy, String> {
-        StorageProxy::start_with_blob(self.table, self.queue, self.blob, FaultPolicy::none(), seed)
-            .await
-            .map_err(|e| format!("cannot start a counting proxy: {e}"))
-    }
 }
 
 /// The seeded source table, shared by every variant.

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::log::HostLog;
 use super::payload::{parse_invocation_response, InvocationResult, ResponseProblem};
 use super::worker::Worker;
+use crate::redact::error_chain;
 
 /// What this host reports as its version (`X-Azure-Functions-HostVersion`, `User-Agent`).
 pub const HOST_VERSION: &str = "4.0.0.0";
@@ -275,15 +276,4 @@ fn transport(e: reqwest::Error) -> InvokeError {
     } else {
         InvokeError::Transport(error_chain(&e))
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }

@@ -25,8 +25,8 @@ use azure_core::error::ErrorKind;
 use time::OffsetDateTime;
 
 use super::{FetchError, Fetched, TokenFetch, STORAGE_RESOURCE, STORAGE_SCOPE};
+use crate::redact::error_chain;
 use crate::redact::scrub;
-use crate::storage::azure::error_chain;
 use crate::storage::token_source::{ManagedIdentityEndpoint, ManagedIdentityId, TokenSource};
 
 /// One request to an identity or token endpoint.
