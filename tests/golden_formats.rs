@@ -25,7 +25,7 @@ use harness::{check, check_examples, op_from_line, replay, Example, Op, Recorder
 use serde_json::{json, Value};
 use support::raw::RawClient;
 use tablescan::app::drivers::export::ExportOptions;
-use tablescan::app::drivers::import::{ImportOptions, ImportWork};
+use tablescan::app::drivers::import::{ImportOptions, ImportWork, PartRef};
 use tablescan::app::drivers::range::{page_items, RangeWork};
 use tablescan::app::drivers::DriverId;
 use tablescan::app::functions::start_scan::{parse_request, recorded_context};
@@ -247,6 +247,7 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
             Typed::Import(ImportWork::Parts {
                 start: 0,
                 sha256: Some(sha(0xab)),
+                write: false,
             }),
             None,
         ),
@@ -255,6 +256,29 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
             Typed::Import(ImportWork::Parts {
                 start: 200,
                 sha256: None,
+                write: false,
+            }),
+            None,
+        ),
+        (
+            "import: verification of parts, from a line on",
+            Typed::Import(ImportWork::Verify {
+                parts: vec![PartRef::from(&ManifestPart {
+                    name: format!("parts/{SCAN}/c-0123456789abcdef0123456789abcdef.jsonl.gz"),
+                    rows: 2000,
+                    bytes: 48213,
+                    sha256: sha(0x9f),
+                })],
+                skip: 1000,
+            }),
+            None,
+        ),
+        (
+            "import: chunk of parts of the write phase",
+            Typed::Import(ImportWork::Parts {
+                start: 0,
+                sha256: Some(sha(0xab)),
+                write: true,
             }),
             None,
         ),
@@ -925,6 +949,7 @@ fn outcomes() -> Vec<(&'static str, WorkOutcome)> {
                     import_child(&ImportWork::Parts {
                         start: 200,
                         sha256: Some(sha(0x5e)),
+                        write: false,
                     }),
                 ],
                 delta: counters(|c| c.storage_requests = 1),

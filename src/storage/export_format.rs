@@ -242,15 +242,8 @@ impl Default for DecodeLimits {
     }
 }
 
-/// Decodes a part, verifying its SHA-256 (before inflating anything) and its row count, within
-/// `limits`. Accepts what other tools write too: several gzip members, `\r\n` line ends, no final
-/// line break, `Timestamp` and `odata.*` members (ignored, as the service ignores them on write).
-pub fn decode_part(
-    bytes: &[u8],
-    expected_rows: u64,
-    expected_sha256: &str,
-    limits: &DecodeLimits,
-) -> Result<Vec<Entity>> {
+/// Checks the SHA-256 of a part's bytes against the manifest's (case-insensitive hex).
+pub fn check_sha256(bytes: &[u8], expected_sha256: &str) -> Result<()> {
     let actual = sha256_hex(bytes);
     if !actual.eq_ignore_ascii_case(expected_sha256) {
         return Err(ExportFormatError::ChecksumMismatch {
@@ -258,35 +251,24 @@ pub fn decode_part(
             actual,
         });
     }
-    let inflated = MultiGzDecoder::new(bytes).take(limits.max_decompressed_bytes.saturating_add(1));
-    let mut reader = BufReader::new(inflated);
+    Ok(())
+}
+
+/// Decodes a part, verifying its SHA-256 (before inflating anything) and its row count, within
+/// `limits`. Accepts what other tools write too: several gzip members, `\r\n` line ends, no final
+/// line break, `Timestamp` and `odata.*` members (ignored, as the service ignores them on write).
+/// Holds every row: for bounded work on one part, read it with [`PartLines`] instead.
+pub fn decode_part(
+    bytes: &[u8],
+    expected_rows: u64,
+    expected_sha256: &str,
+    limits: &DecodeLimits,
+) -> Result<Vec<Entity>> {
+    check_sha256(bytes, expected_sha256)?;
+    let mut lines = PartLines::new(bytes, *limits);
     let capacity = usize::try_from(expected_rows.min(4096)).unwrap_or(4096);
     let mut entities = Vec::with_capacity(capacity);
-    let mut line = Vec::new();
-    let mut total: u64 = 0;
-    for number in 1.. {
-        line.clear();
-        let read = (&mut reader)
-            .take(limits.max_line_bytes as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(|e| ExportFormatError::Gzip(e.to_string()))?;
-        total += read as u64;
-        if total > limits.max_decompressed_bytes {
-            return Err(ExportFormatError::TooLarge {
-                limit: limits.max_decompressed_bytes,
-            });
-        }
-        if read == 0 {
-            break;
-        }
-        let ended = line.last() == Some(&b'\n');
-        let text = trim_line_end(&line);
-        if text.len() > limits.max_line_bytes || (!ended && read > limits.max_line_bytes) {
-            return Err(ExportFormatError::LineTooLong {
-                line: number,
-                limit: limits.max_line_bytes,
-            });
-        }
+    while let Some((number, text)) = lines.next_line()? {
         if entities.len() as u64 == expected_rows {
             return Err(ExportFormatError::RowCountMismatch {
                 expected: expected_rows,
@@ -304,13 +286,78 @@ pub fn decode_part(
     Ok(entities)
 }
 
+/// A part's lines, inflated and split as they are read: memory is one line (at most
+/// `max_line_bytes`) and the inflater's buffers, whatever the part holds, and no more than
+/// `max_decompressed_bytes` are ever inflated. The caller checks the SHA-256 first
+/// ([`check_sha256`]) and decides how many lines it needs: it can stop at any line.
+pub struct PartLines<R: Read> {
+    reader: BufReader<std::io::Take<MultiGzDecoder<R>>>,
+    line: Vec<u8>,
+    number: u64,
+    total: u64,
+    limits: DecodeLimits,
+}
+
+impl<R: Read> PartLines<R> {
+    /// The lines of the gzip file `compressed`.
+    pub fn new(compressed: R, limits: DecodeLimits) -> Self {
+        let inflated =
+            MultiGzDecoder::new(compressed).take(limits.max_decompressed_bytes.saturating_add(1));
+        PartLines {
+            reader: BufReader::new(inflated),
+            line: Vec::new(),
+            number: 0,
+            total: 0,
+            limits,
+        }
+    }
+
+    /// Bytes inflated so far.
+    pub fn decompressed_bytes(&self) -> u64 {
+        self.total
+    }
+
+    /// The next line's number (1-based) and text without its line end, or `None` at the end of
+    /// the part. A line
+    /// over `max_line_bytes` or a part over `max_decompressed_bytes` is an error, found before
+    /// more than one line's worth past the bound is held.
+    pub fn next_line(&mut self) -> Result<Option<(u64, &[u8])>> {
+        self.line.clear();
+        let read = (&mut self.reader)
+            .take(self.limits.max_line_bytes as u64 + 1)
+            .read_until(b'\n', &mut self.line)
+            .map_err(|e| ExportFormatError::Gzip(e.to_string()))?;
+        self.total += read as u64;
+        if self.total > self.limits.max_decompressed_bytes {
+            return Err(ExportFormatError::TooLarge {
+                limit: self.limits.max_decompressed_bytes,
+            });
+        }
+        if read == 0 {
+            return Ok(None);
+        }
+        self.number += 1;
+        let ended = self.line.last() == Some(&b'\n');
+        let text = trim_line_end(&self.line);
+        if text.len() > self.limits.max_line_bytes || (!ended && read > self.limits.max_line_bytes)
+        {
+            return Err(ExportFormatError::LineTooLong {
+                line: self.number,
+                limit: self.limits.max_line_bytes,
+            });
+        }
+        Ok(Some((self.number, text)))
+    }
+}
+
 fn trim_line_end(line: &[u8]) -> &[u8] {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// One line as an entity (values kept as their text; fractional numbers annotated as doubles).
-fn decode_line(number: u64, text: &[u8]) -> Result<Entity> {
+/// One line as an entity (values kept as their text; fractional numbers annotated as doubles;
+/// a name given twice refused). `number` names the line in errors.
+pub fn decode_line(number: u64, text: &[u8]) -> Result<Entity> {
     let bad = |message: String| ExportFormatError::BadLine {
         line: number,
         message,

@@ -17,6 +17,9 @@
 //!   driver's items): bounded like every invocation (at most [`MAX_ITEM_QUERIES`] queries and
 //!   [`MAX_ITEM_ROWS`] rows for items that read a key range); the rest is handed on as new items
 //!   (children of the outcome);
+//! - optional further phases ([`Driver::phase`]): a phase starts (its root item registered and
+//!   queued) only once every work item of the phases before it has finished and none failed,
+//!   so a driver can check everything before it changes anything;
 //! - an optional step once every work item has finished, before the scan is recorded
 //!   `completed` ([`Driver::complete`]).
 //!
@@ -54,7 +57,7 @@ use crate::app::error::ApiError;
 use crate::app::functions::start_scan::ScanRequest;
 use crate::app::messages::{ChildSpec, ItemJson, ItemMessage, ScanContext, TableRef, WorkSplit};
 use crate::app::state::AppState;
-use crate::app::tracking::{Counters, ScanState, Tracker};
+use crate::app::tracking::{Counters, ScanState, Tracker, WorkState};
 use crate::app::work::{Begun, WorkError, WorkOutcome};
 use crate::scan::Scanner;
 use crate::storage::{
@@ -127,6 +130,8 @@ pub trait Driver: Send + Sync + 'static {
     const SELECT: bool = false;
     /// Whether [`Driver::complete`] does anything (saves the drained checks it needs otherwise).
     const COMPLETES: bool = false;
+    /// How many phases follow the root's ([`Driver::phase`]).
+    const PHASES: u32 = 0;
     /// Whether [`Driver::work_rows`] changes the rows a scan reads (a delete): a step then
     /// records what it read before working on it, so that a duplicate delivery reading after
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
@@ -196,6 +201,19 @@ pub trait Driver: Send + Sync + 'static {
         begun: &Begun<ItemMessage>,
         item: Self::Item,
     ) -> impl Future<Output = Result<WorkOutcome, WorkError>> + Send;
+
+    /// The root work item of phase `n` (`1..=PHASES`; phase 0's is [`Driver::root`]). It is
+    /// started by the drained check that finds every item of phases `0..n` finished and none
+    /// failed, and the scan completes only once it and all it spawned have finished too. The
+    /// item must depend only on the scan's context: its JSON is its identity, so concurrent
+    /// drained checks start it once.
+    fn phase(context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
+        let _ = context;
+        Err(WorkError::Permanent(format!(
+            "the {} driver has no phase {n}",
+            Self::NAME
+        )))
+    }
 
     /// Runs once every work item of the scan has finished (none failed), before the scan is
     /// recorded `completed`; may run more than once. An error leaves the scan running (the next
@@ -404,6 +422,10 @@ pub fn changes_source(driver: DriverId) -> bool {
     with_driver!(driver, D => D::CHANGES_SOURCE)
 }
 
+/// How long a phase's root message stays invisible: time for its work row to be registered
+/// after the message is queued (a delivery before that is retried: it finds no work row).
+const PHASE_START_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Reads of a range that grew since it was scanned, before [`rework_range`] gives up for this
 /// delivery.
 const MAX_REWORK_ROUNDS: usize = 8;
@@ -499,29 +521,34 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         scan: &ScanContext,
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
-        if D::COMPLETES {
+        if D::COMPLETES || D::PHASES > 0 {
             // Judged once, and the scan is completed only on that judgement: a scan found busy
             // here must not be completed by the check below if its last item finishes in
             // between (that item's own check then runs the step), or it would end `completed`
-            // before its completion step ran. Once drained, nothing can add work.
+            // before its completion step ran. Once drained, only a phase start adds work.
             let Some(totals) = tracker.drained(&scan.scan_id, scan.shards).await? else {
                 return Ok(false);
             };
             if totals.failed == 0 {
-                // One execution at a time runs the step: the one holding the scan's completion
-                // lease (see docs/architecture.md, "Ending a scan"); the others leave it to it.
-                if !tracker.take_completion_lease(&scan.scan_id).await? {
+                if !self.phases_done::<D, S>(tracker, scan).await? {
                     return Ok(false);
                 }
-                match self.run_completion::<D, S>(tracker, scan).await {
-                    Ok(Some(ended)) => return Ok(ended),
-                    Ok(None) => {}
-                    Err(e) => {
-                        // The next delivery may try again at once (else the lease expires).
-                        if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
-                            tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
+                if D::COMPLETES {
+                    // One execution at a time runs the step: the one holding the scan's completion
+                    // lease (see docs/architecture.md, "Ending a scan"); the others leave it to it.
+                    if !tracker.take_completion_lease(&scan.scan_id).await? {
+                        return Ok(false);
+                    }
+                    match self.run_completion::<D, S>(tracker, scan).await {
+                        Ok(Some(ended)) => return Ok(ended),
+                        Ok(None) => {}
+                        Err(e) => {
+                            // The next delivery may try again at once (else the lease expires).
+                            if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
+                                tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
+                            }
+                            return Err(e);
                         }
-                        return Err(e);
                     }
                 }
             }
@@ -529,6 +556,46 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         tracker
             .complete_if_drained(&scan.scan_id, scan.shards, shard)
             .await
+    }
+
+    /// Whether every phase of `D` after the root's has run ([`Driver::phase`]), on a scan found
+    /// drained with no failure. The first phase whose root item is not finished answers
+    /// `false`; if its root is not registered either, it is started here: queued (after
+    /// [`PHASE_START_DELAY`]) and then registered, so a crash in between leaves nothing
+    /// registered and unqueued (the scan still looks drained, and the next drained check
+    /// starts it again). Starting twice is harmless: the id hashes the item, registering an
+    /// existing row leaves it alone, and a second message is a duplicate delivery. `true`
+    /// (every root finished) is sound because a finished item registered its children first:
+    /// the caller's later drained judgement sees all a phase spawned.
+    async fn phases_done<D: Driver, S: TableStore>(
+        &self,
+        tracker: &Tracker<'_, S>,
+        scan: &ScanContext,
+    ) -> Result<bool, StorageError> {
+        let unusable = |e: String| StorageError::invalid_input(e);
+        for n in 1..=D::PHASES {
+            let root = D::phase(scan, n).map_err(|e| unusable(e.to_string()))?;
+            let message = self
+                .child_message_in(scan, &root, None)
+                .map_err(|e| unusable(e.to_string()))?;
+            let work = &message.work;
+            match tracker
+                .work_state(&scan.scan_id, work.shard, &work.id)
+                .await?
+            {
+                Some(WorkState::Finished) => continue,
+                Some(_) => return Ok(false),
+                None => {
+                    self.queues
+                        .put_message(&message.queue, &message.text, PHASE_START_DELAY)
+                        .await?;
+                    tracker.register_children(&scan.scan_id, &[work]).await?;
+                    tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Runs `D`'s completion step. `Some(ended)`: it failed for good and the scan was failed
