@@ -29,7 +29,7 @@ use support::faults::{
 use support::{queue_store, table_store, unique_name};
 use tablescan::lab::proxy::FaultPolicy;
 use tablescan::storage::blob::{BlobStore, BlobWrite};
-use tablescan::storage::counters::RequestKind;
+use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::QueueStore;
 
 /// Stages the app with host.json queue settings changed, and starts one host instance on

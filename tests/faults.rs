@@ -20,7 +20,7 @@ use support::faults::{
 };
 use support::unique_name;
 use tablescan::lab::proxy::FaultPolicy;
-use tablescan::storage::counters::RequestKind;
+use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::{MessageEncoding, Query, QueueStore, TableStore};
 
 /// Generous bound for one small faulted scan on a loaded 2-core machine.

@@ -34,7 +34,7 @@ use support::raw::{self, RawClient};
 use support::unique_name;
 use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::blob::{BlobStore, BlobWrite};
-use tablescan::storage::counters::RequestKind;
+use tablescan::storage::request_counts::RequestKind;
 
 /// The faults a backup run is under.
 #[derive(Debug, Clone, Copy)]

@@ -540,6 +540,8 @@ fn every_setting_used_is_in_the_sample() {
         "TABLESCAN_MAX_DEQUEUE_COUNT",
         "TABLESCAN_COUNTER_SHARDS",
         "TABLESCAN_COPY_CONCURRENCY",
+        "TABLESCAN_WORK_RETENTION",
+        "TABLESCAN_SCAN_RETENTION",
         // Read by `src/cli.rs` before the handler's runtime starts.
         "TABLESCAN_HANDLER_THREADS",
         "RUST_LOG",

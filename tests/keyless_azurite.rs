@@ -16,7 +16,7 @@ use serde_json::json;
 use support::identity::endpoints::{fakes, Identity};
 use support::identity::{app_service_settings, entity, oauth_azurite, round_trip, IDENTITY_HEADER};
 use tablescan::storage::connection::StorageAccount;
-use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::QueueStore;
 use tablescan::storage::{BatchOperation, Query as TableQuery, StorageErrorKind, TableStore};
 
@@ -283,10 +283,10 @@ async fn an_identity_endpoint_that_stays_down_fails_naming_the_connection() {
     let url = fakes().app_service(&identity);
     // No storage retries on top of the provider's own, to keep the test short.
     let down = StorageAccount::new(app_service_settings("Dst", &url))
-        .with_retry_policy(tablescan::storage::retry::RetryPolicy::none());
+        .with_retry_policy(tablescan::storage::retry_policy::RetryPolicy::none());
     // Nothing listens on port 9 (discard): connections are refused.
     let refused = StorageAccount::new(app_service_settings("Src", "http://127.0.0.1:9/msi/token"))
-        .with_retry_policy(tablescan::storage::retry::RetryPolicy::none());
+        .with_retry_policy(tablescan::storage::retry_policy::RetryPolicy::none());
     for (account, connection, cause) in [
         (&down, "Dst", "answered 503"),
         (&refused, "Src", "127.0.0.1:9"),

@@ -22,8 +22,8 @@ use support::identity::{
     STORAGE_RESOURCE, STORAGE_SCOPE,
 };
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
-use tablescan::storage::counters::RequestCounters;
-use tablescan::storage::retry::RetryPolicy;
+use tablescan::storage::request_counts::RequestCounters;
+use tablescan::storage::retry_policy::RetryPolicy;
 use tablescan::storage::TableStore;
 use tablescan::storage::{Query as TableQuery, QueueStore, StorageError, StorageErrorKind};
 

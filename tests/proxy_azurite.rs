@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::connection::StorageAccount;
-use tablescan::storage::counters::{RequestCounters, RequestKind};
-use tablescan::storage::retry::RetryPolicy;
+use tablescan::storage::request_counts::{RequestCounters, RequestKind};
+use tablescan::storage::retry_policy::RetryPolicy;
 use tablescan::storage::{BatchOperation, Entity, Query, QueueStore, StorageErrorKind, TableStore};
 
 async fn proxy(faults: FaultPolicy) -> StorageProxy {

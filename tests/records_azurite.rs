@@ -7,7 +7,7 @@ mod support;
 
 use support::{new_table, table_store};
 use tablescan::app::tracking::{NewWork, RecordError, ScanState, Tracker, WorkState};
-use tablescan::storage::counters::RequestCounts;
+use tablescan::storage::request_counts::RequestCounts;
 use tablescan::storage::StorageErrorKind;
 
 #[tokio::test]

@@ -22,7 +22,7 @@ use support::e2e::{seed, TestApp};
 use support::identity::endpoints::{fakes, Identity};
 use support::identity::{entity, oauth_azurite, IDENTITY_HEADER};
 use tablescan::storage::connection::{StorageAccount, DEVELOPMENT_ACCOUNT_KEY};
-use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::request_counts::RequestCounters;
 
 const CLIENT_ID: &str = "0c5a3a1e-1111-4000-8000-00000000c11e";
 /// A client secret as Entra ID makes them.

@@ -476,7 +476,7 @@ fn the_storage_floor_counts_the_fewest_requests_and_the_largest_partition() {
 #[test]
 fn the_model_retries_as_the_storage_adapters_do() {
     let m = Model::default();
-    let policy = tablescan::storage::retry::RetryPolicy::default();
+    let policy = tablescan::storage::retry_policy::RetryPolicy::default();
     assert_eq!(m.retry_max_attempts, policy.max_attempts);
     assert_eq!(m.retry_base_ms, policy.base_delay.as_millis() as f64);
     assert_eq!(m.retry_max_ms, policy.max_delay.as_millis() as f64);

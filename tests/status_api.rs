@@ -12,22 +12,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
-use serde_json::{json, Value};
+use axum::http::StatusCode;
+use serde_json::json;
 use time::OffsetDateTime;
-use tower::ServiceExt;
 
 use support::raw::RawClient;
+use support::router::call;
 use support::{account, azurite, unique_name};
 use tablescan::app::config::Config;
-use tablescan::app::server::app;
 use tablescan::app::state::AppState;
 use tablescan::app::tracking::{Counters, ScanRecord, ScanState, WorkState};
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::azure_table::AzureTableStore;
-use tablescan::storage::counters::{RequestCounters, RequestCounts};
+use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
 type State = Arc<AppState<AzureTableStore, AzureQueueStore>>;
@@ -69,21 +66,6 @@ fn test_app() -> TestApp {
         scans_table,
         work_table,
     }
-}
-
-async fn call(state: &State, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut request = Request::builder().method(method).uri(uri);
-    if body.is_some() {
-        request = request.header("content-type", "application/json");
-    }
-    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-    let response = app(state.clone())
-        .oneshot(request.body(body).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).expect("a JSON body"))
 }
 
 /// The requests `f` makes, by kind.

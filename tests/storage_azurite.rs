@@ -14,8 +14,8 @@ use support::{account, azurite, new_table, queue_store, table_store, unique_name
 use tablescan::lab::azurite::Azurite;
 use tablescan::scan::{list, ScanParameters, Strategy};
 use tablescan::storage::connection::StorageAccount;
-use tablescan::storage::counters::{RequestCounters, RequestCounts};
-use tablescan::storage::retry::RetryPolicy;
+use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
+use tablescan::storage::retry_policy::RetryPolicy;
 use tablescan::storage::{
     compare_keys, BatchOperation, CompareOp, Continuation, Entity, Filter, MessageEncoding, Query,
     QueueStore, StorageErrorKind, TableStore, MAX_BATCH_BYTES, MAX_ENTITY_BYTES, MAX_MESSAGE_TEXT,

@@ -32,6 +32,8 @@ pub enum Handler {
     Work(WorkKind),
     /// Settles poisoned queue work of this kind (`AppState::settle_poisoned`).
     Poison(WorkKind),
+    /// Removes an ended scan's rows once their retention ends (`functions::scan_cleanup`).
+    Cleanup,
 }
 
 /// The kinds of queue work.
@@ -77,6 +79,8 @@ pub const PREFIX_SCAN_QUEUE_SETTING: &str = "TABLESCAN_PREFIXSCAN_QUEUE";
 pub const TABLE_COPY_QUEUE_SETTING: &str = "TABLESCAN_TABLECOPY_QUEUE";
 /// The host's poison queue of a queue: `<queue>-poison`.
 pub const POISON_SUFFIX: &str = "-poison";
+/// The queue of retention cleanups: `<scan step queue>-cleanup` (no setting of its own).
+pub const CLEANUP_SUFFIX: &str = "-cleanup";
 
 pub const FUNCTIONS: &[FunctionSpec] = &[
     FunctionSpec {
@@ -145,5 +149,15 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             suffix: POISON_SUFFIX,
         },
         handler: Handler::Poison(WorkKind::Copy),
+    },
+    // Queued once by the end of each scan (delayed by the work retention): removes the scan's
+    // work rows, then its record (docs/retention.md).
+    FunctionSpec {
+        name: "ScanCleanup",
+        trigger: Trigger::Queue {
+            queue_setting: PREFIX_SCAN_QUEUE_SETTING,
+            suffix: CLEANUP_SUFFIX,
+        },
+        handler: Handler::Cleanup,
     },
 ];

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::app::catalog::{
-    Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING,
+    Trigger, CLEANUP_SUFFIX, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING,
 };
+use crate::app::tracking::retention::{self, Retention};
 use crate::scan::StepBudget;
 use crate::storage::connection::{AccountIdentity, ConnectionSettings, Service};
 
@@ -68,6 +69,11 @@ pub struct Config {
     pub copy_concurrency: usize,
     /// How much one scan step may read before continuing in a new message.
     pub step_budget: StepBudget,
+    /// How long an ended scan keeps its work rows (`TABLESCAN_WORK_RETENTION`, default `1d`)
+    /// and its record (`TABLESCAN_SCAN_RETENTION`, default `30d`), counted from its end.
+    pub retention: Retention,
+    /// Queue of retention cleanups: the scan step queue's name plus `-cleanup`.
+    pub cleanup_queue: String,
     /// Test-only fault switch (`TABLESCAN_TEST_FAIL_PREFIX`): work items whose step touches a
     /// partition key with this prefix fail every attempt. Unset in production.
     pub test_fail_prefix: Option<String>,
@@ -89,6 +95,7 @@ impl fmt::Debug for Config {
             .field("counter_shards", &self.counter_shards)
             .field("copy_concurrency", &self.copy_concurrency)
             .field("step_budget", &self.step_budget)
+            .field("retention", &self.retention)
             .finish()
     }
 }
@@ -122,6 +129,33 @@ pub fn table_account(connection_string: &str) -> Result<AccountIdentity, String>
 pub fn table_account_of(settings: &ConnectionSettings) -> Result<AccountIdentity, String> {
     AccountIdentity::of_endpoint(&settings.table_endpoint)
         .map_err(|e| format!("the table endpoint: {e}"))
+}
+
+/// The retention periods: each a period `parse_period` reads, 1 s to 3,650 days, and a scan's
+/// record kept at least as long as its work rows.
+fn retention_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Retention, ConfigError> {
+    let period = |name: &str, default: &str| {
+        let text = get(name).unwrap_or_else(|| default.to_string());
+        let period = retention::parse_period(&text).map_err(|m| err(name, m))?;
+        match period.as_secs() {
+            1..=315_360_000 => Ok(period),
+            _ => Err(err(name, format!("{text:?} is not from 1s to 3650d"))),
+        }
+    };
+    let work = period("TABLESCAN_WORK_RETENTION", "1d")?;
+    let scan = period("TABLESCAN_SCAN_RETENTION", "30d")?;
+    if scan < work {
+        return Err(err(
+            "TABLESCAN_SCAN_RETENTION",
+            "must be at least TABLESCAN_WORK_RETENTION: a scan's record outlives its work rows",
+        ));
+    }
+    if work < retention::SAFE_WORK_RETENTION {
+        tracing::warn!(
+            "app setting TABLESCAN_WORK_RETENTION is below 15m: an invocation that began before a scan ended may still run when its work rows are deleted (see docs/retention.md)"
+        );
+    }
+    Ok(Retention { work, scan })
 }
 
 impl Config {
@@ -206,9 +240,19 @@ impl Config {
             crate::app::validate::table_name(&value).map_err(|m| err(name, m))?;
             Ok(value)
         };
+        let prefix_scan_queue = queue(PREFIX_SCAN_QUEUE_SETTING, "tablescan-prefixscan")?;
+        let cleanup_queue = format!("{prefix_scan_queue}{CLEANUP_SUFFIX}");
+        crate::app::validate::queue_name(&cleanup_queue).map_err(|m| {
+            err(
+                PREFIX_SCAN_QUEUE_SETTING,
+                format!("with {CLEANUP_SUFFIX}: {m}"),
+            )
+        })?;
         Ok(Config {
             port,
-            prefix_scan_queue: queue(PREFIX_SCAN_QUEUE_SETTING, "tablescan-prefixscan")?,
+            prefix_scan_queue,
+            cleanup_queue,
+            retention: retention_settings(&get)?,
             table_copy_queue: queue(TABLE_COPY_QUEUE_SETTING, "tablescan-tablecopy")?,
             scans_table: table("TABLESCAN_SCANS_TABLE", "TablescanScans")?,
             work_table: table("TABLESCAN_WORK_TABLE", "TablescanWork")?,

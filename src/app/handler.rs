@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use crate::storage::any_blob::AnyBlobStore;
 use crate::storage::blob::BlobRequestCounters;
 use crate::storage::connection::StorageAccount;
-use crate::storage::counters::RequestCounters;
+use crate::storage::request_counts::RequestCounters;
 
 use super::config::{Config, STORAGE_SETTING};
 use super::server;

@@ -18,7 +18,7 @@ use crate::storage::{QueueStore, TableStore};
 
 use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
-use super::functions::{cancel_scan, get_scan, list_scans, poisoned, start_scan};
+use super::functions::{cancel_scan, get_scan, list_scans, poisoned, scan_cleanup, start_scan};
 use super::layers;
 use super::messages::{ItemMessage, StepMessage};
 use super::state::AppState;
@@ -68,6 +68,7 @@ fn route<T: TableStore + Clone, Q: QueueStore + Clone>(
         Handler::Work(WorkKind::Copy) => on(filter, work::run::<ItemMessage, T, Q>),
         Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, T, Q>),
         Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<ItemMessage, T, Q>),
+        Handler::Cleanup => on(filter, scan_cleanup::handle::<T, Q>),
     }
 }
 

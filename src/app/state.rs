@@ -146,7 +146,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
 
     /// Bookkeeping through `store` (usually a counting wrapper of [`AppState::bookkeeping`]).
     pub fn tracker_on<'a, S: TableStore>(&'a self, store: &'a S) -> Tracker<'a, S> {
-        Tracker::new(store, &self.config.scans_table, &self.config.work_table)
+        Tracker::new(store, &self.config.scans_table, &self.config.work_table).with_end_hook(self)
     }
 }
 

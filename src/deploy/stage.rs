@@ -53,6 +53,7 @@ pub const FUNCTION_DEFINITIONS: &[(&str, &str)] = &[
     function_def!("TableCopy"),
     function_def!("PrefixScanPoison"),
     function_def!("TableCopyPoison"),
+    function_def!("ScanCleanup"),
 ];
 
 /// The embedded function.json of `name`, if there is one.

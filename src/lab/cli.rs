@@ -52,7 +52,7 @@ mod list {
 
     use crate::scan::{list, ScanError, ScanParameters, Strategy};
     use crate::storage::connection::StorageAccount;
-    use crate::storage::counters::RequestCounters;
+    use crate::storage::request_counts::RequestCounters;
 
     #[derive(Debug, Clone, Copy, ValueEnum)]
     enum Format {

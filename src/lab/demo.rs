@@ -21,7 +21,7 @@ use crate::lab::host::{Host, HostConfig, RunningHost};
 use crate::scan::{list, ScanParameters, Strategy};
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::connection::StorageAccount;
-use crate::storage::counters::RequestCounters;
+use crate::storage::request_counts::RequestCounters;
 use crate::storage::{StorageError, TableStore};
 
 #[derive(Debug, Clone, Args)]

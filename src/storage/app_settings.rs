@@ -1,5 +1,5 @@
 //! One storage connection read from app settings, in either form the Functions host accepts:
-//! - a connection string in the setting `<NAME>` itself (parsed by [`super::settings`]), or
+//! - a connection string in the setting `<NAME>` itself (parsed by [`super::connection_string`]), or
 //! - identity-based (keyless): `<NAME>__accountName` (public-cloud endpoints, blobs included), or
 //!   `<NAME>__tableServiceUri` + `<NAME>__queueServiceUri` (+ `<NAME>__blobServiceUri` where
 //!   Blob Storage is used: without it, only a blob operation fails, naming that setting) for
@@ -28,7 +28,7 @@ use azure_core::Url;
 
 pub(crate) use super::token_source::{ManagedIdentityEndpoint, ManagedIdentityId, TokenSource};
 
-use super::settings::{
+use super::connection_string::{
     account_from_endpoint, normalize_endpoint, ConnectionSettings, ConnectionStringError,
     Credential,
 };
@@ -370,7 +370,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::storage::settings::DEVELOPMENT_ACCOUNT_KEY;
+    use crate::storage::connection_string::DEVELOPMENT_ACCOUNT_KEY;
 
     const SECRET: &str = "c2VjcmV0LWNsaWVudC1zZWNyZXQ";
     const HEADER: &str = "aWRlbnRpdHktaGVhZGVyLXNlY3JldA";

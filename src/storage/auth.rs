@@ -25,7 +25,7 @@ use reqwest::Method;
 use sha2::Sha256;
 
 use super::connection::StorageAccount;
-use super::settings::Credential;
+use super::connection_string::Credential;
 use super::token::{TokenError, TokenProvider};
 use super::StorageError;
 
@@ -269,7 +269,7 @@ mod tests {
 
     /// The signature the SDK's policy computes for the same request (Azurite's well-known key),
     /// pinned so both paths keep signing identically.
-    use crate::storage::settings::ConnectionSettings;
+    use crate::storage::connection_string::ConnectionSettings;
 
     #[tokio::test]
     async fn shared_key_matches_the_sdk_string_to_sign() {

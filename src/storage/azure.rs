@@ -27,8 +27,8 @@ use crate::redact::{error_chain, scrub};
 
 use super::auth::{sdk_credentials, token_connection, with_role_hint};
 use super::connection::StorageAccount;
-use super::counters::{RequestCounters, RequestKind};
-use super::retry::{retry, RetryPolicy};
+use super::request_counts::{RequestCounters, RequestKind};
+use super::retry_policy::{retry, RetryPolicy};
 use super::{StorageError, StorageErrorKind, StorageResult};
 
 /// SDK client options for an account: its shared pooled client, and no SDK retries (we retry and
@@ -258,7 +258,7 @@ mod tests {
     /// connection and role there (the mapping itself: `auth`'s test), a keyed account's does not.
     #[tokio::test]
     async fn attempts_add_the_role_hint_for_keyless_accounts_only() {
-        use crate::storage::settings::{ConnectionSettings, Credential};
+        use crate::storage::connection_string::{ConnectionSettings, Credential};
         use crate::storage::token_source::{
             ManagedIdentityEndpoint, ManagedIdentityId, TokenSource,
         };

@@ -37,7 +37,7 @@ use super::blob::{
     BlobWrite, BlockListing, Downloaded, WriteCondition,
 };
 use super::connection::StorageAccount;
-use super::retry::{retry, RetryPolicy};
+use super::retry_policy::{retry, RetryPolicy};
 use super::{StorageError, StorageErrorKind, StorageResult};
 
 /// The shortest range the SDK reads without asking for its CRC64 (`azure_core`'s `Range`).

@@ -26,7 +26,7 @@ use azure_storage_queues::{
 use super::auth::sdk_credentials;
 use super::azure::{client_options, map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
-use super::counters::{RequestCounters, RequestKind};
+use super::request_counts::{RequestCounters, RequestKind};
 use super::{
     QueueStore, ReceivedMessage, StorageError, StorageErrorKind, StorageResult, MAX_MESSAGE_TEXT,
 };

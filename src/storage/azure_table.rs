@@ -31,7 +31,7 @@ use reqwest::Method;
 use super::auth::sdk_credentials;
 use super::azure::{client_options, map_sdk_error, percent_encode, Service};
 use super::connection::StorageAccount;
-use super::counters::{RequestCounters, RequestKind};
+use super::request_counts::{RequestCounters, RequestKind};
 use super::signed::{odata_error_json, SignedTableClient, TableRequest};
 use super::{
     check_batch_bytes, validate_batch_shape, BatchOperation, Continuation, Entity, Page, Query,

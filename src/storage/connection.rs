@@ -21,12 +21,12 @@ use std::time::Duration;
 
 use azure_core::Url;
 
-use super::retry::RetryPolicy;
-use super::settings::Credential;
+use super::connection_string::Credential;
+use super::retry_policy::RetryPolicy;
 use super::token::TokenProvider;
 
 pub use super::app_settings::ConnectionSettingError;
-pub use super::settings::{
+pub use super::connection_string::{
     ConnectionSettings, ConnectionStringError, DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY,
 };
 

@@ -6,11 +6,11 @@
 //! the function app and the local host talk to [`QueueStore`].
 //!
 //! The Azure side, each module depending only on those before it:
-//! - `settings`: connection strings parsed into plain data (no HTTP, no SDK); `app_settings`:
+//! - `connection_string`: connection strings parsed into plain data (no HTTP, no SDK); `app_settings`:
 //!   one connection read from app settings, a connection string or identity-based (keyless);
 //! - `token`: Entra ID tokens for keyless connections, cached and single-flight;
 //! - [`connection`]: [`connection::StorageAccount`], the settings with one pooled HTTP client,
-//!   the [`retry`] policy and (keyless) its token provider;
+//!   the [`retry_policy`] (the adapters' retries, through the crate's one retry loop) and (keyless) its token provider;
 //! - `auth`: the one place a credential becomes SDK credentials or signed-path authorization;
 //! - `azure`: what both adapters share (SDK options and pipeline, counted retried attempts, errors);
 //! - `signed`: the lean signed path for table data requests;
@@ -34,13 +34,13 @@ pub mod azure_queue;
 pub mod azure_table;
 pub mod blob;
 pub mod connection;
-pub mod counters;
+mod connection_string;
 pub mod entity;
 pub mod export_format;
 pub mod keys;
 pub mod odata;
-pub mod retry;
-mod settings;
+pub mod request_counts;
+pub mod retry_policy;
 mod signed;
 mod token;
 mod token_source;
@@ -443,7 +443,7 @@ pub type StorageResult<T> = Result<T, StorageError>;
 
 /// A table service: the operations tablescan needs, nothing more.
 ///
-/// Implementations count every request they send (see `counters`), and retry transient failures
+/// Implementations count every request they send (see [`request_counts`]), and retry transient failures
 /// themselves, so callers see only final outcomes.
 pub trait TableStore: Send + Sync + 'static {
     /// Runs one query request and returns one page (which may be short or empty with a continuation).

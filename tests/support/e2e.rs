@@ -223,7 +223,7 @@ async fn start_host(config: HostConfig) -> RunningHost {
     Host::start(config, |connection| {
         Ok(
             tablescan::storage::connection::StorageAccount::new(connection.clone()).queue_store(
-                std::sync::Arc::new(tablescan::storage::counters::RequestCounters::new()),
+                std::sync::Arc::new(tablescan::storage::request_counts::RequestCounters::new()),
             ),
         )
     })

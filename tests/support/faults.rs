@@ -12,7 +12,7 @@ use rand::Rng;
 use serde_json::json;
 use tablescan::lab::dataset;
 use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
-use tablescan::storage::counters::RequestKind;
+use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::Entity;
 
 use super::e2e::{seed, TestApp};

@@ -25,7 +25,7 @@ use base64::Engine;
 use serde_json::json;
 use tablescan::lab::azurite::{Azurite, AzuriteOptions};
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
-use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, Query as TableQuery};
 use tablescan::storage::{QueueStore, TableStore};
 

@@ -9,6 +9,7 @@ pub mod e2e;
 pub mod faults;
 pub mod identity;
 pub mod raw;
+pub mod router;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use tablescan::lab::azurite::Azurite;
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::connection::StorageAccount;
-use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::TableStore;
 
 /// The Azurite shared by this test process.

@@ -20,7 +20,8 @@ use crate::app::drivers::{with_driver, Driver};
 use crate::app::error::ApiError;
 use crate::app::functions::start_scan::recorded_context;
 use crate::app::state::AppState;
-use crate::app::tracking::{Counters, ScanRecord, ScanState, Tracker};
+use crate::app::tracking::retention::Kept;
+use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState, Tracker};
 use crate::storage::{QueueStore, TableStore};
 
 use super::status::{is_valid_scan_id, status_json};
@@ -40,11 +41,9 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
     if !is_valid_scan_id(&id) {
         return Err(not_found(&id));
     }
-    let (record, lease) = tracker
-        .get_scan_and_lease(&id)
-        .await?
-        .ok_or_else(|| not_found(&id))?;
-    let counters = tracker.totals(&id, record.shards).await?;
+    let kept = tracker.get_kept(&id).await?.ok_or_else(|| not_found(&id))?;
+    let (record, lease) = (&kept.record, kept.lease);
+    let counters = counters_of(&tracker, &kept).await?;
     let leased = lease.is_some_and(|until| until > OffsetDateTime::now_utc());
     if record.state == ScanState::Running
         && counters.created > 0
@@ -52,7 +51,7 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
         && !leased
         && first_nudge_in_a_while(&id)
     {
-        let queued = match recorded_context(&record) {
+        let queued = match recorded_context(record) {
             Ok(context) => state.queue_drained_check(&context).await,
             Err(e) => Err(ApiError::field("id", e)),
         };
@@ -60,7 +59,23 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
             tracing::warn!(scan = %id, error = %e, "could not queue the drained check of a scan found drained but running");
         }
     }
-    Ok(Json(status_json(&record, &counters)))
+    let mut status = status_json(record, &counters);
+    if let Some(at) = kept.work_removed_at {
+        status["workRowsRemovedAt"] = Value::from(format_time(at));
+    }
+    Ok(Json(status))
+}
+
+/// A scan's counters: those kept on its record once its cleanup began (its counter rows may be
+/// gone), else its counter rows' sums (one query).
+async fn counters_of<S: TableStore>(
+    tracker: &Tracker<'_, S>,
+    kept: &Kept,
+) -> Result<Counters, ApiError> {
+    Ok(match kept.final_counters {
+        Some(counters) => counters,
+        None => tracker.totals(&kept.record.id, kept.record.shards).await?,
+    })
 }
 
 /// Whether this instance has not queued a drained check of `id` within [`NUDGE_INTERVAL`]
@@ -83,7 +98,10 @@ fn first_nudge_in_a_while(id: &str) -> bool {
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::NotFound(format!("no scan with id {id:?}"))
+    ApiError::NotFound(format!(
+        "no scan with id {id:?}: it never existed, or it ended longer ago than \
+         TABLESCAN_SCAN_RETENTION and its record was removed"
+    ))
 }
 
 /// Reads a scan's status for a cancel's answer and the benchmark; a running scan whose work has
@@ -114,7 +132,7 @@ async fn read_status<S: TableStore>(
     if !is_valid_scan_id(id) {
         return Err(not_found(id));
     }
-    let record = tracker.get_scan(id).await?.ok_or_else(|| not_found(id))?;
-    let counters = tracker.totals(id, record.shards).await?;
-    Ok((record, counters))
+    let kept = tracker.get_kept(id).await?.ok_or_else(|| not_found(id))?;
+    let counters = counters_of(tracker, &kept).await?;
+    Ok((kept.record, counters))
 }

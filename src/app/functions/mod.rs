@@ -5,6 +5,7 @@ pub mod get_scan;
 pub mod list_scans;
 pub mod poisoned;
 pub mod prefix_scan;
+pub mod scan_cleanup;
 pub mod start_scan;
 pub mod status;
 pub mod table_copy;

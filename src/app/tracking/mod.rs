@@ -15,8 +15,11 @@
 //! Invariants that make completion exact:
 //! 1. A child's row is inserted (Insert, never upsert) in the same entity group transaction that
 //!    adds 1 to `Created` on its shard's counter, so each work item is counted once however many
-//!    times its parent runs. Rows are never deleted, only marked `done`/`failed`/`dropped`, so a
-//!    late duplicate parent cannot resurrect a finished child. A shard's counter row is inserted
+//!    times its parent runs. Rows are never deleted while anything may still run for their scan,
+//!    only marked `done`/`failed`/`dropped`, so a late duplicate parent cannot resurrect a
+//!    finished child. Only [`retention`] deletes them: an ended scan's, a retention period after
+//!    its end, once its record holds the final counters (the record outlives the rows, so a late
+//!    message finds the scan ended and writes nothing; see `retention`'s invariants). A shard's counter row is inserted
 //!    by the first such transaction in the shard (the root's at start), never otherwise: a
 //!    missing counter row means nothing was ever registered there, i.e. zero.
 //! 2. Executing a step is not deterministic (Azure may cut pages anywhere, so two executions of
@@ -52,12 +55,13 @@
 //!    (it may be forged), the mark is. The mark costs one request, on last deliveries only.
 //!
 //! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
-//! and the drained check), [`work_rows`] (work items' rows) and [`codec`] (how values are
-//! stored in properties).
+//! and the drained check), [`work_rows`] (work items' rows), [`codec`] (how values are stored in
+//! properties) and [`retention`] (what an ended scan keeps, and for how long).
 
 mod codec;
 mod counters;
 mod records;
+pub mod retention;
 mod work_rows;
 
 use std::time::Duration;
@@ -81,6 +85,14 @@ pub struct Tracker<'a, T: TableStore> {
     store: &'a T,
     scans_table: &'a str,
     work_table: &'a str,
+    /// Told when this tracker ends a scan (queues its retention cleanup).
+    on_end: Option<&'a dyn ScanEndHook>,
+}
+
+/// What is told when a tracker ends a scan ([`Tracker::with_end_hook`]). Best effort: it
+/// cannot fail the end, which is already recorded.
+pub trait ScanEndHook: Sync {
+    fn scan_ended<'b>(&'b self, scan_id: &'b str) -> futures::future::BoxFuture<'b, ()>;
 }
 
 /// A child work item to register: its id, kind and the shard its row goes to.
@@ -153,7 +165,14 @@ impl<'a, T: TableStore> Tracker<'a, T> {
             store,
             scans_table,
             work_table,
+            on_end: None,
         }
+    }
+
+    /// This tracker, telling `hook` about every scan it ends.
+    pub fn with_end_hook(mut self, hook: &'a dyn ScanEndHook) -> Self {
+        self.on_end = Some(hook);
+        self
     }
 
     /// Creates the bookkeeping tables if missing.

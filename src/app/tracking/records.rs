@@ -16,9 +16,9 @@ use crate::storage::{
 /// Most query pages one scan listing reads. The scans table holds only scan rows, so one page
 /// of `top` rows normally answers; empty pages are the only reason to read more.
 const MAX_LIST_PAGES: usize = 8;
-const SCAN_ROW: &str = "scan";
+pub(super) const SCAN_ROW: &str = "scan";
 /// The scan record's property holding until when a completion step holds the scan's lease.
-const LEASE_PROPERTY: &str = "CompletionLeaseUntil";
+pub(super) const LEASE_PROPERTY: &str = "CompletionLeaseUntil";
 /// How long a completion step's lease lasts: longer than any invocation may run (host.json's
 /// `functionTimeout`, 10 minutes), so that a lease outlives the step that took it unless that
 /// step's invocation died, and then it expires by itself.
@@ -141,7 +141,7 @@ impl<T: TableStore> Tracker<'_, T> {
         inserted
     }
 
-    fn parse_scan(entity: Entity, etag: String) -> Option<ScanRecord> {
+    pub(super) fn parse_scan(entity: Entity, etag: String) -> Option<ScanRecord> {
         let p = &entity.properties;
         Some(ScanRecord {
             state: ScanState::parse(&get_str(p, "State")?)?,
@@ -324,6 +324,9 @@ impl<T: TableStore> Tracker<'_, T> {
             {
                 Ok(()) => {
                     observe::scan_ended(scan_id, state, record.started_at, error);
+                    if let Some(hook) = self.on_end {
+                        hook.scan_ended(scan_id).await;
+                    }
                     return Ok(true);
                 }
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {

@@ -2,6 +2,8 @@
 //! and decide whether it still has to run (or adopt an earlier delivery's recorded outcome).
 
 use super::*;
+use crate::app::tracking::retention::record_may_appear;
+use time::OffsetDateTime;
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
@@ -101,7 +103,8 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     ) -> Result<Arc<ScanContext>, InvocationResponse> {
         let (state, scan) = match self.scan_of(tracker, scan_id, last_attempt).await {
             Ok(Some(found)) => found,
-            Ok(None) if last_attempt => {
+            // Or the scan's record was removed (its retention ended): it will not come back.
+            Ok(None) if last_attempt || !record_may_appear(scan_id, OffsetDateTime::now_utc()) => {
                 return Err(reply(
                     StatusCode::OK,
                     format!("{work_id}: scan {scan_id} does not exist; dropping the message"),

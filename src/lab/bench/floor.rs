@@ -43,8 +43,8 @@ use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite};
 use crate::storage::connection::{ConnectionSettings, StorageAccount};
-use crate::storage::counters::RequestCounters;
 use crate::storage::export_format::{decode_part, encode_part, DecodeLimits, PART_CONTENT_TYPE};
+use crate::storage::request_counts::RequestCounters;
 use crate::storage::{BatchOperation, Entity, Query, TableStore, MAX_TAKE};
 
 /// Batches in flight in passes 1 and 2 (the handler's default `TABLESCAN_COPY_CONCURRENCY`).

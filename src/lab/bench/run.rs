@@ -27,7 +27,7 @@ use crate::lab::proxy::{Counts, StorageProxy};
 use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore};
-use crate::storage::counters::RequestCounters;
+use crate::storage::request_counts::RequestCounters;
 
 fn socket(endpoint_port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], endpoint_port))

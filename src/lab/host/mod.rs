@@ -57,7 +57,7 @@ use self::log::HostLog;
 use self::resolve::{resolve_triggers, QueueFunction};
 use self::stats::{FunctionStats, InvocationStats};
 use crate::storage::connection::{ConnectionSettings, StorageAccount};
-use crate::storage::counters::RequestCounters;
+use crate::storage::request_counts::RequestCounters;
 use crate::storage::QueueStore;
 
 /// `tablescan host` command-line arguments.

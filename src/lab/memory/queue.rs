@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::storage::counters::{RequestCounters, RequestKind};
+use crate::storage::request_counts::{RequestCounters, RequestKind};
 use crate::storage::{
     QueueStore, ReceivedMessage, StorageError, StorageErrorKind, StorageResult, MAX_MESSAGE_TEXT,
 };

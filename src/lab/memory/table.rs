@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::storage::counters::{RequestCounters, RequestKind};
+use crate::storage::request_counts::{RequestCounters, RequestKind};
 use crate::storage::{
     compare_keys, validate_batch, BatchOperation, Continuation, Entity, Page, Query, StorageError,
     StorageErrorKind, StorageResult, TableStore, MAX_TAKE,

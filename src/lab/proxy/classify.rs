@@ -2,7 +2,7 @@
 //! storage adapters' own counters count it) and which table, queue or container.
 
 use crate::storage::blob::BlobRequestKind;
-use crate::storage::counters::RequestKind;
+use crate::storage::request_counts::RequestKind;
 
 /// Which service a proxy listener fronts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use classify::{any_kind_name, blob_kind_name, classify, kind_name, Kind, Service
 
 use crate::storage::blob::BlobRequestKind;
 use crate::storage::connection::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_ACCOUNT_KEY};
-use crate::storage::counters::RequestKind;
+use crate::storage::request_counts::RequestKind;
 
 /// Probabilities (0..=1) of each fault, applied per request of the selected kinds.
 #[derive(Debug, Clone, Default)]

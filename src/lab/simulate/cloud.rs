@@ -16,7 +16,7 @@ use tokio::time::{sleep, Instant};
 
 use crate::lab::memory::MemoryQueueStore;
 use crate::lab::memory::MemoryTableStore;
-use crate::storage::counters::{RequestCounters, RequestKind};
+use crate::storage::request_counts::{RequestCounters, RequestKind};
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, KeyColumn, Page, Query, QueueStore, ReceivedMessage,
     StorageError, StorageResult, TableStore,

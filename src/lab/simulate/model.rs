@@ -167,7 +167,7 @@ pub struct Model {
     /// Messages per second one queue accepts (enqueues; deliveries are not capped).
     pub queue_messages_per_sec: f64,
 
-    // --- Retry policy of the storage adapters (mirrors `storage::retry::RetryPolicy::default()`;
+    // --- Retry policy of the storage adapters (mirrors `storage::retry_policy::RetryPolicy::default()`;
     // checked by tests/simulate.rs) ---
     pub retry_max_attempts: u32,
     pub retry_base_ms: f64,
