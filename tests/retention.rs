@@ -25,7 +25,7 @@ use tablescan::app::tracking::retention::started_by_key;
 use tablescan::app::tracking::{NewWork, ScanRecord, ScanState, Tracker};
 use tablescan::storage::azure_queue::AzureQueueStore;
 use tablescan::storage::azure_table::AzureTableStore;
-use tablescan::storage::counters::RequestCounters;
+use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
 type State = Arc<AppState<AzureTableStore, AzureQueueStore>>;
