@@ -1503,5 +1503,8 @@ fn assert_only_cleanup_queued<T, Q>(state: &AppState<T, Q>, queues: &MemoryQueue
     let config = &state.config;
     assert_eq!(queues.len(&config.prefix_scan_queue), 0);
     assert_eq!(queues.len(&config.table_copy_queue), 0);
-    assert!(queues.len(&config.cleanup_queue) >= 1, "the ended scan's cleanup is queued");
+    assert!(
+        queues.len(&config.cleanup_queue) >= 1,
+        "the ended scan's cleanup is queued"
+    );
 }
