@@ -9,9 +9,9 @@
 //     Monitoring Metrics Publisher on Application Insights;
 //   - a Log Analytics workspace and a workspace-based Application Insights that accepts only
 //     Entra ID-authenticated telemetry;
-//   - every app setting the Functions host and tablescan need (README, "Configuration").
+//   - every app setting the Functions host and tablescan need (docs/configuration.md).
 //
-// Deploy (README, "Deploying to Azure"):
+// Deploy (docs/deploy.md, "Flex Consumption"):
 //   az deployment group create --resource-group RG --template-file infra/main.bicep \
 //     --parameters @infra/main.parameters.json
 //
@@ -38,7 +38,7 @@ param storageAccountName string = 'st${uniqueString(resourceGroup().id)}'
 
 // Instance sizes (MB): 512 (0.25 core), 2048 (1 core), 4096 (2 cores); 2048 is the platform's
 // default. https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan#instance-sizes
-// The handler peaks at 27–81 MiB in the benchmark; README ("Flex Consumption") explains the choice.
+// The handler peaks at 27–81 MiB in the benchmark; docs/deploy.md ("Instance memory") explains the choice.
 @description('Memory of each instance in MB.')
 @allowed([
   512
@@ -53,7 +53,7 @@ param instanceMemoryMB int = 2048
 // and TableCopy scale separately), always-ready instances not counted.
 // https://learn.microsoft.com/azure/azure-functions/event-driven-scaling#limit-scale-out
 // 40, the lowest allowed: at 40 instances per function a big copy can ask more of one storage
-// account than its 20,000 requests/s (README "Scale"); the instance cap is not the way to bound
+// account than its 20,000 requests/s (docs/deploy.md, "Scale"); the instance cap is not the way to bound
 // that load.
 @description('Most on-demand instances per function (scale group): 40 to 1000.')
 @minValue(40)
@@ -80,8 +80,8 @@ param rustLog string = 'info'
 // Each entry: { name: 'ARCHIVE', accountName: 'otheraccount' }. A scan request may then name
 // ARCHIVE as its source or destination connection. The connection is identity-based
 // (ARCHIVE__accountName) and uses this app's system-assigned identity, which needs Storage Table
-// Data Contributor on that account: grant it there (README, "A second account as a scan source or
-// destination"); this template only assigns roles on its own account.
+// Data Contributor on that account: grant it there (docs/configuration.md, "A second account as a
+// scan source or destination"); this template only assigns roles on its own account.
 @description('Other storage accounts a scan may name as source or destination: [{ name, accountName }].')
 param scanConnections array = []
 
@@ -110,7 +110,7 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   }
   properties: {
     // Entra ID only: no account key or SAS works. The host (identity-based AzureWebJobsStorage),
-    // the deployment container and tablescan (README, "Keyless connections") all use tokens.
+    // the deployment container and tablescan (docs/configuration.md, "Keyless connections") all use tokens.
     allowSharedKeyAccess: false
     defaultToOAuthAuthentication: true
     allowBlobPublicAccess: false
@@ -218,7 +218,7 @@ var appSettings = [
     name: 'TABLESCAN_MAX_DEQUEUE_COUNT'
     value: '5'
   }
-  // The handler runs on one thread; a 4,096 MB instance has two cores (README, Instance memory).
+  // The handler runs on one thread; a 4,096 MB instance has two cores (docs/deploy.md, "Instance memory").
   {
     name: 'TABLESCAN_HANDLER_THREADS'
     value: instanceMemoryMB >= 4096 ? '2' : '1'

@@ -162,7 +162,7 @@ fn host_json_keeps_what_operators_need() {
         .filter(|f| matches!(f.trigger, Trigger::Queue { .. }))
         .map(|f| f.name)
         .collect();
-    assert_eq!(queue_functions.len(), 4, "{queue_functions:?}");
+    assert_eq!(queue_functions.len(), 5, "{queue_functions:?}");
     for name in queue_functions {
         assert!(
             log.enabled(&format!("Function.{name}.User"), LogLevel::Information),

@@ -100,8 +100,13 @@ impl<S: TableStore> TableStore for Counting<S> {
         }
         self.inner.query_page(table, &query).await
     }
-    async fn submit_batch(&self, t: &str, pk: &str, ops: &[BatchOperation]) -> StorageResult<()> {
-        self.inner.submit_batch(t, pk, ops).await
+    async fn submit_batch_with_etags(
+        &self,
+        t: &str,
+        pk: &str,
+        ops: &[BatchOperation],
+    ) -> StorageResult<Vec<Option<String>>> {
+        self.inner.submit_batch_with_etags(t, pk, ops).await
     }
     async fn get_entity(
         &self,
@@ -405,7 +410,12 @@ fn a_key_outside_the_prefix_is_an_error_not_a_panic() {
                 ..Page::default()
             })
         }
-        async fn submit_batch(&self, _: &str, _: &str, _: &[BatchOperation]) -> StorageResult<()> {
+        async fn submit_batch_with_etags(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[BatchOperation],
+        ) -> StorageResult<Vec<Option<String>>> {
             unreachable!()
         }
         async fn get_entity(

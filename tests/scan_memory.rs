@@ -85,13 +85,13 @@ impl TableStore for Recording {
         );
         self.inner.query_page(table, query).await
     }
-    async fn submit_batch(
+    async fn submit_batch_with_etags(
         &self,
         t: &str,
         pk: &str,
         ops: &[tablescan::storage::BatchOperation],
-    ) -> tablescan::storage::StorageResult<()> {
-        self.inner.submit_batch(t, pk, ops).await
+    ) -> tablescan::storage::StorageResult<Vec<Option<String>>> {
+        self.inner.submit_batch_with_etags(t, pk, ops).await
     }
     async fn get_entity(
         &self,

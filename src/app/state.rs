@@ -221,15 +221,6 @@ impl<S: TableStore> TableStore for Counted<S> {
         self.tick();
         self.inner.query_page(table, query).await
     }
-    async fn submit_batch(
-        &self,
-        table: &str,
-        pk: &str,
-        operations: &[BatchOperation],
-    ) -> StorageResult<()> {
-        self.tick();
-        self.inner.submit_batch(table, pk, operations).await
-    }
     async fn submit_batch_with_etags(
         &self,
         table: &str,

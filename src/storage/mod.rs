@@ -453,28 +453,29 @@ pub trait TableStore: Send + Sync + 'static {
         query: &Query,
     ) -> impl Future<Output = StorageResult<Page>> + Send;
 
-    /// Submits one entity group transaction; succeeds only if every operation succeeded.
-    /// A failed transaction reports the failing operation in `StorageError::failed_operation`.
-    fn submit_batch(
-        &self,
-        table: &str,
-        partition_key: &str,
-        operations: &[BatchOperation],
-    ) -> impl Future<Output = StorageResult<()>> + Send;
-
-    /// [`TableStore::submit_batch`], also returning each operation's new ETag where the store
-    /// reports one (`None` for deletes, and from stores that cannot say: the default). Saves a
-    /// read-back when the caller must update the row again under optimistic concurrency.
+    /// Submits one entity group transaction; succeeds only if every operation succeeded, and
+    /// returns each operation's new ETag where the store reports one (`None` for deletes, and
+    /// from stores that cannot say). The ETags save a read-back when the caller must update the
+    /// row again under optimistic concurrency. A failed transaction reports the failing
+    /// operation in `StorageError::failed_operation`.
     fn submit_batch_with_etags(
         &self,
         table: &str,
         partition_key: &str,
         operations: &[BatchOperation],
-    ) -> impl Future<Output = StorageResult<Vec<Option<String>>>> + Send {
+    ) -> impl Future<Output = StorageResult<Vec<Option<String>>>> + Send;
+
+    /// [`TableStore::submit_batch_with_etags`] for callers that need no ETags.
+    fn submit_batch(
+        &self,
+        table: &str,
+        partition_key: &str,
+        operations: &[BatchOperation],
+    ) -> impl Future<Output = StorageResult<()>> + Send {
         async move {
-            self.submit_batch(table, partition_key, operations)
+            self.submit_batch_with_etags(table, partition_key, operations)
                 .await
-                .map(|()| vec![None; operations.len()])
+                .map(|_| ())
         }
     }
 

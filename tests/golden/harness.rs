@@ -273,17 +273,6 @@ impl<S: TableStore> TableStore for Recorder<S> {
         self.inner.query_page(table, query).await
     }
 
-    async fn submit_batch(
-        &self,
-        table: &str,
-        partition_key: &str,
-        operations: &[BatchOperation],
-    ) -> StorageResult<()> {
-        self.submit_batch_with_etags(table, partition_key, operations)
-            .await
-            .map(|_| ())
-    }
-
     async fn submit_batch_with_etags(
         &self,
         table: &str,

@@ -6,7 +6,7 @@
 //! key range, become [`RangeWork`] items that re-read their range (keys only, with the filter:
 //! bounded like every range item) and delete the rows they find.
 //!
-//! Safety rules (README "Delete safety rules"):
+//! Safety rules (docs/api.md, "Delete safety rules"):
 //! - The request must carry `"confirm"` equal to `sourceTable`, or nothing is written.
 //! - Only rows a read of the scan returned are deleted: a step's own read, whose queries the
 //!   scan engine keeps inside the scan's range (a row the service answers outside a query's

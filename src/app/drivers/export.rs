@@ -49,6 +49,7 @@ use crate::app::job::{
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
+use crate::app::tracking::retention::record_may_appear;
 use crate::app::tracking::ScanState;
 use crate::storage::blob::{BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS};
 use crate::storage::export_format::{
@@ -411,9 +412,17 @@ async fn reserve<T: TableStore + Clone, Q: QueueStore + Clone, B: BlobStore>(
             ))
         })?
         .scan_id;
+    if holder == scan_id {
+        // This start's own reservation: an earlier attempt of the create succeeded but its
+        // answer was lost (the adapter retried it).
+        return Ok(());
+    }
     let tracker = state.tracker_on(state.bookkeeping());
     match tracker.get_scan(&holder).await?.map(|r| r.state) {
         Some(ScanState::Failed | ScanState::Cancelled) => {}
+        // A start that reserved and then failed before recording its scan: its record can no
+        // longer appear (a start runs within one request), so the prefix is free.
+        None if !record_may_appear(&holder, OffsetDateTime::now_utc()) => {}
         Some(held_state) => {
             return Err(refuse(format!(
                 "the prefix is reserved by export {holder}, which is {}",
@@ -422,8 +431,8 @@ async fn reserve<T: TableStore + Clone, Q: QueueStore + Clone, B: BlobStore>(
         }
         None => {
             return Err(refuse(format!(
-                "the prefix is reserved by scan {holder}, which is not recorded (still starting, \
-                 or its start failed: then delete this blob to free the prefix)"
+                "the prefix is reserved by scan {holder}, which is still starting (if its start \
+                 failed, the prefix is free 15 minutes after it began)"
             )))
         }
     }
@@ -433,7 +442,7 @@ async fn reserve<T: TableStore + Clone, Q: QueueStore + Clone, B: BlobStore>(
     match blobs.upload(container, &name, body, &take_over).await {
         Ok(_) => Ok(()),
         Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Err(refuse(format!(
-            "another export took over the reservation of ended export {holder} first"
+            "another export took over the reservation of export {holder} first"
         ))),
         Err(e) => Err(e.into()),
     }

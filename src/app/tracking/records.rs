@@ -380,7 +380,12 @@ mod tests {
                 ..Page::default()
             })
         }
-        async fn submit_batch(&self, _: &str, _: &str, _: &[BatchOperation]) -> StorageResult<()> {
+        async fn submit_batch_with_etags(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[BatchOperation],
+        ) -> StorageResult<Vec<Option<String>>> {
             unreachable!()
         }
         async fn get_entity(

@@ -255,17 +255,6 @@ impl TableStore for MemoryTableStore {
         })
     }
 
-    async fn submit_batch(
-        &self,
-        table: &str,
-        partition_key: &str,
-        operations: &[BatchOperation],
-    ) -> StorageResult<()> {
-        self.submit_batch_with_etags(table, partition_key, operations)
-            .await
-            .map(|_| ())
-    }
-
     async fn submit_batch_with_etags(
         &self,
         table: &str,

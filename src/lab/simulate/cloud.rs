@@ -353,12 +353,14 @@ impl TableStore for CloudTables {
         .await
     }
 
-    async fn submit_batch(
+    /// Reports no ETags (as the model always has: a caller that needs one reads it back, and
+    /// that read is part of the simulated cost).
+    async fn submit_batch_with_etags(
         &self,
         table: &str,
         partition_key: &str,
         operations: &[BatchOperation],
-    ) -> StorageResult<()> {
+    ) -> StorageResult<Vec<Option<String>>> {
         let m = self.account.model.clone();
         let n = operations.len();
         let synthetic = self.is_synthetic(table);
@@ -381,6 +383,7 @@ impl TableStore for CloudTables {
             },
         )
         .await
+        .map(|()| vec![None; n])
     }
 
     async fn get_entity(

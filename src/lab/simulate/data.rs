@@ -477,12 +477,12 @@ impl TableStore for SyntheticStore {
             Ok(Page::default())
         }
     }
-    async fn submit_batch(
+    async fn submit_batch_with_etags(
         &self,
         table: &str,
         pk: &str,
         operations: &[BatchOperation],
-    ) -> StorageResult<()> {
+    ) -> StorageResult<Vec<Option<String>>> {
         if table != self.destination_table {
             return Err(StorageError::invalid_input("the source is read-only"));
         }
@@ -495,7 +495,9 @@ impl TableStore for SyntheticStore {
         {
             return Err(StorageError::invalid_input("batch mixes partition keys"));
         }
-        self.sink.write(operations)
+        self.sink
+            .write(operations)
+            .map(|()| vec![None; operations.len()])
     }
     async fn get_entity(
         &self,
