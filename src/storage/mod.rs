@@ -44,6 +44,7 @@ pub mod retry_policy;
 mod signed;
 mod token;
 mod token_source;
+mod writable;
 
 use std::fmt;
 use std::future::Future;
