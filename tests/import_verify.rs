@@ -308,3 +308,31 @@ async fn a_part_that_inflates_past_the_bound_costs_little_memory_and_blocks_noth
     );
     app.shutdown().await;
 }
+
+/// A part listed bigger than any export writes (here 54 MiB of incompressible bytes, listed
+/// with their true size and hash) is refused naming the part before it is downloaded: a part is
+/// held whole while its SHA-256 is checked, so the bound is what keeps it to tens of MiB, not
+/// the 256 MiB a part may inflate to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_listed_bigger_than_an_export_writes_is_refused_unread() {
+    use rand::RngCore;
+    let app = TestApp::start(1, &[]).await;
+    let store = blobs();
+    let container = unique_name("huge");
+    let mut bytes = vec![0u8; 54 * 1024 * 1024];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    upload_export(&store, &container, "huge", &[("big", bytes, 10)]).await;
+    let (status, table) = import(&app, &container, "huge").await;
+    assert_eq!(status["state"], "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("parts/s1/big.jsonl.gz") && error.contains("bound on a part"),
+        "{status}"
+    );
+    assert_eq!(status["rowsWritten"].as_i64(), Some(0), "{status}");
+    assert!(
+        RawClient::azurite().rows(&table).await.is_empty(),
+        "rows written"
+    );
+    app.shutdown().await;
+}

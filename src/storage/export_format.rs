@@ -51,6 +51,13 @@ pub const PART_SUFFIX: &str = ".jsonl.gz";
 pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
 /// Largest part, decompressed.
 pub const MAX_PART_DECOMPRESSED_BYTES: u64 = 256 * 1024 * 1024;
+/// An export closes a part once its lines reach this, before compression.
+pub const PART_SPLIT_BYTES: u64 = 48 * 1024 * 1024;
+/// Largest part (compressed) a reader downloads: what an export can write — less than
+/// [`PART_SPLIT_BYTES`] of lines before the one that crosses it, at most [`MAX_LINE_BYTES`] —
+/// plus gzip's framing (a few bytes per 64 KiB even of incompressible data), with room to
+/// spare. A part is held whole while its SHA-256 is checked, so this bounds its memory.
+pub const MAX_PART_BYTES: u64 = PART_SPLIT_BYTES + MAX_LINE_BYTES as u64 + 1024 * 1024;
 /// Largest manifest a reader should download (about 300,000 parts).
 pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 /// Longest scan id or work item id in a part name.

@@ -54,17 +54,13 @@ use crate::app::tracking::ScanState;
 use crate::storage::blob::{BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS};
 use crate::storage::export_format::{
     part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
-    MAX_MANIFEST_BYTES, PART_CONTENT_TYPE,
+    MAX_MANIFEST_BYTES, PART_CONTENT_TYPE, PART_SPLIT_BYTES,
 };
 use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore};
 
 use super::kit::range::{begin_range_item, page_items, unaddressable_error};
 use super::kit::{check_blob_connection, check_container_field, drop_nulls};
 
-/// A part is closed and a new one started past this many bytes before compression, so that
-/// one upload stays well within one request (`blob::MAX_REQUEST_BODY_BYTES`) and a part within
-/// what a reader inflates (`export_format::MAX_PART_DECOMPRESSED_BYTES`).
-pub const PART_SPLIT_BYTES: u64 = 48 * 1024 * 1024;
 /// Most parts one export may have: its manifest stays under `MAX_MANIFEST_BYTES` (about 200
 /// bytes per part) and its completion step within seconds. At least 250 million rows (a part
 /// holds up to 2,000); export a bigger table as several key ranges.

@@ -48,7 +48,7 @@ use crate::app::state::AppState;
 use crate::storage::blob::BlobStore;
 use crate::storage::export_format::{
     sha256_hex, ExportFormatError, ExportLayout, Manifest, ManifestPart, MAX_MANIFEST_BYTES,
-    MAX_PART_DECOMPRESSED_BYTES,
+    MAX_PART_BYTES,
 };
 use crate::storage::{BatchOperation, Entity, QueueStore, StorageError, TableStore};
 
@@ -402,9 +402,10 @@ async fn fetch_part<T: TableStore + Clone, Q: QueueStore + Clone>(
         bytes: Bytes::new(),
         blob: format!("{}/{name}", options.container),
     };
-    if part.bytes > MAX_PART_DECOMPRESSED_BYTES {
+    if part.bytes > MAX_PART_BYTES {
         return Err(fetched.failed(format!(
-            "{} bytes, over the {MAX_PART_DECOMPRESSED_BYTES}-byte bound",
+            "{} bytes, over the {MAX_PART_BYTES}-byte bound on a part (an export writes none \
+             bigger)",
             part.bytes
         )));
     }
