@@ -309,7 +309,7 @@ async fn a_part_that_inflates_past_the_bound_costs_little_memory_and_blocks_noth
     app.shutdown().await;
 }
 
-/// A part listed bigger than any export writes (here 54 MiB of incompressible bytes, listed
+/// A part listed bigger than any export writes (here 54 MiB of random bytes, listed
 /// with their true size and hash) is refused naming the part before it is downloaded: a part is
 /// held whole while its SHA-256 is checked, so the bound is what keeps it to tens of MiB, not
 /// the 256 MiB a part may inflate to.
@@ -333,6 +333,70 @@ async fn a_part_listed_bigger_than_an_export_writes_is_refused_unread() {
     assert!(
         RawClient::azurite().rows(&table).await.is_empty(),
         "rows written"
+    );
+    app.shutdown().await;
+}
+
+/// The worst part an import accepts: as big as an export may write (just under 13 MiB as
+/// stored), of lines that barely compress (two 29 KB random base64 strings each), valid and
+/// listed with its true hash. The part is held whole while its SHA-256 is checked, plus a write item's rows:
+/// the handler's peak RSS must stay within 64 MiB of its baseline, and every row is restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_biggest_incompressible_part_costs_at_most_64_mib() {
+    use base64::Engine;
+    use rand::RngCore;
+    let app = TestApp::start(1, &[]).await;
+    let (store, client) = (blobs(), RawClient::azurite());
+    let container = unique_name("dense");
+    let mut noise = vec![0u8; 22_000];
+    let mut rows = 0u64;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    loop {
+        // Two strings of 29,336 characters: under the 64 KiB (32,768 UTF-16 units) a value holds.
+        let mut random = || {
+            rand::thread_rng().fill_bytes(&mut noise);
+            base64::engine::general_purpose::STANDARD.encode(&noise)
+        };
+        let (v, w) = (random(), random());
+        let line =
+            format!(r#"{{"PartitionKey":"p{rows:04}","RowKey":"r","V":"{v}","W":"{w}"}}"#) + "\n";
+        gz.write_all(line.as_bytes()).unwrap();
+        rows += 1;
+        if gz.get_ref().len() > 11 * 1024 * 1024 {
+            break;
+        }
+    }
+    let bytes = gz.finish().unwrap();
+    assert!(bytes.len() < 13 * 1024 * 1024, "{} bytes", bytes.len());
+    upload_export(
+        &store,
+        &container,
+        "dense",
+        &[("dense", bytes.clone(), rows)],
+    )
+    .await;
+    let (code, other, _) = app
+        .post_scan(&json!({"driver": "import", "sourceContainer": container,
+            "sourcePrefix": "nothing-here", "destinationTable": unique_name("Other")}))
+        .await;
+    assert_eq!(code, 400, "{other}");
+    let pid = app.host().handler_pids()[0].expect("the handler runs");
+    let baseline = peak_rss_kib(pid);
+    let (status, table) = import(&app, &container, "dense").await;
+    let peak = peak_rss_kib(pid);
+    println!(
+        "dense part: {} bytes stored, {rows} rows; handler peak RSS {} MiB before, {} MiB after (+{} MiB)",
+        bytes.len(),
+        baseline / 1024,
+        peak / 1024,
+        (peak - baseline) / 1024
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(client.rows(&table).await.len() as u64, rows);
+    assert!(
+        peak - baseline <= 64 * 1024,
+        "peak RSS grew {} KiB",
+        peak - baseline
     );
     app.shutdown().await;
 }

@@ -52,7 +52,7 @@ pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
 /// Largest part, decompressed.
 pub const MAX_PART_DECOMPRESSED_BYTES: u64 = 256 * 1024 * 1024;
 /// An export closes a part once its lines reach this, before compression.
-pub const PART_SPLIT_BYTES: u64 = 40 * 1024 * 1024;
+pub const PART_SPLIT_BYTES: u64 = 8 * 1024 * 1024;
 /// Largest part (compressed) a reader downloads: what an export can write — less than
 /// [`PART_SPLIT_BYTES`] of lines before the one that crosses it, at most [`MAX_LINE_BYTES`] —
 /// plus gzip's framing (a few bytes per 64 KiB even of incompressible data), with room to

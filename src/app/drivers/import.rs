@@ -72,7 +72,7 @@ pub const VERIFY_SLICE_BYTES: u64 = 64 * 1024 * 1024;
 /// [`MAX_ITEM_ROWS`] rows), so its rows in memory stay small whatever the lines hold.
 ///
 /// [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
-pub const WRITE_ITEM_BYTES: u64 = 12 * 1024 * 1024;
+pub const WRITE_ITEM_BYTES: u64 = 8 * 1024 * 1024;
 
 pub struct ImportDriver;
 
