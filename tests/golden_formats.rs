@@ -42,7 +42,7 @@ use tablescan::storage::export_format::{
     decode_part, encode_part, part_name, sha256_hex, DecodeLimits, ExportLayout, Manifest,
     ManifestPart,
 };
-use tablescan::storage::{odata, Entity, MessageEncoding, TableStore};
+use tablescan::storage::{odata, Entity, MessageEncoding, QueueStore, TableStore};
 use time::macros::datetime;
 use time::OffsetDateTime;
 
@@ -1269,6 +1269,346 @@ async fn work_and_counter_rows_as_stored() {
         vec![export_result()]
     );
     assert!(read.is_drained(SCAN, SHARDS).await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Marks on a scan's record and work rows: last delivery, completion lease, kept summary
+
+/// The life of one scan's record and root row through the marks later versions added: each
+/// step a committed transaction (example name, its operations).
+async fn marks_scenario(
+    store: &Recorder<tablescan::storage::azure_table::AzureTableStore>,
+    tracker: &Tracker<'_, Recorder<tablescan::storage::azure_table::AzureTableStore>>,
+    id: &str,
+) -> Vec<(&'static str, Vec<Op>)> {
+    let mut out = Vec::new();
+    let (_, mut record, _) = scan_records().remove(0);
+    record.id = id.to_string();
+    record.context = record.context.map(|c| ScanContext {
+        scan_id: id.to_string(),
+        ..c
+    });
+    tracker.insert_scan(&record).await.unwrap();
+    out.push(("scan started: its record", store.take()));
+    let root = StepMessage {
+        scan_id: id.into(),
+        step: Step::Start,
+        shard: None,
+    };
+    let root_row = NewWork {
+        id: work_id(&root),
+        kind: StepMessage::NAME,
+        shard: shard_for(&root, &work_id(&root), SHARDS),
+    };
+    tracker
+        .create_scan_work(id, SHARDS, &root_row)
+        .await
+        .unwrap();
+    out.push(("its root's row and counter", store.take()));
+    let Some(WorkState::Pending { etag }) = tracker
+        .work_state(id, root_row.shard, &root_row.id)
+        .await
+        .unwrap()
+    else {
+        panic!("the root is pending");
+    };
+    tracker
+        .mark_last_delivery(id, root_row.shard, &root_row.id, &etag)
+        .await
+        .unwrap()
+        .expect("marked");
+    out.push((
+        "the root's last delivery marks its row (LastDelivery, If-Match)",
+        store.take(),
+    ));
+    assert!(tracker.take_completion_lease(id).await.unwrap());
+    out.push((
+        "a completion step takes the lease on the record (CompletionLeaseUntil, If-Match)",
+        store.take(),
+    ));
+    assert!(tracker
+        .finish_scan(id, ScanState::Completed, None)
+        .await
+        .unwrap());
+    out.push(("the scan ends (completed)", store.take()));
+    let kept = tracker.get_kept(id).await.unwrap().expect("kept");
+    tracker.keep_final_counters(&kept).await.unwrap();
+    out.push((
+        "its cleanup keeps its final counters on the record (FinalCounters, If-Match)",
+        store.take(),
+    ));
+    // Its deletes of the work rows carry no entity (nothing to keep a golden copy of); the
+    // read-back keeps the rows, and checks the record's marks.
+    assert!(tracker.remove_some_work(id, SHARDS).await.unwrap());
+    store.take();
+    tracker.mark_work_removed(id).await.unwrap();
+    out.push((
+        "its cleanup notes the work rows gone (WorkRemovedAt)",
+        store.take(),
+    ));
+    out
+}
+
+#[tokio::test]
+async fn record_and_work_row_marks_as_stored() {
+    let (store, scans, work) = recording_tracker().await;
+    let tracker = Tracker::new(&store, &scans, &work);
+    let id = format!("{}m0", &SCAN[..SCAN.len() - 2]);
+    let scenario = marks_scenario(&store, &tracker, &id).await;
+    let examples: Vec<Example> = scenario
+        .iter()
+        .flat_map(|(name, ops)| {
+            // One example per partition a step wrote (a transaction is one partition).
+            let mut by_partition: BTreeMap<&str, Vec<Op>> = BTreeMap::new();
+            for op in ops {
+                by_partition
+                    .entry(op.partition.as_str())
+                    .or_default()
+                    .push(op.clone());
+            }
+            by_partition
+                .into_values()
+                .map(|ops| ops_example(name, &ops))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let header = "Marks on a scan's record (scans table) and work rows (work table): a work row's\n\
+                  `LastDelivery`, the record's `CompletionLeaseUntil`, and the summary its cleanup\n\
+                  keeps (`FinalCounters`, `WorkRemovedAt`; docs/retention.md), in the life of one\n\
+                  scan, each transaction's operations as sent. Clock stamps fixed.";
+    let golden = check_examples("record-marks.txt", header, &examples);
+
+    // Read back after each transaction: the rows as stored, written by the test's own client
+    // (the record's partition is the scan id, work rows' `<scan id>-<shard>`), read by today's
+    // tracker.
+    let reader = support::table_store().0;
+    let mut ops: Vec<Op> = Vec::new();
+    for g in &golden {
+        ops.extend(ops_of(g));
+        let rows = replay(ops.iter());
+        let (records, work_rows): (BTreeMap<_, _>, BTreeMap<_, _>) = rows
+            .into_iter()
+            .partition(|((partition, _), _)| partition == &id);
+        let scans_table = stored(&records, "GoldenMarkScans").await;
+        let work_table = stored(&work_rows, "GoldenMarkWork").await;
+        let read = Tracker::new(&reader, &scans_table, &work_table);
+        let kept = read.get_kept(&id).await.unwrap().expect("record");
+        let marks = |name: &str| ops.iter().any(|o| o.json.contains(name));
+        let lease = marks("CompletionLeaseUntil").then(harness::fixed_now);
+        assert_eq!(kept.lease, lease, "{}", g.name);
+        assert_eq!(
+            read.get_scan_and_lease(&id).await.unwrap().unwrap().1,
+            lease
+        );
+        let removed = marks("WorkRemovedAt").then(harness::fixed_now);
+        assert_eq!(kept.work_removed_at, removed, "{}", g.name);
+        if marks("FinalCounters") {
+            let expected = counters(|c| c.created = 1);
+            assert_eq!(kept.final_counters, Some(expected), "{}", g.name);
+            // A kept summary is what a status read reports, the work rows gone.
+            assert_eq!(
+                read.keep_final_counters(&kept).await.unwrap(),
+                expected,
+                "{}",
+                g.name
+            );
+        } else {
+            assert_eq!(kept.final_counters, None, "{}", g.name);
+        }
+        for ((partition, row_key), row) in &work_rows {
+            if row_key == "counter" {
+                continue;
+            }
+            let shard: u32 = partition.rsplit('-').next().unwrap().parse().unwrap();
+            let (_, marked) = read
+                .work_state_marked(&id, shard, row_key)
+                .await
+                .unwrap()
+                .expect("row");
+            assert_eq!(marked, row.contains_key("LastDelivery"), "{}", g.name);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the app writes through its handlers: the cleanup message, the export prefix reservation
+
+type InProcess = std::sync::Arc<
+    tablescan::app::state::AppState<
+        tablescan::storage::azure_table::AzureTableStore,
+        tablescan::storage::azure_queue::AzureQueueStore,
+    >,
+>;
+
+/// The app in-process on the shared Azurite (tables, queues and blobs of its own account), with
+/// its own queues and tables.
+fn in_process_app() -> InProcess {
+    use tablescan::storage::request_counts::RequestCounters;
+    let names = [
+        support::unique_name("ps"),
+        support::unique_name("tc"),
+        support::unique_name("GoldenScans"),
+        support::unique_name("GoldenWork"),
+    ];
+    let connection = support::azurite().connection_string();
+    let settings: BTreeMap<&str, &str> = BTreeMap::from([
+        ("AzureWebJobsStorage", connection.as_str()),
+        ("TABLESCAN_PREFIXSCAN_QUEUE", names[0].as_str()),
+        ("TABLESCAN_TABLECOPY_QUEUE", names[1].as_str()),
+        ("TABLESCAN_SCANS_TABLE", names[2].as_str()),
+        ("TABLESCAN_WORK_TABLE", names[3].as_str()),
+    ]);
+    let config =
+        tablescan::app::config::Config::from_lookup(|k| settings.get(k).map(|v| v.to_string()))
+            .unwrap();
+    let counters = std::sync::Arc::new(RequestCounters::new());
+    let own = "AzureWebJobsStorage".to_string();
+    let account = support::account();
+    tablescan::app::state::AppState::with_connections(
+        config,
+        BTreeMap::from([(own.clone(), account.table_store(counters.clone()))]),
+        BTreeMap::from([(own.clone(), account.queue_store(counters))]),
+        BTreeMap::from([(
+            own,
+            Ok(tablescan::storage::any_blob::AnyBlobStore::Azure(
+                support::backup::blobs(),
+            )),
+        )]),
+        tablescan::app::drivers::registry(),
+    )
+}
+
+/// Delivers one queue message (its text as the host decodes it) to `function`, as the host
+/// would; returns the status and the invocation's log lines.
+async fn deliver(app: &InProcess, function: &str, decoded: &str) -> (u16, String) {
+    let payload = json!({
+        "Data": { "message": serde_json::to_string(decoded).unwrap() },
+        "Metadata": {
+            "DequeueCount": "1",
+            "Id": "\"m\"",
+            "PopReceipt": "\"pop\"",
+            "InsertionTime": "2026-01-02T03:09:10+00:00",
+            "sys": { "MethodName": function, "UtcNow": "2026-01-02T03:09:10Z",
+                     "RandGuid": "00000000-0000-0000-0000-000000000000" }
+        }
+    });
+    let (status, reply) =
+        support::router::call(app, "POST", &format!("/{function}"), Some(payload)).await;
+    (status.as_u16(), reply["Logs"].to_string())
+}
+
+#[tokio::test]
+async fn scan_cleanup_messages() {
+    let app = in_process_app();
+    let queue = app.config.cleanup_queue.clone();
+    app.queue_cleanup(SCAN, Duration::ZERO).await.unwrap();
+    let queued = app
+        .queues
+        .get_messages(&queue, 32, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(queued.len(), 1, "one cleanup message");
+    let text = queued[0].text.clone();
+    let json = String::from_utf8(MessageEncoding::Base64.decode(&text).unwrap()).unwrap();
+    let examples = [Example::new("the cleanup of a scan")
+        .line("queue", text)
+        .line("json", json)];
+    let header =
+        "Queue messages of the ScanCleanup function (queue `<scan step queue>-cleanup`): the\n\
+                  scan whose retention to apply (docs/retention.md). queue: the message text as\n\
+                  queued (base64); json: the message inside it.";
+    let golden = check_examples("messages-scan-cleanup.txt", header, &examples);
+
+    // Read back: the golden message, delivered as the host would, is read as naming its scan
+    // (which has no record here: nothing to clean).
+    let g = &golden[0];
+    let decoded = MessageEncoding::Base64.decode(g.get("queue")).unwrap();
+    assert_eq!(decoded, g.get("json").as_bytes());
+    let named: Value = serde_json::from_str(g.get("json")).unwrap();
+    assert_eq!(named, json!({"scan": SCAN}), "the message names its scan");
+    app.queues
+        .delete_message(&queue, &queued[0].id, &queued[0].pop_receipt)
+        .await
+        .unwrap();
+    let (status, logs) = deliver(&app, "ScanCleanup", g.get("json")).await;
+    assert_eq!(status, 200, "{logs}");
+    assert!(
+        logs.contains(&format!("scan {SCAN} has no record")),
+        "{logs}"
+    );
+}
+
+/// The reservation's `reservedAt`, checked to be RFC 3339 in UTC, replaced by the fixed time,
+/// and its `scanId` (a fresh scan id) by `SCAN`, in the bytes as written.
+fn fix_reservation(bytes: &[u8], scan_id: &str) -> Vec<u8> {
+    let value: Value = serde_json::from_slice(bytes).unwrap();
+    let at = value["reservedAt"].as_str().unwrap();
+    let parsed = OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("reservedAt {at:?}: {e}"));
+    assert_eq!(parsed.offset(), time::UtcOffset::UTC, "{at}");
+    assert_eq!(value["scanId"], scan_id);
+    let fixed = harness::fixed_now()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let quoted = |s: &str| serde_json::to_string(s).unwrap();
+    assert_eq!(text.matches(&quoted(at)).count(), 1);
+    assert_eq!(text.matches(&quoted(scan_id)).count(), 1);
+    text.replace(&quoted(at), &quoted(&fixed))
+        .replace(&quoted(scan_id), &quoted(SCAN))
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn export_reservation() {
+    use tablescan::storage::blob::BlobStore;
+    let app = in_process_app();
+    let source = support::unique_name("GoldenSource");
+    let raw = RawClient::azurite();
+    raw.create_table(&source).await.unwrap();
+    raw.insert(&source, r#"{"PartitionKey":"p","RowKey":"r"}"#)
+        .await
+        .unwrap();
+    let container = support::unique_name("golden");
+    let body = |prefix: &str| {
+        json!({"driver": "export", "sourceTable": source, "destinationContainer": container,
+               "destinationPrefix": prefix})
+    };
+    let (status, reply) =
+        support::router::call(&app, "POST", "/api/scans", Some(body("nightly"))).await;
+    assert_eq!(status.as_u16(), 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let blobs = support::backup::blobs();
+    let written = support::backup::download(&blobs, &container, "nightly/reservation.json")
+        .await
+        .expect("the start reserved the prefix");
+    check("export-reservation.json", &fix_reservation(&written, &id));
+
+    // Read back by today's start: a prefix reserved by the golden reservation (a scan that was
+    // never recorded and can no longer be, as its id is old) is taken over by a new export; an
+    // unreadable one is refused naming the field.
+    let golden = harness::read("export-reservation.json");
+    let write = tablescan::storage::blob::BlobWrite::new("application/json");
+    for (prefix, bytes) in [("old", golden.clone()), ("bad", b"{}".to_vec())] {
+        let name = format!("{prefix}/reservation.json");
+        blobs
+            .upload(&container, &name, bytes.into(), &write)
+            .await
+            .unwrap();
+    }
+    let (status, reply) =
+        support::router::call(&app, "POST", "/api/scans", Some(body("old"))).await;
+    assert_eq!(status.as_u16(), 202, "{reply}");
+    let taker = reply["id"].as_str().unwrap();
+    let now = support::backup::download(&blobs, &container, "old/reservation.json")
+        .await
+        .unwrap();
+    let now: Value = serde_json::from_slice(&now).unwrap();
+    assert_eq!(now["scanId"], taker, "taken over");
+    let (status, reply) =
+        support::router::call(&app, "POST", "/api/scans", Some(body("bad"))).await;
+    assert_eq!(status.as_u16(), 400, "{reply}");
+    assert!(reply.to_string().contains("destinationPrefix"), "{reply}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -170,9 +170,16 @@ pub fn fixed_now() -> OffsetDateTime {
     time::macros::datetime!(2026-01-02 03:09:10.111 UTC)
 }
 
-/// Properties the code stamps with the clock (`now`): checked to be in the one form the code
-/// writes them ([`format_time`], annotated `Edm.DateTime`), then set to [`fixed_now`].
-const CLOCK_PROPERTIES: [&str; 3] = ["CreatedAt", "FinishedAt", "CompletedAt"];
+/// Properties the code stamps with the clock (`now`, or `now` plus a period: the completion
+/// lease's end): checked to be in the one form the code writes them ([`format_time`], annotated
+/// `Edm.DateTime`), then set to [`fixed_now`].
+const CLOCK_PROPERTIES: [&str; 5] = [
+    "CreatedAt",
+    "FinishedAt",
+    "CompletedAt",
+    "CompletionLeaseUntil",
+    "WorkRemovedAt",
+];
 
 pub fn fix_clock(entity: &Entity) -> Entity {
     let mut entity = entity.clone();
