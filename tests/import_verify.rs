@@ -223,6 +223,18 @@ async fn values_of_the_wrong_type_and_names_given_twice_are_refused_naming_the_l
 }
 
 /// The handler's peak resident set (`VmHWM`), in KiB.
+/// The handler's pid and its peak RSS (KiB) once it has answered the API: one refused request
+/// first, so the baseline is a handler that has served.
+async fn handler_baseline(app: &TestApp, container: &str) -> (u32, u64) {
+    let (code, other, _) = app
+        .post_scan(&json!({"driver": "import", "sourceContainer": container,
+            "sourcePrefix": "nothing-here", "destinationTable": unique_name("Other")}))
+        .await;
+    assert_eq!(code, 400, "{other}");
+    let pid = app.host().handler_pids()[0].expect("the handler runs");
+    (pid, peak_rss_kib(pid))
+}
+
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
@@ -255,14 +267,7 @@ async fn a_part_that_inflates_past_the_bound_costs_little_memory_and_blocks_noth
         &[("x", bytes.clone(), 1_000_000_000)],
     )
     .await;
-    // One refused request first, so the baseline is a handler that has answered the API.
-    let (code, other, _) = app
-        .post_scan(&json!({"driver": "import", "sourceContainer": container,
-            "sourcePrefix": "nothing-here", "destinationTable": unique_name("Other")}))
-        .await;
-    assert_eq!(code, 400, "{other}");
-    let pid = app.host().handler_pids()[0].expect("the handler runs");
-    let baseline = peak_rss_kib(pid);
+    let (pid, baseline) = handler_baseline(&app, &container).await;
     let table = unique_name("Bombed");
     let body = json!({"driver": "import", "sourceContainer": container, "sourcePrefix": "bomb",
         "destinationTable": table});
@@ -375,13 +380,7 @@ async fn the_biggest_incompressible_part_costs_at_most_64_mib() {
         &[("dense", bytes.clone(), rows)],
     )
     .await;
-    let (code, other, _) = app
-        .post_scan(&json!({"driver": "import", "sourceContainer": container,
-            "sourcePrefix": "nothing-here", "destinationTable": unique_name("Other")}))
-        .await;
-    assert_eq!(code, 400, "{other}");
-    let pid = app.host().handler_pids()[0].expect("the handler runs");
-    let baseline = peak_rss_kib(pid);
+    let (pid, baseline) = handler_baseline(&app, &container).await;
     let (status, table) = import(&app, &container, "dense").await;
     let peak = peak_rss_kib(pid);
     println!(
