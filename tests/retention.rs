@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,88 +16,28 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use support::raw::RawClient;
-use support::router::call;
-use support::{account, azurite, unique_name};
-use tablescan::app::config::Config;
-use tablescan::app::state::AppState;
+use support::router::{call, InProcessApp};
+use support::account;
 use tablescan::app::tracking::retention::started_by_key;
 use tablescan::app::tracking::{NewWork, ScanRecord, ScanState, Tracker};
-use tablescan::storage::azure_queue::AzureQueueStore;
-use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
-type State = Arc<AppState<AzureTableStore, AzureQueueStore>>;
-
-struct TestApp {
-    state: State,
-    queues: AzureQueueStore,
-    prefix_queue: String,
-    copy_queue: String,
-    scans_table: String,
-    work_table: String,
-}
+type TestApp = InProcessApp;
 
 /// The app on the shared Azurite with its own tables and queues; work rows kept 1 s after a
 /// scan's end, records 3 s.
 fn test_app() -> TestApp {
-    let (prefix_queue, copy_queue) = (unique_name("ps"), unique_name("tc"));
-    let (scans_table, work_table) = (unique_name("Scans"), unique_name("Work"));
-    let connection = azurite().connection_string();
-    let settings: BTreeMap<&str, &str> = BTreeMap::from([
-        ("AzureWebJobsStorage", connection.as_str()),
-        ("TABLESCAN_PREFIXSCAN_QUEUE", prefix_queue.as_str()),
-        ("TABLESCAN_TABLECOPY_QUEUE", copy_queue.as_str()),
-        ("TABLESCAN_SCANS_TABLE", scans_table.as_str()),
-        ("TABLESCAN_WORK_TABLE", work_table.as_str()),
-        ("TABLESCAN_COUNTER_SHARDS", "4"),
+    InProcessApp::start(&[
         ("TABLESCAN_WORK_RETENTION", "1s"),
         ("TABLESCAN_SCAN_RETENTION", "3s"),
         ("TABLESCAN_TEST_FAIL_PREFIX", "zz"),
-    ]);
-    let config = Config::from_lookup(|k| settings.get(k).map(|v| v.to_string())).unwrap();
-    let counters = Arc::new(RequestCounters::new());
-    let queues = account().queue_store(counters.clone());
-    let tables = BTreeMap::from([(
-        "AzureWebJobsStorage".to_string(),
-        account().table_store(counters),
-    )]);
-    TestApp {
-        state: AppState::new(
-            config,
-            tables,
-            queues.clone(),
-            tablescan::app::drivers::registry(),
-        ),
-        queues,
-        prefix_queue,
-        copy_queue,
-        scans_table,
-        work_table,
-    }
+    ])
 }
 
 /// The same app on another instance (nothing cached).
 fn another_instance(t: &TestApp) -> TestApp {
-    let counters = Arc::new(RequestCounters::new());
-    let tables = BTreeMap::from([(
-        "AzureWebJobsStorage".to_string(),
-        account().table_store(counters),
-    )]);
-    let config = t.state.config.clone();
-    TestApp {
-        state: AppState::new(
-            config,
-            tables,
-            t.queues.clone(),
-            tablescan::app::drivers::registry(),
-        ),
-        queues: t.queues.clone(),
-        prefix_queue: t.prefix_queue.clone(),
-        copy_queue: t.copy_queue.clone(),
-        scans_table: t.scans_table.clone(),
-        work_table: t.work_table.clone(),
-    }
+    t.another_instance()
 }
 
 /// Delivers one decoded queue message to `function` as the host would.

@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,60 +16,17 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use support::raw::RawClient;
-use support::router::call;
-use support::{account, azurite, unique_name};
-use tablescan::app::config::Config;
-use tablescan::app::state::AppState;
+use support::router::{call, InProcessApp};
+use support::account;
 use tablescan::app::tracking::{Counters, ScanRecord, ScanState, WorkState};
-use tablescan::storage::azure_queue::AzureQueueStore;
-use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
-type State = Arc<AppState<AzureTableStore, AzureQueueStore>>;
-
-struct TestApp {
-    state: State,
-    counters: Arc<RequestCounters>,
-    queues: AzureQueueStore,
-    prefix_queue: String,
-    scans_table: String,
-    work_table: String,
-}
+type TestApp = InProcessApp;
 
 /// The app on the shared Azurite with its own tables and queues, every request counted.
 fn test_app() -> TestApp {
-    let counters = Arc::new(RequestCounters::new());
-    let (prefix_queue, copy_queue) = (unique_name("ps"), unique_name("tc"));
-    let (scans_table, work_table) = (unique_name("Scans"), unique_name("Work"));
-    let connection = azurite().connection_string();
-    let settings: BTreeMap<&str, &str> = BTreeMap::from([
-        ("AzureWebJobsStorage", connection.as_str()),
-        ("TABLESCAN_PREFIXSCAN_QUEUE", prefix_queue.as_str()),
-        ("TABLESCAN_TABLECOPY_QUEUE", copy_queue.as_str()),
-        ("TABLESCAN_SCANS_TABLE", scans_table.as_str()),
-        ("TABLESCAN_WORK_TABLE", work_table.as_str()),
-        ("TABLESCAN_COUNTER_SHARDS", "4"),
-    ]);
-    let config = Config::from_lookup(|k| settings.get(k).map(|v| v.to_string())).unwrap();
-    let queues = account().queue_store(counters.clone());
-    let tables = BTreeMap::from([(
-        "AzureWebJobsStorage".to_string(),
-        account().table_store(counters.clone()),
-    )]);
-    TestApp {
-        state: AppState::new(
-            config,
-            tables,
-            queues.clone(),
-            tablescan::app::drivers::registry(),
-        ),
-        counters,
-        queues,
-        prefix_queue,
-        scans_table,
-        work_table,
-    }
+    InProcessApp::start(&[])
 }
 
 /// The requests `f` makes, by kind.

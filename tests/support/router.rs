@@ -1,5 +1,6 @@
 //! Calling the app's router in-process, as the Functions host would over HTTP.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -8,9 +9,15 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+use tablescan::app::config::Config;
 use tablescan::app::server::app;
 use tablescan::app::state::AppState;
+use tablescan::storage::azure_queue::AzureQueueStore;
+use tablescan::storage::azure_table::AzureTableStore;
+use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::{QueueStore, TableStore};
+
+use super::{account, azurite, unique_name};
 
 /// Sends `method uri` (with a JSON `body`, if any) to the app; its status and JSON body.
 pub async fn call<T: TableStore + Clone, Q: QueueStore + Clone>(
@@ -31,4 +38,77 @@ pub async fn call<T: TableStore + Clone, Q: QueueStore + Clone>(
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&bytes).expect("a JSON body"))
+}
+
+/// The app in-process on the shared Azurite over the real storage adapters, with queues and
+/// bookkeeping tables of its own (unique names), every request counted.
+pub struct InProcessApp {
+    pub state: Arc<AppState<AzureTableStore, AzureQueueStore>>,
+    pub counters: Arc<RequestCounters>,
+    pub queues: AzureQueueStore,
+    pub prefix_queue: String,
+    pub copy_queue: String,
+    pub scans_table: String,
+    pub work_table: String,
+}
+
+impl InProcessApp {
+    /// A new app; `extra` app settings are added to its own names and 4 counter shards.
+    pub fn start(extra: &[(&str, &str)]) -> Self {
+        let (prefix_queue, copy_queue) = (unique_name("ps"), unique_name("tc"));
+        let (scans_table, work_table) = (unique_name("Scans"), unique_name("Work"));
+        let connection = azurite().connection_string();
+        let mut settings: BTreeMap<&str, &str> = BTreeMap::from([
+            ("AzureWebJobsStorage", connection.as_str()),
+            ("TABLESCAN_PREFIXSCAN_QUEUE", prefix_queue.as_str()),
+            ("TABLESCAN_TABLECOPY_QUEUE", copy_queue.as_str()),
+            ("TABLESCAN_SCANS_TABLE", scans_table.as_str()),
+            ("TABLESCAN_WORK_TABLE", work_table.as_str()),
+            ("TABLESCAN_COUNTER_SHARDS", "4"),
+        ]);
+        settings.extend(extra.iter().copied());
+        let config = Config::from_lookup(|k| settings.get(k).map(|v| v.to_string())).unwrap();
+        let counters = Arc::new(RequestCounters::new());
+        let queues = account().queue_store(counters.clone());
+        InProcessApp {
+            state: Self::state(config, &counters, &queues),
+            counters,
+            queues,
+            prefix_queue,
+            copy_queue,
+            scans_table,
+            work_table,
+        }
+    }
+
+    /// The same app on another instance (nothing cached; its table requests counted apart).
+    pub fn another_instance(&self) -> Self {
+        let counters = Arc::new(RequestCounters::new());
+        InProcessApp {
+            state: Self::state(self.state.config.clone(), &counters, &self.queues),
+            counters,
+            queues: self.queues.clone(),
+            prefix_queue: self.prefix_queue.clone(),
+            copy_queue: self.copy_queue.clone(),
+            scans_table: self.scans_table.clone(),
+            work_table: self.work_table.clone(),
+        }
+    }
+
+    fn state(
+        config: Config,
+        counters: &Arc<RequestCounters>,
+        queues: &AzureQueueStore,
+    ) -> Arc<AppState<AzureTableStore, AzureQueueStore>> {
+        let tables = BTreeMap::from([(
+            "AzureWebJobsStorage".to_string(),
+            account().table_store(counters.clone()),
+        )]);
+        AppState::new(
+            config,
+            tables,
+            queues.clone(),
+            tablescan::app::drivers::registry(),
+        )
+    }
 }
