@@ -15,13 +15,14 @@ use tower::ServiceExt;
 use tablescan::app::config::Config;
 use tablescan::app::server::app;
 use tablescan::app::state::AppState;
-use tablescan::lab::memory::MemoryQueueStore;
+use tablescan::lab::memory::{MemoryQueueStore, MemoryStores};
 use tablescan::lab::memory::{MemoryTableStore, Pagination};
+use tablescan::storage::stores::Stores;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
-type State = Arc<AppState<MemoryTableStore, MemoryQueueStore>>;
+type State = Arc<AppState<MemoryStores>>;
 /// The app over any table store (a fault-injecting one), with the in-memory queues.
-type AnyState<T> = Arc<AppState<T, MemoryQueueStore>>;
+type AnyState<S> = Arc<AppState<S>>;
 
 fn state_with(tables: MemoryTableStore, extra: &[(&str, &str)]) -> (State, MemoryQueueStore) {
     let mut settings: BTreeMap<String, String> = BTreeMap::new();
@@ -40,8 +41,8 @@ fn state_with(tables: MemoryTableStore, extra: &[(&str, &str)]) -> (State, Memor
     (app_state(config, map, &queues), queues)
 }
 
-async fn call<T: TableStore + Clone>(
-    state: &AnyState<T>,
+async fn call<S: Stores<Queue = MemoryQueueStore>>(
+    state: &AnyState<S>,
     method: &str,
     uri: &str,
     content_type: Option<&str>,
@@ -104,11 +105,11 @@ const WORK_QUEUES: [(&str, &str); 2] = [
 ];
 
 /// The app over `map`'s tables and `queues`, with every registered driver.
-fn app_state<T: TableStore + Clone>(
+fn app_state<S: Stores<Queue = MemoryQueueStore>>(
     config: Config,
-    map: BTreeMap<String, T>,
+    map: BTreeMap<String, S::Table>,
     queues: &MemoryQueueStore,
-) -> std::sync::Arc<AppState<T, MemoryQueueStore>> {
+) -> std::sync::Arc<AppState<S>> {
     AppState::new(
         config,
         map,
@@ -119,8 +120,8 @@ fn app_state<T: TableStore + Clone>(
 
 /// Delivers messages until both queues are empty. With `duplicates`, each message is delivered
 /// twice concurrently before it is deleted. Returns invocations made.
-async fn pump<T: TableStore + Clone>(
-    state: &AnyState<T>,
+async fn pump<S: Stores<Queue = MemoryQueueStore>>(
+    state: &AnyState<S>,
     queues: &MemoryQueueStore,
     duplicates: bool,
     max_dequeue: u64,
@@ -137,8 +138,8 @@ async fn pump<T: TableStore + Clone>(
 }
 
 /// Like [`pump`], over the given queues only, stopping after `limit` messages.
-async fn pump_some<T: TableStore + Clone>(
-    state: &AnyState<T>,
+async fn pump_some<S: Stores<Queue = MemoryQueueStore>>(
+    state: &AnyState<S>,
     queues: &MemoryQueueStore,
     which: &[(&str, &str)],
     duplicates: bool,
@@ -710,7 +711,7 @@ async fn scans_never_touch_bookkeeping_tables_or_rewrite_their_source() {
     ]
     .into_iter()
     .collect();
-    let state = app_state(config, map, &queues);
+    let state = app_state::<MemoryStores>(config, map, &queues);
     let copy = |extra: Value| {
         let mut body =
             json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest"});
@@ -1011,6 +1012,14 @@ impl tablescan::storage::TableStore for FailingInserts {
     }
 }
 
+/// [`FailingInserts`] with the in-memory queues.
+struct FailingStores;
+
+impl Stores for FailingStores {
+    type Table = FailingInserts;
+    type Queue = MemoryQueueStore;
+}
+
 /// The app over `tables` behind [`FailingInserts`] for `table` (disarmed: arm it with the flag
 /// returned), with default settings and in-memory queues.
 fn failing_app(
@@ -1018,7 +1027,7 @@ fn failing_app(
     table: &str,
     upserts: bool,
 ) -> (
-    AnyState<FailingInserts>,
+    AnyState<FailingStores>,
     MemoryQueueStore,
     Arc<std::sync::atomic::AtomicBool>,
 ) {
@@ -1491,7 +1500,7 @@ async fn cosmos_table_accounts_are_refused_as_a_source_and_accepted_as_a_destina
 
 /// Every work queue is empty, and the ended scans' cleanup messages (delayed by the work
 /// retention: docs/retention.md) are all that is queued.
-fn assert_only_cleanup_queued<T, Q>(state: &AppState<T, Q>, queues: &MemoryQueueStore) {
+fn assert_only_cleanup_queued<S: Stores>(state: &AppState<S>, queues: &MemoryQueueStore) {
     let config = &state.config;
     assert_eq!(queues.len(&config.prefix_scan_queue), 0);
     assert_eq!(queues.len(&config.table_copy_queue), 0);

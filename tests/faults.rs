@@ -1102,8 +1102,8 @@ mod fuzz {
     use tablescan::app::protocol::InvocationRequest;
     use tablescan::app::server::app;
     use tablescan::app::state::AppState;
-    use tablescan::lab::memory::MemoryQueueStore;
     use tablescan::lab::memory::MemoryTableStore;
+    use tablescan::lab::memory::{MemoryQueueStore, MemoryStores};
 
     fn json_value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
@@ -1183,7 +1183,7 @@ mod fuzz {
         }
     }
 
-    fn state() -> Arc<AppState<MemoryTableStore, MemoryQueueStore>> {
+    fn state() -> Arc<AppState<MemoryStores>> {
         let mut settings = BTreeMap::new();
         settings.insert(
             "AzureWebJobsStorage".to_string(),
@@ -1299,12 +1299,12 @@ mod redelivery_after_crash {
     use tablescan::app::server::app;
     use tablescan::app::state::AppState;
     use tablescan::app::tracking::ScanState;
-    use tablescan::lab::memory::MemoryQueueStore;
     use tablescan::lab::memory::MemoryTableStore;
+    use tablescan::lab::memory::{MemoryQueueStore, MemoryStores};
     use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
     async fn post(
-        state: &std::sync::Arc<AppState<MemoryTableStore, MemoryQueueStore>>,
+        state: &std::sync::Arc<AppState<MemoryStores>>,
         uri: &str,
         body: Vec<u8>,
     ) -> (u16, Value) {
@@ -1348,7 +1348,7 @@ mod redelivery_after_crash {
         let queues = MemoryQueueStore::new();
         let mut map = BTreeMap::new();
         map.insert("AzureWebJobsStorage".to_string(), tables.clone());
-        let state = AppState::new(
+        let state = AppState::<MemoryStores>::new(
             config,
             map,
             queues.clone(),

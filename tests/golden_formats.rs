@@ -1433,12 +1433,8 @@ async fn record_and_work_row_marks_as_stored() {
 // ---------------------------------------------------------------------------------------------
 // What the app writes through its handlers: the cleanup message, the export prefix reservation
 
-type InProcess = std::sync::Arc<
-    tablescan::app::state::AppState<
-        tablescan::storage::azure_table::AzureTableStore,
-        tablescan::storage::azure_queue::AzureQueueStore,
-    >,
->;
+type InProcess =
+    std::sync::Arc<tablescan::app::state::AppState<tablescan::storage::stores::AzureStores>>;
 
 /// The app in-process on the shared Azurite (tables, queues and blobs of its own account), with
 /// its own queues and tables.

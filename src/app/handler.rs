@@ -9,6 +9,7 @@ use crate::storage::any_blob::AnyBlobStore;
 use crate::storage::blob::BlobRequestCounters;
 use crate::storage::connection::StorageAccount;
 use crate::storage::request_counts::RequestCounters;
+use crate::storage::stores::AzureStores;
 
 use super::config::Config;
 use super::drivers;
@@ -52,7 +53,13 @@ pub async fn serve_from_env() -> Result<(), String> {
         .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%address, ?config, "tablescan handler listening");
-    let state = AppState::with_connections(config, tables, queues, blobs, drivers::registry());
+    let state = AppState::<AzureStores>::with_connections(
+        config,
+        tables,
+        queues,
+        blobs,
+        drivers::registry(),
+    );
     server::run(listener, state, shutdown_signal())
         .await
         .map_err(|e| e.to_string())

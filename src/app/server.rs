@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
 
 use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
@@ -29,13 +29,13 @@ const MAX_INVOCATION_BODY: usize = 1024 * 1024;
 
 /// The handler's router, built from the function catalog. Tests call it in-process with
 /// `oneshot`.
-pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, Q>>) -> Router {
-    let mut routes: BTreeMap<String, MethodRouter<Arc<AppState<T, Q>>>> = BTreeMap::new();
+pub fn app<S: Stores>(state: Arc<AppState<S>>) -> Router {
+    let mut routes: BTreeMap<String, MethodRouter<Arc<AppState<S>>>> = BTreeMap::new();
     for spec in FUNCTIONS {
         let method =
             Method::from_bytes(spec.method().as_bytes()).expect("catalog methods are valid");
         let filter = MethodFilter::try_from(method).expect("catalog methods are routable");
-        let route = route::<T, Q>(spec.handler, filter);
+        let route = route::<S>(spec.handler, filter);
         let merged = match routes.remove(&spec.path()) {
             Some(existing) => existing.merge(route),
             None => route,
@@ -55,20 +55,17 @@ pub fn app<T: TableStore + Clone, Q: QueueStore + Clone>(state: Arc<AppState<T, 
 }
 
 /// The route of each kind of function for `filter` (the one place a new function is wired in).
-fn route<T: TableStore + Clone, Q: QueueStore + Clone>(
-    handler: Handler,
-    filter: MethodFilter,
-) -> MethodRouter<Arc<AppState<T, Q>>> {
+fn route<S: Stores>(handler: Handler, filter: MethodFilter) -> MethodRouter<Arc<AppState<S>>> {
     match handler {
-        Handler::StartScan => on(filter, start_scan::handle::<T, Q>),
-        Handler::ListScans => on(filter, list_scans::handle::<T, Q>),
-        Handler::GetScan => on(filter, get_scan::handle::<T, Q>),
-        Handler::CancelScan => on(filter, cancel_scan::handle::<T, Q>),
-        Handler::Work(WorkKind::Step) => on(filter, work::run::<StepMessage, T, Q>),
-        Handler::Work(WorkKind::Copy) => on(filter, work::run::<ItemMessage, T, Q>),
-        Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, T, Q>),
-        Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<ItemMessage, T, Q>),
-        Handler::Cleanup => on(filter, scan_cleanup::handle::<T, Q>),
+        Handler::StartScan => on(filter, start_scan::handle::<S>),
+        Handler::ListScans => on(filter, list_scans::handle::<S>),
+        Handler::GetScan => on(filter, get_scan::handle::<S>),
+        Handler::CancelScan => on(filter, cancel_scan::handle::<S>),
+        Handler::Work(WorkKind::Step) => on(filter, work::run::<StepMessage, S>),
+        Handler::Work(WorkKind::Copy) => on(filter, work::run::<ItemMessage, S>),
+        Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, S>),
+        Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<ItemMessage, S>),
+        Handler::Cleanup => on(filter, scan_cleanup::handle::<S>),
     }
 }
 
@@ -91,9 +88,9 @@ async fn not_found(request: Request) -> Response {
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets requests in flight finish.
-pub async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
+pub async fn run<S: Stores>(
     listener: TcpListener,
-    state: Arc<AppState<T, Q>>,
+    state: Arc<AppState<S>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(listener, app(state))
@@ -111,7 +108,7 @@ mod tests {
 
     use super::*;
     use crate::app::config::Config;
-    use crate::lab::memory::MemoryQueueStore;
+    use crate::lab::memory::{MemoryQueueStore, MemoryStores};
     use crate::lab::memory::{MemoryTableStore, Pagination};
 
     /// Every catalog function is routed at its path and method (whatever its handler answers to
@@ -127,7 +124,7 @@ mod tests {
             "AzureWebJobsStorage".to_string(),
             MemoryTableStore::new(Pagination::default()),
         );
-        let state = AppState::new(
+        let state = AppState::<MemoryStores>::new(
             config,
             tables,
             MemoryQueueStore::new(),

@@ -15,6 +15,7 @@ use crate::storage::any_blob::AnyBlobStore;
 use crate::storage::blob::{
     BlobListPage, BlobProperties, BlobStore, BlobWrite, BlockListing, Downloaded,
 };
+use crate::storage::stores::Stores;
 use crate::storage::{
     BatchOperation, Entity, Page, Query, QueueStore, ReceivedMessage, StorageError, StorageResult,
     TableStore,
@@ -74,33 +75,33 @@ impl ScanStateCache {
 }
 
 /// Everything a request handler needs.
-pub struct AppState<T, Q> {
+pub struct AppState<S: Stores> {
     pub config: Config,
     /// Table stores by connection (app-setting name); always holds `AzureWebJobsStorage`.
-    pub tables: BTreeMap<String, T>,
+    pub tables: BTreeMap<String, S::Table>,
     /// Queues of the function app's own storage account (its work queues).
-    pub queues: Q,
+    pub queues: S::Queue,
     /// Queue stores by connection, for drivers that write to a queue on another connection
     /// ([`AppState::queue_store`]); the app's own account is always there.
-    pub connection_queues: BTreeMap<String, Q>,
+    pub connection_queues: BTreeMap<String, S::Queue>,
     /// Blob stores by connection (export and import); a connection without a blob endpoint
     /// holds the error naming the setting to add, returned when blobs are used.
     pub blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
     pub scan_states: ScanStateCache,
     /// The drivers scans can name (`drivers::registry`).
-    pub drivers: Drivers<AppState<T, Q>>,
+    pub drivers: Drivers<AppState<S>>,
     /// Per-app state of drivers (e.g. clients they reuse across invocations), one value per
     /// type: see [`AppState::driver_state`].
     driver_states: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+impl<S: Stores> AppState<S> {
     /// The app with its own account's queues only and no blob stores.
     pub fn new(
         config: Config,
-        tables: BTreeMap<String, T>,
-        queues: Q,
-        drivers: Drivers<AppState<T, Q>>,
+        tables: BTreeMap<String, S::Table>,
+        queues: S::Queue,
+        drivers: Drivers<AppState<S>>,
     ) -> Arc<Self> {
         let connection_queues = [(STORAGE_SETTING.to_string(), queues.clone())].into();
         Self::with_connections(config, tables, connection_queues, BTreeMap::new(), drivers)
@@ -111,10 +112,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// `tables` and `queues` must hold the app's own account.
     pub fn with_connections(
         config: Config,
-        tables: BTreeMap<String, T>,
-        queues: BTreeMap<String, Q>,
+        tables: BTreeMap<String, S::Table>,
+        queues: BTreeMap<String, S::Queue>,
         blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
-        drivers: Drivers<AppState<T, Q>>,
+        drivers: Drivers<AppState<S>>,
     ) -> Arc<Self> {
         assert!(
             tables.contains_key(STORAGE_SETTING) && queues.contains_key(STORAGE_SETTING),
@@ -137,7 +138,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         &self,
         connection: &str,
         requests: &Arc<AtomicU64>,
-    ) -> Result<Counted<T>, WorkError> {
+    ) -> Result<Counted<S::Table>, WorkError> {
         let store = self.tables.get(connection).ok_or_else(|| {
             WorkError::Failed(format!(
                 "connection {connection} is not configured on this app"
@@ -152,7 +153,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         &self,
         connection: &str,
         requests: &Arc<AtomicU64>,
-    ) -> StorageResult<Counted<Q>> {
+    ) -> StorageResult<Counted<S::Queue>> {
         match self.connection_queues.get(connection) {
             Some(store) => Ok(Counted::new(store.clone(), requests.clone())),
             None => Err(StorageError::invalid_input(format!(
@@ -161,12 +162,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
         }
     }
 
-    /// The app's one value of type `S`, made by `make` on first use: lets a driver keep what it
+    /// The app's one value of type `V`, made by `make` on first use: lets a driver keep what it
     /// reuses across invocations (clients of another service, caches) in its own module.
-    pub fn driver_state<S: Send + Sync + 'static>(&self, make: impl FnOnce() -> S) -> Arc<S> {
+    pub fn driver_state<V: Send + Sync + 'static>(&self, make: impl FnOnce() -> V) -> Arc<V> {
         let mut states = self.driver_states.lock().unwrap();
         let state = states
-            .entry(TypeId::of::<S>())
+            .entry(TypeId::of::<V>())
             .or_insert_with(|| Arc::new(make()));
         state.clone().downcast().expect("keyed by its type")
     }
@@ -188,12 +189,12 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     }
 
     /// The store holding the bookkeeping tables.
-    pub fn bookkeeping(&self) -> &T {
+    pub fn bookkeeping(&self) -> &S::Table {
         &self.tables[STORAGE_SETTING]
     }
 
     /// Bookkeeping through `store` (usually a counting wrapper of [`AppState::bookkeeping`]).
-    pub fn tracker_on<'a, S: TableStore>(&'a self, store: &'a S) -> Tracker<'a, S> {
+    pub fn tracker_on<'a, T: TableStore>(&'a self, store: &'a T) -> Tracker<'a, T> {
         Tracker::new(store, &self.config.scans_table, &self.config.work_table).with_end_hook(self)
     }
 }
@@ -362,8 +363,8 @@ impl<S: BlobStore> BlobStore for Counted<S> {
 #[cfg(all(test, feature = "lab"))]
 mod tests {
     use super::*;
-    use crate::lab::memory::MemoryQueueStore;
     use crate::lab::memory::MemoryTableStore;
+    use crate::lab::memory::{MemoryQueueStore, MemoryStores};
 
     #[test]
     fn a_driver_state_is_made_once_per_type() {
@@ -372,7 +373,7 @@ mod tests {
         })
         .unwrap();
         let tables = [(STORAGE_SETTING.to_string(), MemoryTableStore::default())].into();
-        let state = AppState::new(
+        let state = AppState::<MemoryStores>::new(
             config,
             tables,
             MemoryQueueStore::default(),

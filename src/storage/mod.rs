@@ -42,6 +42,7 @@ pub mod odata;
 pub mod request_counts;
 pub mod retry_policy;
 mod signed;
+pub mod stores;
 mod token;
 mod token_source;
 mod writable;

@@ -13,15 +13,14 @@ use tablescan::app::config::Config;
 use tablescan::app::server::app;
 use tablescan::app::state::AppState;
 use tablescan::storage::azure_queue::AzureQueueStore;
-use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::request_counts::RequestCounters;
-use tablescan::storage::{QueueStore, TableStore};
+use tablescan::storage::stores::{AzureStores, Stores};
 
 use super::{account, azurite, unique_name};
 
 /// Sends `method uri` (with a JSON `body`, if any) to the app; its status and JSON body.
-pub async fn call<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &Arc<AppState<T, Q>>,
+pub async fn call<S: Stores>(
+    state: &Arc<AppState<S>>,
     method: &str,
     uri: &str,
     body: Option<Value>,
@@ -43,7 +42,7 @@ pub async fn call<T: TableStore + Clone, Q: QueueStore + Clone>(
 /// The app in-process on the shared Azurite over the real storage adapters, with queues and
 /// bookkeeping tables of its own (unique names), every request counted.
 pub struct InProcessApp {
-    pub state: Arc<AppState<AzureTableStore, AzureQueueStore>>,
+    pub state: Arc<AppState<AzureStores>>,
     pub counters: Arc<RequestCounters>,
     pub queues: AzureQueueStore,
     pub prefix_queue: String,
@@ -99,7 +98,7 @@ impl InProcessApp {
         config: Config,
         counters: &Arc<RequestCounters>,
         queues: &AzureQueueStore,
-    ) -> Arc<AppState<AzureTableStore, AzureQueueStore>> {
+    ) -> Arc<AppState<AzureStores>> {
         let tables = BTreeMap::from([(
             "AzureWebJobsStorage".to_string(),
             account().table_store(counters.clone()),

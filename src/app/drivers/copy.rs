@@ -27,7 +27,8 @@ use crate::app::job::{
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
 use crate::scan::Strategy;
-use crate::storage::{Entity, QueueStore, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::{Entity, TableStore};
 
 use super::kit::drop_nulls;
 use super::kit::range::{batches, begin_range_item, page_items, unaddressable_error};
@@ -113,8 +114,8 @@ impl Driver for CopyDriver {
         }
     }
 
-    async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn prepare<S: Stores>(
+        state: &AppState<S>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         if let Some(dst) = &context.destination {
@@ -132,8 +133,8 @@ impl Driver for CopyDriver {
         }
     }
 
-    async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn work_rows<S: Stores>(
+        state: &AppState<S>,
         scan: &ScanContext,
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
@@ -141,14 +142,14 @@ impl Driver for CopyDriver {
         upsert(state, scan, requests, rows).await
     }
 
-    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn run<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
         let scan = &*begun.scan;
         let (_, read, mut outcome) =
-            begin_range_item::<Self, T, Q>(state, begun, &item, scan.select.clone()).await?;
+            begin_range_item::<Self, S>(state, begun, &item, scan.select.clone()).await?;
         let written = upsert(state, scan, &begun.requests, read.rows).await?;
         // Every other row is written; a row that cannot be addressed fails the item, named exactly.
         if let Some(e) = unaddressable_error("copied", &read.unaddressable) {
@@ -161,8 +162,8 @@ impl Driver for CopyDriver {
 
 /// Upserts `rows` (read from the scan's source, in key order) into the scan's destination;
 /// returns how many were written.
-async fn upsert<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn upsert<S: Stores>(
+    state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
     mut rows: Vec<Entity>,

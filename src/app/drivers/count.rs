@@ -13,7 +13,8 @@ use crate::app::job::{
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
-use crate::storage::{Entity, QueueStore, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::Entity;
 
 use super::kit::range::{begin_range_item, page_items, unaddressable_error};
 
@@ -53,13 +54,13 @@ impl Driver for CountDriver {
     }
 
     /// Counts the rows of one range that match the scan's filter (keys only).
-    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn run<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
         let (_, read, outcome) =
-            begin_range_item::<Self, T, Q>(state, begun, &item, Some(Vec::new())).await?;
+            begin_range_item::<Self, S>(state, begun, &item, Some(Vec::new())).await?;
         if let Some(e) = unaddressable_error("counted", &read.unaddressable) {
             return Err(e);
         }

@@ -35,9 +35,10 @@ use crate::app::job::{
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
 use crate::scan::Strategy;
+use crate::storage::stores::Stores;
 use crate::storage::{
-    BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError, StorageErrorKind,
-    TableStore, MAX_TAKE,
+    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+    MAX_TAKE,
 };
 
 use super::kit::range::{batches_of, begin_range_item, page_items, unaddressable_error};
@@ -102,8 +103,8 @@ impl Driver for DeleteDriver {
         }
     }
 
-    async fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn work_rows<S: Stores>(
+        state: &AppState<S>,
         scan: &ScanContext,
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
@@ -112,13 +113,13 @@ impl Driver for DeleteDriver {
         delete_rows(state, &source, &scan.source.table, rows).await
     }
 
-    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn run<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
         let (source, read, mut outcome) =
-            begin_range_item::<Self, T, Q>(state, begun, &item, Some(Vec::new())).await?;
+            begin_range_item::<Self, S>(state, begun, &item, Some(Vec::new())).await?;
         let deleted = delete_rows(state, &source, &begun.scan.source.table, read.rows).await?;
         if let Some(e) = unaddressable_error("deleted", &read.unaddressable) {
             return Err(e);
@@ -130,9 +131,9 @@ impl Driver for DeleteDriver {
 
 /// Deletes `rows` (keys, in key order) from `table`, several transactions in flight; returns
 /// how many this call deleted (rows already gone are not counted).
-async fn delete_rows<T, Q, S: TableStore>(
-    state: &AppState<T, Q>,
-    source: &S,
+async fn delete_rows<S: Stores, T: TableStore>(
+    state: &AppState<S>,
+    source: &T,
     table: &str,
     rows: Vec<Entity>,
 ) -> Result<i64, WorkError> {

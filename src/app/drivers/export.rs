@@ -56,7 +56,8 @@ use crate::storage::export_format::{
     part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
     MAX_MANIFEST_BYTES, PART_CONTENT_TYPE, PART_SPLIT_BYTES,
 };
-use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::{Entity, StorageError, StorageErrorKind};
 
 use super::kit::range::{begin_range_item, page_items, unaddressable_error};
 use super::kit::{check_blob_connection, check_container_field, drop_nulls};
@@ -133,8 +134,8 @@ impl Driver for ExportDriver {
         }
     }
 
-    async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn prepare<S: Stores>(
+        state: &AppState<S>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         let options: ExportOptions = context
@@ -169,8 +170,8 @@ impl Driver for ExportDriver {
         }
     }
 
-    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn run<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<ItemMessage>,
         item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
@@ -179,7 +180,7 @@ impl Driver for ExportDriver {
         let layout = options.layout()?;
         let blobs = state.blob_store(&options.connection, &begun.requests)?;
         let (_, mut read, mut outcome) =
-            begin_range_item::<Self, T, Q>(state, begun, &item, scan.select.clone()).await?;
+            begin_range_item::<Self, S>(state, begun, &item, scan.select.clone()).await?;
         if scan.select.is_some() {
             read.rows.iter_mut().for_each(drop_nulls);
         }
@@ -202,8 +203,8 @@ impl Driver for ExportDriver {
         Ok(outcome)
     }
 
-    async fn complete<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn complete<S: Stores>(
+        state: &AppState<S>,
         context: &ScanContext,
     ) -> Result<(), WorkError> {
         write_manifest(state, context).await
@@ -253,8 +254,8 @@ fn encode_parts(
 /// listed under the scan's parts folder, and writes the manifest — once: the step may run
 /// again (a late duplicate delivery, a status read), and then finds the manifest there (the
 /// prefix held none when the export started) and leaves it, so its bytes never change.
-async fn write_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn write_manifest<S: Stores>(
+    state: &AppState<S>,
     context: &ScanContext,
 ) -> Result<(), WorkError> {
     let options: ExportOptions = context.options()?;
@@ -360,8 +361,8 @@ struct ScanIdOnly {
 /// Reserves the prefix for scan `scan_id` (see the module's invariants): creates the
 /// reservation if there is none, takes over one whose export failed or was cancelled, and
 /// refuses the prefix otherwise (400 naming `destinationPrefix`).
-async fn reserve<T: TableStore + Clone, Q: QueueStore + Clone, B: BlobStore>(
-    state: &AppState<T, Q>,
+async fn reserve<S: Stores, B: BlobStore>(
+    state: &AppState<S>,
     blobs: &B,
     options: &ExportOptions,
     layout: &ExportLayout,

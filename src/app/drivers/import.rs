@@ -50,7 +50,8 @@ use crate::storage::export_format::{
     sha256_hex, ExportFormatError, ExportLayout, Manifest, ManifestPart, MAX_MANIFEST_BYTES,
     MAX_PART_BYTES,
 };
-use crate::storage::{BatchOperation, Entity, QueueStore, StorageError, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::{BatchOperation, Entity, StorageError, TableStore};
 
 use super::kit::range::batches;
 use super::kit::{check_blob_connection, check_container_field};
@@ -187,8 +188,8 @@ impl Driver for ImportDriver {
 
     /// Reads and checks the manifest (a 4xx naming `sourcePrefix` if there is none or it is
     /// not an export's), records its SHA-256, then creates the destination table.
-    async fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn prepare<S: Stores>(
+        state: &AppState<S>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         let requests = Arc::new(AtomicU64::new(0));
@@ -234,8 +235,8 @@ impl Driver for ImportDriver {
         Segment::default()
     }
 
-    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn run<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<ItemMessage>,
         item: ImportWork,
     ) -> Result<WorkOutcome, WorkError> {
@@ -266,8 +267,8 @@ impl Driver for ImportDriver {
 }
 
 /// The scan's manifest, parsed, and the SHA-256 of its bytes.
-async fn read_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn read_manifest<S: Stores>(
+    state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
 ) -> Result<(Manifest, String), WorkError> {
@@ -293,8 +294,8 @@ async fn read_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
 
 /// A chunk item: queues the parts `start..start + PARTS_PER_ITEM` (verification items, or
 /// with `write` write items) and the next chunk.
-async fn fan_out<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn fan_out<S: Stores>(
+    state: &AppState<S>,
     begun: &Begun<ItemMessage>,
     start: u64,
     expected: Option<String>,
@@ -389,8 +390,8 @@ impl Fetched {
 }
 
 /// Downloads a part the manifest lists.
-async fn fetch_part<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn fetch_part<S: Stores>(
+    state: &AppState<S>,
     begun: &Begun<ItemMessage>,
     part: &PartRef,
 ) -> Result<Fetched, WorkError> {
@@ -430,8 +431,8 @@ async fn off_thread<R: Send + 'static>(
 /// A verification item: verifies its parts in order (the first from line `skip + 1`), one
 /// downloaded at a time, until [`VERIFY_SLICE_BYTES`] are inflated; the rest is handed on.
 /// Writes nothing.
-async fn verify_parts<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn verify_parts<S: Stores>(
+    state: &AppState<S>,
     begun: &Begun<ItemMessage>,
     parts: Vec<PartRef>,
     mut skip: u64,
@@ -468,8 +469,8 @@ async fn verify_parts<T: TableStore + Clone, Q: QueueStore + Clone>(
 
 /// A write item: re-checks the part's SHA-256 (it was verified with these bytes), then upserts
 /// its rows from `skip` on (see [`write_slice`]; the rest is handed on).
-async fn restore_part<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn restore_part<S: Stores>(
+    state: &AppState<S>,
     begun: &Begun<ItemMessage>,
     part: PartRef,
     skip: u64,

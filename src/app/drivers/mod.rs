@@ -15,18 +15,18 @@ mod tests;
 
 use crate::app::job::Drivers;
 use crate::app::state::AppState;
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
 
 use kit::hooks::hooks;
 
 /// Every driver a scan can name, in the order a refused request lists them: the app is built
 /// with this list (`AppState::new`).
-pub fn registry<T: TableStore + Clone, Q: QueueStore + Clone>() -> Drivers<AppState<T, Q>> {
+pub fn registry<S: Stores>() -> Drivers<AppState<S>> {
     Drivers::new(vec![
-        hooks::<copy::CopyDriver, T, Q>(),
-        hooks::<count::CountDriver, T, Q>(),
-        hooks::<delete::DeleteDriver, T, Q>(),
-        hooks::<export::ExportDriver, T, Q>(),
-        hooks::<import::ImportDriver, T, Q>(),
+        hooks::<copy::CopyDriver, S>(),
+        hooks::<count::CountDriver, S>(),
+        hooks::<delete::DeleteDriver, S>(),
+        hooks::<export::ExportDriver, S>(),
+        hooks::<import::ImportDriver, S>(),
     ])
 }

@@ -16,10 +16,11 @@ use crate::app::messages::{self, ChildSpec, ItemMessage};
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, NewWork, ScanRecord, ScanState, WorkState};
 use crate::app::work::Runner;
-use crate::lab::memory::MemoryQueueStore;
 use crate::lab::memory::MemoryTableStore;
+use crate::lab::memory::{MemoryQueueStore, MemoryStores};
 use crate::scan::{ScanParameters, Scanner, Strategy};
-use crate::storage::{Entity, QueueStore, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::{Entity, TableStore};
 
 /// A driver whose completion step fails transiently once (`MODE` 0) or for good (1), then
 /// writes a marker row; it counts its runs. `SCANS`: whether it scans a table.
@@ -52,15 +53,15 @@ impl<const SCANS: bool> Driver for Probe<SCANS> {
             row_keys: vec!["part-0".into()],
         })
     }
-    async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        _: &AppState<T, Q>,
+    async fn run<S: Stores>(
+        _: &AppState<S>,
         _: &Begun<ItemMessage>,
         _: Self::Item,
     ) -> Result<WorkOutcome, WorkError> {
         Ok(WorkOutcome::default())
     }
-    async fn complete<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn complete<S: Stores>(
+        state: &AppState<S>,
         context: &ScanContext,
     ) -> Result<(), WorkError> {
         let run = RUNS.fetch_add(1, Ordering::SeqCst);
@@ -100,12 +101,7 @@ fn test_context(id: &str) -> ScanContext {
 }
 
 /// A scan with one work item, finished, on a fresh app.
-async fn drained_scan(
-    id: &str,
-) -> (
-    Arc<AppState<MemoryTableStore, MemoryQueueStore>>,
-    ScanContext,
-) {
+async fn drained_scan(id: &str) -> (Arc<AppState<MemoryStores>>, ScanContext) {
     let config = Config::from_lookup(|name| {
         (name == crate::app::config::STORAGE_SETTING)
             .then(|| "UseDevelopmentStorage=true".to_string())
@@ -116,8 +112,8 @@ async fn drained_scan(
         MemoryTableStore::default(),
     )]
     .into();
-    let drivers = Drivers::new(vec![hooks::<Probe, _, _>()]);
-    let state = AppState::new(config, tables, MemoryQueueStore::default(), drivers);
+    let drivers = Drivers::new(vec![hooks::<Probe, MemoryStores>()]);
+    let state = AppState::<MemoryStores>::new(config, tables, MemoryQueueStore::default(), drivers);
     let context = test_context(id);
     let tracker = state.tracker_on(state.bookkeeping());
     tracker.ensure_tables().await.unwrap();
@@ -205,7 +201,7 @@ fn a_driver_without_a_table_refuses_scan_fields() {
     assert!(matches!(root, ChildSpec::Item(_)), "{root:?}");
 }
 
-async fn recorded(state: &AppState<MemoryTableStore, MemoryQueueStore>, id: &str) -> ScanRecord {
+async fn recorded(state: &AppState<MemoryStores>, id: &str) -> ScanRecord {
     state
         .tracker_on(state.bookkeeping())
         .get_scan(id)

@@ -11,12 +11,12 @@ use crate::app::error::ApiError;
 use crate::app::job::is_valid_scan_id;
 use crate::app::state::AppState;
 use crate::app::tracking::ScanState;
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
 
 use super::get_scan::scan_status;
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn handle<S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tracker = state.tracker_on(state.bookkeeping());

@@ -22,7 +22,8 @@ use crate::app::state::AppState;
 use crate::app::tracking::retention::Kept;
 use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState, Tracker};
 use crate::app::work::Runner;
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::TableStore;
 
 use super::status::status_json;
 
@@ -33,8 +34,8 @@ const NUDGES_REMEMBERED: usize = 256;
 
 static NUDGED: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn handle<S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tracker = state.tracker_on(state.bookkeeping());

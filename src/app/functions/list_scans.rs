@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::app::error::ApiError;
 use crate::app::state::AppState;
 use crate::app::tracking::{parse_list_token, ScanPage, ScanState};
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
 
 use super::status::status_json;
 
@@ -23,8 +23,8 @@ const MAX_TOP: u32 = 100;
 /// everything silently).
 const PARAMETERS: [&str; 4] = ["top", "state", "continuationToken", "code"];
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn handle<S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     if let Some(unknown) = query.keys().find(|k| !PARAMETERS.contains(&k.as_str())) {

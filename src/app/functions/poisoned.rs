@@ -13,10 +13,10 @@ use crate::app::observe;
 use crate::app::protocol::InvocationResponse;
 use crate::app::state::AppState;
 use crate::app::work::Runner;
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
 
-pub async fn handle<M: WorkMessage, T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn handle<M: WorkMessage, S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,

@@ -16,11 +16,12 @@ use crate::app::messages::{ChildSpec, StepMessage};
 use crate::app::state::AppState;
 use crate::app::work::Work;
 use crate::scan::{Scanner, Step};
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::TableStore;
 
 impl Work for StepMessage {
-    async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn execute<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<Self>,
     ) -> Result<Executed, WorkError> {
         let scan = &*begun.scan;
@@ -52,12 +53,12 @@ fn works_in_step(scan: &ScanContext, step: &Step) -> bool {
 
 /// The scanner for `step`: with the scan's columns and a row budget where the step works on
 /// its rows, keys only and the step budget otherwise.
-fn scanner<'a, T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
-    state: &AppState<T, Q>,
+fn scanner<'a, S: Stores, T: TableStore>(
+    state: &AppState<S>,
     scan: &'a ScanContext,
-    source: &'a S,
+    source: &'a T,
     step: &Step,
-) -> Scanner<'a, S> {
+) -> Scanner<'a, T> {
     let budget = state.config.step_budget;
     if works_in_step(scan, step) {
         let budget = budget.with_max_rows(MAX_ITEM_ROWS);
@@ -72,10 +73,10 @@ fn scanner<'a, T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
 
 /// Executes one step, adding its follow-up steps, counters and work items to `done`, or, where
 /// the step works on its rows, the rows and their key ranges.
-async fn run_step<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
-    state: &AppState<T, Q>,
+async fn run_step<S: Stores, T: TableStore>(
+    state: &AppState<S>,
     scan: &ScanContext,
-    source: &S,
+    source: &T,
     step: &Step,
     done: &mut Executed,
 ) -> Result<(), WorkError> {

@@ -24,6 +24,7 @@ use crate::app::protocol::{InvocationRequest, InvocationResponse};
 use crate::app::state::AppState;
 use crate::app::tracking::retention::Due;
 use crate::app::tracking::{ScanEndHook, ScanState, Tracker};
+use crate::storage::stores::Stores;
 use crate::storage::{MessageEncoding, QueueStore, StorageError, TableStore};
 
 /// Longest delay of one cleanup message: below the queue's 7-day message time-to-live, which a
@@ -38,8 +39,8 @@ struct CleanupMessage {
     scan: String,
 }
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn handle<S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     body: Bytes,
 ) -> InvocationResponse {
     let (status, line) = match cleanup_scan_id(&body) {
@@ -79,7 +80,7 @@ fn cleanup_scan_id(body: &[u8]) -> Result<String, String> {
     Ok(message.scan)
 }
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
+impl<S: Stores> AppState<S> {
     /// Queues the cleanup of `scan_id`, visible after `delay` (at most [`MAX_HOP`]); creates
     /// the cleanup queue on first use.
     pub async fn queue_cleanup(&self, scan_id: &str, delay: Duration) -> Result<(), StorageError> {
@@ -153,9 +154,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
     /// Deletes up to `SWEEP_RECORDS` expired records whose work rows are gone, and queues the
     /// cleanup of those whose rows are not (a scan that ended before this version, or whose
     /// cleanup message was lost): the records of scans whose own cleanup never ran.
-    async fn sweep_expired<S: TableStore>(
+    async fn sweep_expired<T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         now: OffsetDateTime,
     ) -> Result<usize, StorageError> {
         let expired = tracker
@@ -173,7 +174,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> AppState<T, Q> {
 
 /// The end of a scan queues its cleanup (best effort: if the put fails, the sweep finds the
 /// record once it expires and cleans up then).
-impl<T: TableStore + Clone, Q: QueueStore + Clone> ScanEndHook for AppState<T, Q> {
+impl<S: Stores> ScanEndHook for AppState<S> {
     fn scan_ended<'b>(&'b self, scan_id: &'b str) -> BoxFuture<'b, ()> {
         Box::pin(async move {
             if let Err(e) = self

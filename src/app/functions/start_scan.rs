@@ -26,6 +26,7 @@ use crate::app::job::ScanRequest;
 use crate::app::state::AppState;
 use crate::app::tracking::{Counters, ScanRecord, ScanState};
 use crate::app::work::Runner;
+use crate::storage::stores::Stores;
 use crate::storage::{Query, QueueStore, TableStore};
 
 use super::status::status_json;
@@ -43,8 +44,8 @@ fn new_scan_id() -> String {
     )
 }
 
-pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn handle<S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -54,8 +55,8 @@ pub async fn handle<T: TableStore + Clone, Q: QueueStore + Clone>(
 }
 
 /// Starts a scan: the driver validates, prepares, then the root work and the scan are recorded.
-async fn start<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn start<S: Stores>(
+    state: &AppState<S>,
     mut request: ScanRequest,
 ) -> Result<Response, ApiError> {
     let driver = state
@@ -119,8 +120,8 @@ async fn start<T: TableStore + Clone, Q: QueueStore + Clone>(
 }
 
 /// A 4xx naming `sourceTable` if the source table does not exist.
-async fn source_must_exist<T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn source_must_exist<S: Stores>(
+    state: &AppState<S>,
     request: &ScanRequest,
 ) -> Result<(), ApiError> {
     let probe = Query {

@@ -8,11 +8,11 @@ use crate::app::job::{Begun, Executed, WorkError};
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
 use crate::app::work::Work;
-use crate::storage::{QueueStore, TableStore};
+use crate::storage::stores::Stores;
 
 impl Work for ItemMessage {
-    async fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    async fn execute<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<Self>,
     ) -> Result<Executed, WorkError> {
         let driver = state.drivers.of(&begun.scan)?;

@@ -54,7 +54,8 @@ use crate::app::job::request::{Accepts, ScanRequest};
 use crate::app::messages::{ChildSpec, ItemJson, ItemMessage};
 use crate::app::state::AppState;
 use crate::scan::Scanner;
-use crate::storage::{Entity, QueueStore, TableStore, MAX_TAKE};
+use crate::storage::stores::Stores;
+use crate::storage::{Entity, TableStore, MAX_TAKE};
 
 /// Most queries one work item that reads a key range sends.
 pub const MAX_ITEM_QUERIES: usize = 16;
@@ -106,8 +107,8 @@ pub trait Driver: Send + Sync + 'static {
     /// Storage to prepare before the scan is recorded (idempotent), e.g. the destination table.
     /// It may add what it learned to the context's options (`ScanContext::set_options`, e.g.
     /// the digest of what it checked), which the scan then records.
-    fn prepare<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    fn prepare<S: Stores>(
+        state: &AppState<S>,
         context: &mut ScanContext,
     ) -> impl Future<Output = Result<(), ApiError>> + Send {
         let _ = (state, context);
@@ -129,8 +130,8 @@ pub trait Driver: Send + Sync + 'static {
     /// given counts as matched, and the step counts `rowsScanned`). At most a step's row budget;
     /// may run more than once for the same rows (at-least-once delivery), so it must be
     /// idempotent.
-    fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    fn work_rows<S: Stores>(
+        state: &AppState<S>,
         scan: &ScanContext,
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
@@ -145,8 +146,8 @@ pub trait Driver: Send + Sync + 'static {
     }
 
     /// Runs one work item of this driver (bounded; hands the rest on as children).
-    fn run<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    fn run<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<ItemMessage>,
         item: Self::Item,
     ) -> impl Future<Output = Result<WorkOutcome, WorkError>> + Send;
@@ -167,8 +168,8 @@ pub trait Driver: Send + Sync + 'static {
     /// Runs once every work item of the scan has finished (none failed), before the scan is
     /// recorded `completed`; may run more than once. An error leaves the scan running (the next
     /// drained check, e.g. a status read, tries again); a permanent one fails it.
-    fn complete<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    fn complete<S: Stores>(
+        state: &AppState<S>,
         context: &ScanContext,
     ) -> impl Future<Output = Result<(), WorkError>> + Send {
         let _ = (state, context);

@@ -4,7 +4,7 @@
 //! handler, the work runner and the status handler reach a scan's driver only through it, by
 //! the name the scan records: none of them names a driver.
 //!
-//! `S` is the app state the hooks run against (`AppState<T, Q>`); it is a parameter so that
+//! `S` is the app state the hooks run against (`AppState<S>`); it is a parameter so that
 //! this list sits below the state that holds it.
 //!
 //! [`Driver`]: crate::app::job::driver::Driver

@@ -5,13 +5,13 @@ use super::*;
 use crate::app::tracking::retention::record_may_appear;
 use time::OffsetDateTime;
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
+impl<S: Stores> Runner<'_, S> {
     /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
     /// yet). Served from the cache when it can be trusted; a record read refreshes both.
     /// `patient`: retry storage trouble as on a last attempt (see [`patiently`]).
-    pub(super) async fn scan_of<S: TableStore>(
+    pub(super) async fn scan_of<T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         scan_id: &str,
         patient: bool,
     ) -> Result<Option<(ScanState, Arc<ScanContext>)>, ScanLookupError> {
@@ -38,9 +38,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
 
     /// Finishes an unfinished work item of an ended scan as dropped. `Ok(false)`: it was already
     /// finished (or never registered); nothing done. Idempotent under redelivery.
-    pub(super) async fn drop_work_item<S: TableStore>(
+    pub(super) async fn drop_work_item<T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         scan: &ScanContext,
         work_id: &str,
         shard_hint: Option<u32>,
@@ -94,9 +94,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
 
     /// The recorded context of the item's scan if the scan is running. An ended scan's item is
     /// dropped here; a scan not recorded yet is retried (dropped on the last attempt).
-    async fn running_scan<S: TableStore>(
+    async fn running_scan<T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         scan_id: &str,
         work_id: &str,
         shard_hint: Option<u32>,
@@ -177,9 +177,9 @@ fn storage_failure(work_id: &str, e: StorageError) -> InvocationResponse {
 
 /// Where the item's row stands: to execute, or with an outcome recorded by an earlier delivery.
 /// A finished item (a duplicate delivery) and an item with no row are answered right away.
-async fn progress_of<T: TableStore + Clone, Q: QueueStore + Clone, S: TableStore>(
-    app: &Runner<'_, T, Q>,
-    tracker: &Tracker<'_, S>,
+async fn progress_of<S: Stores, T: TableStore>(
+    app: &Runner<'_, S>,
+    tracker: &Tracker<'_, T>,
     scan: &ScanContext,
     work_id: &str,
     shard: u32,
@@ -238,8 +238,8 @@ const MAX_MARK_ATTEMPTS: u32 = 5;
 /// invariant 7), so that if this delivery dies too, the poison function knows the item really
 /// exhausted its deliveries. Returns the row's state with its new ETag (or the state a
 /// concurrent delivery left it in).
-async fn mark_last_delivery<S: TableStore>(
-    tracker: &Tracker<'_, S>,
+async fn mark_last_delivery<T: TableStore>(
+    tracker: &Tracker<'_, T>,
     scan: &ScanContext,
     work_id: &str,
     shard: u32,

@@ -6,13 +6,14 @@ use super::*;
 use crate::app::error::ApiError;
 use crate::app::job::DriverHooks;
 use crate::app::tracking::ScanRecord;
+use crate::storage::stores::Stores;
 use crate::storage::StorageErrorKind;
 
 /// How long a phase's root message stays invisible: time for its work row to be registered
 /// after the message is queued (a delivery before that is retried: it finds no work row).
 const PHASE_START_DELAY: Duration = Duration::from_secs(1);
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
+impl<S: Stores> Runner<'_, S> {
     /// The context a scan's work runs with: the one recorded at start, naming a driver this
     /// app has (`Err` says why not).
     pub fn usable_context(&self, record: &ScanRecord) -> Result<ScanContext, String> {
@@ -23,9 +24,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
 
     /// Ends the scan if all its work has finished (see `Tracker::complete_if_drained`; `shard`:
     /// check that shard first), running its driver's completion step first when it has one.
-    pub async fn complete_if_drained<S: TableStore>(
+    pub async fn complete_if_drained<T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         scan: &ScanContext,
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
@@ -57,10 +58,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     }
 
     /// The completion step under the scan's lease, then the end of the scan.
-    async fn complete_once<S: TableStore>(
+    async fn complete_once<T: TableStore>(
         &self,
-        driver: &dyn DriverHooks<AppState<T, Q>>,
-        tracker: &Tracker<'_, S>,
+        driver: &dyn DriverHooks<AppState<S>>,
+        tracker: &Tracker<'_, T>,
         scan: &ScanContext,
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
@@ -94,10 +95,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// existing row leaves it alone, and a second message is a duplicate delivery. `true`
     /// (every root finished) is sound because a finished item registered its children first:
     /// the caller's later drained judgement sees all a phase spawned.
-    async fn phases_done<S: TableStore>(
+    async fn phases_done<T: TableStore>(
         &self,
-        driver: &dyn DriverHooks<AppState<T, Q>>,
-        tracker: &Tracker<'_, S>,
+        driver: &dyn DriverHooks<AppState<S>>,
+        tracker: &Tracker<'_, T>,
         scan: &ScanContext,
     ) -> Result<bool, StorageError> {
         let unusable = |e: String| StorageError::invalid_input(e);
@@ -152,10 +153,10 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// Runs the driver's completion step. `Some(ended)`: it failed for good and the scan was
     /// failed (`ended` as `Tracker::finish_scan` says); any other error is returned as
     /// transient (the scan stays running, and the next drained check tries again).
-    async fn run_completion<S: TableStore>(
+    async fn run_completion<T: TableStore>(
         &self,
-        driver: &dyn DriverHooks<AppState<T, Q>>,
-        tracker: &Tracker<'_, S>,
+        driver: &dyn DriverHooks<AppState<S>>,
+        tracker: &Tracker<'_, T>,
         scan: &ScanContext,
     ) -> Result<Option<bool>, StorageError> {
         match driver.complete(self.app, scan).await {

@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::app::tracking::MAX_FOLDED_CHILDREN;
+use crate::storage::stores::Stores;
 use crate::storage::Entity;
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
+impl<S: Stores> Runner<'_, S> {
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
     /// `result` is ignored when an earlier execution's outcome was recorded.
     pub async fn finish<M: WorkMessage>(
@@ -186,9 +187,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// Ends the scan if this completion drained it. Checked also after a duplicate completion:
     /// it may have been this delivery's own commit whose answer was lost, and then nobody else
     /// would notice.
-    async fn notice_end<S: TableStore>(
+    async fn notice_end<T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         scan: &ScanContext,
         own: u32,
         completion: Completion,
@@ -235,9 +236,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// `shard`, registered with the outcome), then queues them all. Registering is idempotent
     /// (rows already there are left alone), so a delivery that adopted a recorded outcome
     /// registers every child again.
-    async fn register_and_queue<M: WorkMessage, S: TableStore>(
+    async fn register_and_queue<M: WorkMessage, T: TableStore>(
         &self,
-        tracker: &Tracker<'_, S>,
+        tracker: &Tracker<'_, T>,
         begun: &Begun<M>,
         children: &[ChildMessage],
         folded: Option<(u32, usize)>,

@@ -32,6 +32,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use futures::future::try_join_all;
 
 use crate::retry::{retry, Backoff, Failure, NoJitter};
+use crate::storage::stores::Stores;
 use crate::storage::{QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
@@ -48,8 +49,8 @@ use super::tracking::{Completion, Counters, NewWork, RecordError, ScanState, Tra
 /// `functions/prefix_scan.rs`, driver work items in `functions/table_copy.rs`), all run by [`run`].
 pub trait Work: WorkMessage + Send + Sync {
     /// Does the work of one begun item; its outcome is committed by [`Runner::finish`].
-    fn execute<T: TableStore + Clone, Q: QueueStore + Clone>(
-        state: &AppState<T, Q>,
+    fn execute<S: Stores>(
+        state: &AppState<S>,
         begun: &Begun<Self>,
     ) -> impl Future<Output = Result<Executed, WorkError>> + Send;
 }
@@ -57,12 +58,12 @@ pub trait Work: WorkMessage + Send + Sync {
 /// The life cycle of work items, over the app's state: what [`run`] does for every kind of
 /// work, what `PrefixScanPoison`/`TableCopyPoison` do for poisoned messages, and what the
 /// start and status handlers need of it (the root's message, ending a drained scan).
-pub struct Runner<'a, T, Q> {
-    app: &'a AppState<T, Q>,
+pub struct Runner<'a, S: Stores> {
+    app: &'a AppState<S>,
 }
 
-impl<'a, T, Q> Runner<'a, T, Q> {
-    pub fn new(app: &'a AppState<T, Q>) -> Self {
+impl<'a, S: Stores> Runner<'a, S> {
+    pub fn new(app: &'a AppState<S>) -> Self {
         Runner { app }
     }
 }
@@ -70,21 +71,18 @@ impl<'a, T, Q> Runner<'a, T, Q> {
 /// The one execution path of every queue function: decode and check the item ([`Runner::begin`]),
 /// execute it unless an earlier delivery recorded its outcome, then commit ([`Runner::finish`]).
 /// Its outcome is observed as one line ([`observe::Invocation`]).
-pub async fn run<M: Work, T: TableStore + Clone, Q: QueueStore + Clone>(
-    State(state): State<Arc<AppState<T, Q>>>,
+pub async fn run<M: Work, S: Stores>(
+    State(state): State<Arc<AppState<S>>>,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> InvocationResponse {
     let observed =
         observe::Invocation::start::<M>(&uri, &headers, &body, state.config.max_dequeue_count);
-    observed.finish(execute::<M, T, Q>(&state, &body).await)
+    observed.finish(execute::<M, S>(&state, &body).await)
 }
 
-async fn execute<M: Work, T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
-    body: &[u8],
-) -> InvocationResponse {
+async fn execute<M: Work, S: Stores>(state: &AppState<S>, body: &[u8]) -> InvocationResponse {
     let runner = Runner::new(state);
     let begun = match runner.begin::<M>(body).await {
         Ok(begun) => begun,
@@ -179,7 +177,7 @@ fn parse_outcome(work_id: &str, json: &str) -> Result<WorkOutcome, WorkError> {
         .map_err(|e| WorkError::Failed(format!("{work_id}: recorded outcome is unreadable: {e}")))
 }
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
+impl<S: Stores> Runner<'_, S> {
     /// The queue message of a child of `scan`: its scan id and its work, nothing else. Scan
     /// steps go to the PrefixScan queue, driver work items to the TableCopy queue.
     pub(crate) fn child_message(

@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
+impl<S: Stores> Runner<'_, S> {
     /// Completes an unfinished work item as failed and fails its scan, retrying storage trouble
     /// patiently. `Ok(false)`: the item was already finished (or never registered), nothing done.
     pub(super) async fn fail_work_item(

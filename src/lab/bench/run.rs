@@ -423,10 +423,7 @@ async fn drive(
     let location = post_scan(&client, &base, &body).await?;
     let id = location.rsplit('/').next().unwrap_or_default().to_string();
     let tracker = Tracker::new(run.store, &n.scans_table, &n.work_table);
-    let drivers = crate::app::drivers::registry::<
-        AzureTableStore,
-        crate::storage::azure_queue::AzureQueueStore,
-    >();
+    let drivers = crate::app::drivers::registry::<crate::storage::stores::AzureStores>();
     let field = run.variant.progress_field();
     let mut progress = vec![(0.0, 0u64)];
     let status = watch_scan(

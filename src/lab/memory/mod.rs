@@ -10,3 +10,13 @@ mod table;
 pub use blob::MemoryBlobStore;
 pub use queue::MemoryQueueStore;
 pub use table::{MemoryTableStore, Pagination};
+
+use crate::storage::stores::Stores;
+
+/// The in-memory table and queue stores, as one kind of [`Stores`] (in-process app tests).
+pub struct MemoryStores;
+
+impl Stores for MemoryStores {
+    type Table = MemoryTableStore;
+    type Queue = MemoryQueueStore;
+}

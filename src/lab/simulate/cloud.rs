@@ -17,6 +17,7 @@ use tokio::time::{sleep, Instant};
 use crate::lab::memory::MemoryQueueStore;
 use crate::lab::memory::MemoryTableStore;
 use crate::storage::request_counts::{RequestCounters, RequestKind};
+use crate::storage::stores::Stores;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, KeyColumn, Page, Query, QueueStore, ReceivedMessage,
     StorageError, StorageResult, TableStore,
@@ -273,6 +274,14 @@ fn single_partition(filter: Option<&Filter>) -> Option<&str> {
         Filter::And(parts) => parts.iter().find_map(|p| single_partition(Some(p))),
         _ => None,
     }
+}
+
+/// The simulated table and queue services, as one kind of [`Stores`] (the app the simulator runs).
+pub struct SimStores;
+
+impl Stores for SimStores {
+    type Table = CloudTables;
+    type Queue = CloudQueues;
 }
 
 /// The simulated table service: bookkeeping in `MemoryTableStore`, source and destination

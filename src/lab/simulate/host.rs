@@ -25,10 +25,10 @@ use crate::app::state::AppState;
 use crate::storage::{MessageEncoding, QueueStore, ReceivedMessage};
 
 use super::blog::Blog;
-use super::cloud::{charge_cpu, CloudQueues, CloudTables, Cpu, CPU};
+use super::cloud::{charge_cpu, CloudQueues, Cpu, SimStores, CPU};
 use super::model::{Flex, Model, Plan};
 
-pub type SimState = Arc<AppState<CloudTables, CloudQueues>>;
+pub type SimState = Arc<AppState<SimStores>>;
 
 /// The queue-triggered functions: tablescan's two, or the blog's single worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,7 +38,7 @@ use crate::lab::memory::MemoryTableStore;
 use crate::scan::{Scanner, StepBudget, Strategy};
 use crate::storage::QueueStore;
 
-use cloud::{Account, CloudQueues, CloudTables, Retry};
+use cloud::{Account, CloudQueues, CloudTables, Retry, SimStores};
 use data::{nuget_like, Sink, SyntheticStore};
 use host::{Host, ScanMode};
 use model::{Model, Plan};
@@ -300,7 +300,7 @@ fn app_state(
     model: &Model,
     tables: CloudTables,
     queues: CloudQueues,
-) -> Result<Arc<AppState<CloudTables, CloudQueues>>, String> {
+) -> Result<Arc<AppState<SimStores>>, String> {
     let settings: BTreeMap<&str, String> = [
         (
             "AzureWebJobsStorage",

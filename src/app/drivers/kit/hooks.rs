@@ -16,21 +16,19 @@ use crate::app::job::{
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::state::AppState;
 use crate::app::tracking::Counters;
-use crate::storage::{Entity, QueueStore, StorageError, StorageErrorKind, TableStore};
+use crate::storage::stores::Stores;
+use crate::storage::{Entity, StorageError, StorageErrorKind};
 
 use super::range;
 
-/// Driver `D` as a registry entry of an app over stores `T`, `Q`.
-pub fn hooks<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
-) -> Box<dyn DriverHooks<AppState<T, Q>>> {
+/// Driver `D` as a registry entry of an app over stores `S`.
+pub fn hooks<D: Driver, S: Stores>() -> Box<dyn DriverHooks<AppState<S>>> {
     Box::new(Hooks::<D>(PhantomData))
 }
 
 struct Hooks<D>(PhantomData<fn() -> D>);
 
-impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppState<T, Q>>
-    for Hooks<D>
-{
+impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
     fn name(&self) -> &'static str {
         D::NAME
     }
@@ -66,14 +64,14 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
 
     fn prepare<'a>(
         &'a self,
-        state: &'a AppState<T, Q>,
+        state: &'a AppState<S>,
         context: &'a mut ScanContext,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(D::prepare(state, context))
     }
 
     fn root(&self, context: &ScanContext) -> Result<ChildSpec, WorkError> {
-        D::root::<T>(context)
+        D::root::<S::Table>(context)
     }
 
     fn segment(
@@ -92,27 +90,27 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
 
     fn work_rows<'a>(
         &'a self,
-        state: &'a AppState<T, Q>,
+        state: &'a AppState<S>,
         scan: &'a ScanContext,
         requests: &'a Arc<AtomicU64>,
         rows: Vec<Entity>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
-        Box::pin(work_rows::<D, T, Q>(state, scan, requests, rows))
+        Box::pin(work_rows::<D, S>(state, scan, requests, rows))
     }
 
     fn rework<'a>(
         &'a self,
-        state: &'a AppState<T, Q>,
+        state: &'a AppState<S>,
         scan: &'a ScanContext,
         requests: &'a Arc<AtomicU64>,
         range: &'a RangeWork,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
-        Box::pin(rework_range::<D, T, Q>(state, scan, requests, range))
+        Box::pin(rework_range::<D, S>(state, scan, requests, range))
     }
 
     fn run<'a>(
         &'a self,
-        state: &'a AppState<T, Q>,
+        state: &'a AppState<S>,
         begun: &'a Begun<ItemMessage>,
     ) -> BoxFuture<'a, Result<WorkOutcome, WorkError>> {
         Box::pin(async move {
@@ -129,7 +127,7 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
 
     fn complete<'a>(
         &'a self,
-        state: &'a AppState<T, Q>,
+        state: &'a AppState<S>,
         context: &'a ScanContext,
     ) -> BoxFuture<'a, Result<(), WorkError>> {
         Box::pin(D::complete(state, context))
@@ -138,8 +136,8 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
 
 /// Does `D`'s work on the rows one of a scan's steps read ([`Driver::work_rows`]); every row
 /// counts as matched (scans with a filter do not work in steps).
-async fn work_rows<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn work_rows<D: Driver, S: Stores>(
+    state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
     rows: Vec<Entity>,
@@ -161,8 +159,8 @@ const MAX_REWORK_ROUNDS: usize = 8;
 /// a delivery that adopted a step's recorded outcome, whose rows the recording delivery may
 /// not have worked on. A range that grew since it was scanned is read to its end (within
 /// [`MAX_REWORK_ROUNDS`] reads of [`range::read_item`]).
-async fn rework_range<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
-    state: &AppState<T, Q>,
+async fn rework_range<D: Driver, S: Stores>(
+    state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
     range: &RangeWork,
@@ -183,7 +181,7 @@ async fn rework_range<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
         if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
             return Err(e);
         }
-        total = total.plus(&work_rows::<D, T, Q>(state, scan, requests, read.rows).await?);
+        total = total.plus(&work_rows::<D, S>(state, scan, requests, read.rows).await?);
         next = read.next;
     }
     match next {

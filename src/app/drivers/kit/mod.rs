@@ -12,6 +12,7 @@ use crate::app::job::request::check_connection;
 use crate::app::job::{ScanContext, WorkError};
 use crate::app::state::AppState;
 use crate::storage::blob::check_container;
+use crate::storage::stores::Stores;
 use crate::storage::Entity;
 
 /// 4xx naming `field` unless `connection` is allowed and has a blob endpoint.
@@ -72,8 +73,8 @@ pub fn drop_nulls(row: &mut Entity) {
 
 /// How a range item of `scan` is re-read: `select` (`None`: every column; `Some(vec![])`: keys
 /// only), the scan's filter, and the test-only failure switch.
-pub fn read_spec<T, Q>(
-    state: &AppState<T, Q>,
+pub fn read_spec<S: Stores>(
+    state: &AppState<S>,
     scan: &ScanContext,
     select: Option<Vec<String>>,
 ) -> Result<range::ReadSpec, WorkError> {

@@ -16,10 +16,11 @@ use crate::app::job::{
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::{AppState, Counted};
+use crate::storage::stores::Stores;
 use crate::storage::{
-    odata, BatchOperation, CompareOp, Entity, Filter, Query, QueueStore, StorageError,
-    StorageErrorKind, TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS,
-    MAX_MESSAGE_TEXT, MAX_TAKE,
+    odata, BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind,
+    TableStore, UnaddressableRow, MAX_BATCH_BYTES, MAX_BATCH_OPERATIONS, MAX_MESSAGE_TEXT,
+    MAX_TAKE,
 };
 
 /// Splits one scanned segment (keys only, in order) into range work items.
@@ -268,16 +269,12 @@ fn ends_range(rows: &[Entity], end: Option<&(String, String)>) -> bool {
 /// What a driver's range item starts with: its source table (counted for the item), its rows
 /// (read by [`read_item`] with `select` and the scan's filter), and its outcome so far — the
 /// rest of a range that grew handed on as a child of driver `D`, `rowsMatched` counted.
-pub async fn begin_range_item<D: Driver<Item = RangeWork>, T, Q>(
-    state: &AppState<T, Q>,
+pub async fn begin_range_item<D: Driver<Item = RangeWork>, S: Stores>(
+    state: &AppState<S>,
     begun: &Begun<ItemMessage>,
     item: &RangeWork,
     select: Option<Vec<String>>,
-) -> Result<(Counted<T>, ItemRows, WorkOutcome), WorkError>
-where
-    T: TableStore + Clone,
-    Q: QueueStore + Clone,
-{
+) -> Result<(Counted<S::Table>, ItemRows, WorkOutcome), WorkError> {
     let scan = &*begun.scan;
     let source = state.counted_table(&scan.source.connection, &begun.requests)?;
     let spec = super::read_spec(state, scan, select)?;
