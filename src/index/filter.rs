@@ -168,10 +168,10 @@ fn kick(
 
 /// SplitMix64, a fixed public generator, hand-written (five lines) because the slots must not
 /// change with a random crate's version (invariant 3).
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

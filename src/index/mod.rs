@@ -30,6 +30,8 @@ mod value;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod value_tests;
 
 pub use codec::MAX_KEY_BYTES;
 pub use filter::{bucket_count, DESIGN_FP_RATE, MAX_BUCKET_SIZE, MAX_KICKS};

@@ -227,6 +227,16 @@ impl From<Literal> for IndexValue {
 /// more than one literal is refused).
 fn parse_literal(text: &str) -> Result<Literal, ValueError> {
     const PREFIX: &str = "V eq ";
+    let word = text.trim();
+    if word.starts_with(|c: char| c.is_alphabetic() || c == '_')
+        && word.chars().all(|c| c.is_alphanumeric() || c == '_')
+        && word != "true"
+        && word != "false"
+    {
+        return Err(ValueError(format!(
+            "{text:?} is not a filter literal (a string is quoted: '{word}')"
+        )));
+    }
     let expr = odata::parse(&format!("{PREFIX}{text}")).map_err(|e| {
         let at = e.position.saturating_sub(PREFIX.len()).max(1);
         ValueError(format!(
