@@ -209,10 +209,11 @@ impl SegmentDirectory {
         let buckets = reader.u32()?;
         let count = reader.u32()? as usize;
         let row_slots = reader.u32()?;
-        reader.u32()?;
-        if buckets == 0 || count > MAX_SEGMENT_RANGES {
+        let reserved = reader.u32()?;
+        if buckets == 0 || count > MAX_SEGMENT_RANGES || reserved != 0 {
             return Err(FormatError::new(format!(
-                "a segment of {buckets} buckets and {count} ranges is not valid"
+                "a segment of {buckets} buckets, {count} ranges and reserved field {reserved} is \
+                 not valid in version {SEGMENT_VERSION}"
             )));
         }
         let mut ranges = Vec::with_capacity(count);
@@ -223,6 +224,11 @@ impl SegmentDirectory {
             let distinct = reader.u32()?;
             let rows = reader.u64()?;
             let keys = KeyBounds::decode(&mut reader)?;
+            if flags & !FLAG_ALWAYS_CANDIDATE != 0 {
+                return Err(FormatError::new(format!(
+                    "a segment range has flags {flags:#x}, unknown in version {SEGMENT_VERSION}"
+                )));
+            }
             ranges.push(RangeEntry {
                 keys,
                 rows,

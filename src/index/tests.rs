@@ -202,6 +202,16 @@ fn the_directory_reads_back_from_a_prefix() {
     hash[10] = 9;
     assert!(err(&hash).contains("hash id 9"));
     assert!(err(b"TSIDXSTG").contains("not an index segment"));
+    // The reserved field and unknown flag bits are refused, not ignored.
+    let resealed = |at: usize| {
+        let mut b = bytes[..len].to_vec();
+        b[at] = 1;
+        let sum = hash::value_hash(&b[..len - 8]);
+        b[len - 8..].copy_from_slice(&sum.to_le_bytes());
+        err(&b)
+    };
+    assert!(resealed(28).contains("reserved field 1"));
+    assert!(resealed(DIRECTORY_FIXED_LEN + 4 + 1).contains("flags 0x100"));
     let [(_, row), _] = dir.bucket_spans_for_hash(7);
     assert!(dir
         .candidates_for_hash(7, &[0; 3], &vec![0; row as usize])
