@@ -489,7 +489,7 @@ fn poison_invocations(app: &TestApp) -> u64 {
 
 // A message the host poisons although no delivery recorded its failure is settled by the
 // poison-queue function only if the item's last delivery began (it marks the item's row first):
-// `tests/backup_race.rs` kills an item's last delivery (function timeout) and checks that the
+// `tests/backups/races.rs` kills an item's last delivery (function timeout) and checks that the
 // scan fails, and forges a poison message for an item with deliveries left and checks that the
 // scan completes. (A handler whose `TABLESCAN_MAX_DEQUEUE_COUNT` is above host.json's
 // `maxDequeueCount` never sees a last delivery, so its poison messages are ignored like forged ones.)

@@ -7,6 +7,7 @@
 pub mod backup;
 pub mod e2e;
 pub mod faults;
+pub mod host;
 pub mod identity;
 pub mod raw;
 pub mod router;

@@ -1,7 +1,7 @@
 //! The scan engine on Azurite: property tests with adversarial keys (fewer cases than on the
 //! in-memory table, since Azurite scans the whole table for every filter), and the `list` CLI.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

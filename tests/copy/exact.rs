@@ -40,7 +40,7 @@
 //!
 //! The seed of the random doubles is fixed; `TABLESCAN_EXACT_SEED` overrides it.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -927,7 +927,7 @@ async fn azurite_stores_and_refuses_as_documented() {
     }
     assert!(
         surprises.is_empty(),
-        "Azurite no longer behaves as documented in exact_copy.rs: {surprises:#?}"
+        "Azurite no longer behaves as documented in tests/copy/exact.rs: {surprises:#?}"
     );
 }
 

@@ -12,9 +12,9 @@
 //! (`support::raw`) and compared with the source text for text.
 //!
 //! One line per fault kind and scan (`faults: export-storage-faults: scans 1, faults …`), visible
-//! with `cargo test --test faults_backup -- --nocapture`.
+//! with `cargo test --test backups -- --nocapture`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::Write;

@@ -13,7 +13,7 @@
 //! and listed as bytes and read as generic JSON (`serde_json::Value`); tables and work rows are
 //! read with the raw REST client (`support::raw`).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! 404 with a JSON body; a scan whose own cleanup never ran is swept by another's. Stored rows
 //! are read with the raw REST client (tests/support/raw.rs), not tablescan's tracker.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,9 +15,9 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
+use support::account;
 use support::raw::RawClient;
 use support::router::{call, InProcessApp};
-use support::account;
 use tablescan::app::tracking::retention::started_by_key;
 use tablescan::app::tracking::{NewWork, ScanRecord, ScanState, Tracker};
 use tablescan::storage::request_counts::RequestCounters;

@@ -1,6 +1,6 @@
 //! The storage proxy against Azurite: counts by kind and table, and injects Azure's faults.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

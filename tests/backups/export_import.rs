@@ -4,7 +4,7 @@
 //! (`support::raw`), and which rows a filter selects is decided by the test's own predicate.
 //! Requests the drivers must refuse get a 4xx naming the field, and write nothing.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::Read;

@@ -1,4 +1,4 @@
-//! Every keyless credential but the App Service identity endpoint (tests/keyless_azurite.rs), end
+//! Every keyless credential but the App Service identity endpoint (tests/keyless/app_service.rs), end
 //! to end against Azurite in OAuth mode, with fakes of their token sources in this process
 //! (`support::identity`): a service principal's client secret and workload identity's federated
 //! token against a fake Entra ID token endpoint (https, at `AZURE_AUTHORITY_HOST`), the Azure
@@ -10,7 +10,7 @@
 //! One test binary of its own: it sets `SSL_CERT_FILE`, `AZURE_AUTHORITY_HOST`,
 //! `AZURE_POD_IDENTITY_AUTHORITY_HOST` and `PATH` for the whole process.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! is read with the test's own REST client (`support::raw`). The memory bound is measured on
 //! the handler process (its peak RSS, `VmHWM` in /proc/<pid>/status).
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::time::{Duration, Instant};

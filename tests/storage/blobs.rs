@@ -6,7 +6,7 @@
 //! The keyless part uses the shared identity test support (`tests/support/identity.rs`): every
 //! test sets its process-wide settings first, before any client is built.
 
-mod support;
+use crate::support;
 
 use support::identity::app_service_settings;
 use support::identity::endpoints::{fakes, Identity};

@@ -1,6 +1,6 @@
 //! The demo, the project's main job, end to end on a small table so it cannot rot.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

@@ -1,4 +1,4 @@
-//! Shared helpers for the `host_*` tests: staging an app folder around the test handler
+//! Shared helpers for the local host's tests (`tests/host/`): staging an app folder around the test handler
 //! (`examples/test_handler.rs`), starting the host, and waiting for conditions.
 #![allow(dead_code)]
 

@@ -498,7 +498,7 @@ fn calibration_anchors() {
 #[test]
 fn flex_defaults_are_the_templates() {
     let parameters: serde_json::Value =
-        serde_json::from_str(include_str!("../infra/main.parameters.json")).unwrap();
+        serde_json::from_str(include_str!("../../infra/main.parameters.json")).unwrap();
     let flex = tablescan::lab::simulate::model::Flex::default();
     let p = &parameters["parameters"];
     assert_eq!(

@@ -8,12 +8,11 @@
 //!   succeeding work items: each failure on stderr with its scan, item and outcome, the
 //!   successes in `Logs`, the scan's start and end, and no secret anywhere.
 
-mod host_support;
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
-use host_support::{has_log, http_client, App};
+use crate::support::host::{has_log, http_client, App};
 use serde_json::{json, Value};
 use support::e2e::{seed, TestApp};
 use support::unique_name;

@@ -3,7 +3,7 @@
 //! entity as the service counts it; what does not fit is refused before anything is sent, with a
 //! message that says so, and diagnostics are cut with a marker instead of failing the write.
 
-mod support;
+use crate::support;
 
 use support::{new_table, table_store};
 use tablescan::app::tracking::{NewWork, RecordError, ScanState, Tracker, WorkState};

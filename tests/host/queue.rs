@@ -1,13 +1,12 @@
 //! `tablescan host` queue triggers against real Azurite and the test handler: payload on the
 //! wire, retries and poison, decode failures, timeouts, concurrency, several instances, shutdown.
 
-mod host_support;
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use host_support::*;
+use crate::support::host::*;
 use serde_json::{json, Value};
 use tablescan::lab::host::{Host, RunningHost};
 use tablescan::storage::azure_queue::AzureQueueStore;

@@ -3,7 +3,7 @@
 //! (read back by the test's own REST client and compared as raw JSON text, never through
 //! tablescan's parser), and the counters are exact.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

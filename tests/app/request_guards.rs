@@ -4,7 +4,7 @@
 //! and a body naming a key twice is refused. Each refusal is a 400 naming the field, and what is
 //! stored is read back with the test's own REST client (`support::raw`): nothing was written.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,11 +1,9 @@
 //! `tablescan host` with HTTP triggers and handler supervision, against the test handler
-//! (real processes, real sockets). Queue behaviour is in `host_queue.rs`.
-
-mod host_support;
+//! (real processes, real sockets). Queue behaviour is in `tests/host/queue.rs`.
 
 use std::time::{Duration, Instant};
 
-use host_support::*;
+use crate::support::host::*;
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(60);

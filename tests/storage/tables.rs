@@ -3,7 +3,7 @@
 //! properties, pagination, queue messages, request counting, retries), plus the scan engine over
 //! adversarial keys. Tables stay small: Azurite scans a whole table for every filter.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
