@@ -12,6 +12,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+use crate::support::stores::forward_table_store;
 use tablescan::app::config::Config;
 use tablescan::app::server::app;
 use tablescan::app::state::AppState;
@@ -968,13 +969,7 @@ struct FailingInserts {
 }
 
 impl tablescan::storage::TableStore for FailingInserts {
-    async fn query_page(
-        &self,
-        t: &str,
-        q: &tablescan::storage::Query,
-    ) -> tablescan::storage::StorageResult<tablescan::storage::Page> {
-        self.inner.query_page(t, q).await
-    }
+    forward_table_store!(inner: query_page);
     async fn submit_batch_with_etags(
         &self,
         t: &str,
@@ -995,20 +990,7 @@ impl tablescan::storage::TableStore for FailingInserts {
         }
         self.inner.submit_batch_with_etags(t, pk, ops).await
     }
-    async fn get_entity(
-        &self,
-        t: &str,
-        pk: &str,
-        rk: &str,
-    ) -> tablescan::storage::StorageResult<Option<(Entity, String)>> {
-        self.inner.get_entity(t, pk, rk).await
-    }
-    async fn create_table(&self, t: &str) -> tablescan::storage::StorageResult<bool> {
-        self.inner.create_table(t).await
-    }
-    async fn delete_table(&self, t: &str) -> tablescan::storage::StorageResult<bool> {
-        self.inner.delete_table(t).await
-    }
+    forward_table_store!(inner: get_entity, create_table, delete_table);
 }
 
 /// The app over `tables` behind [`FailingInserts`] for `table` (disarmed: arm it with the flag

@@ -95,6 +95,7 @@ fn faults_so_far(fault: Fault, kills: &[usize], proxy: Option<&StorageProxy>) ->
 /// Exports a seeded table under `fault`, verifies the export, restores it into a new table
 /// under the same fault, and verifies the restore.
 async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
+    let _alone = support::alone().await;
     let instances = if matches!(fault, Fault::Crash) { 3 } else { 2 };
     let proxy = fault.proxy().await;
     let connection = proxy.as_ref().map(|p| p.connection_string());

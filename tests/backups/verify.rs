@@ -247,6 +247,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// handler's baseline, the API answering meanwhile, and the import failing naming the part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_part_that_inflates_past_the_bound_costs_little_memory_and_blocks_nothing() {
+    let _alone = support::alone().await;
     let app = TestApp::start(1, &[]).await;
     let store = blobs();
     let container = unique_name("bomb");
@@ -348,6 +349,7 @@ async fn a_part_listed_bigger_than_an_export_writes_is_refused_unread() {
 /// the handler's peak RSS must stay within 64 MiB of its baseline, and every row is restored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_biggest_incompressible_part_costs_at_most_64_mib() {
+    let _alone = support::alone().await;
     use base64::Engine;
     use rand::RngCore;
     let app = TestApp::start(1, &[]).await;

@@ -5,50 +5,20 @@ use crate::support;
 
 use std::process::Command;
 
+use crate::support::scan::{expected, key_strategy};
 use proptest::prelude::*;
-use proptest::strategy::Strategy as _;
 use tablescan::scan::{list, ScanParameters, Strategy};
-use tablescan::storage::{compare_keys, BatchOperation, Entity, TableStore};
-
-fn key_strategy() -> impl proptest::strategy::Strategy<Value = String> {
-    // Quotes are included; `',` is avoided in row keys only because Azurite mis-parses it in batch
-    // URLs (we insert with Insert, whose keys come from the body, so it would be fine — but keep
-    // the generator honest to what any writer could store).
-    let alphabet = prop::sample::select(vec![
-        "",
-        "a",
-        "b",
-        "ab",
-        "'",
-        "\u{FFFF}",
-        "\u{E000}",
-        "\u{1F600}",
-        "é",
-        "Z",
-    ]);
-    prop::collection::vec(alphabet, 0..4).prop_map(|parts| parts.concat())
-}
-
-fn expected(keys: &[(String, String)], params: &ScanParameters) -> Vec<(String, String)> {
-    let mut rows: Vec<_> = keys
-        .iter()
-        .filter(|(pk, _)| params.contains_partition_key(pk))
-        .cloned()
-        .collect();
-    rows.sort_by(|a, b| compare_keys(&a.0, &b.0).then(compare_keys(&a.1, &b.1)));
-    rows.dedup();
-    rows
-}
+use tablescan::storage::{BatchOperation, Entity, TableStore};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     #[test]
     fn prefix_scan_on_azurite_equals_the_filtered_sorted_table(
-        keys in prop::collection::vec((key_strategy(), prop::sample::select(vec!["1", "2", "x'y"])), 1..25),
-        prefix in key_strategy(),
-        lower in prop::option::of(key_strategy()),
-        upper in prop::option::of(key_strategy()),
+        keys in prop::collection::vec((key_strategy(&["Z"]), prop::sample::select(vec!["1", "2", "x'y"])), 1..25),
+        prefix in key_strategy(&["Z"]),
+        lower in prop::option::of(key_strategy(&["Z"])),
+        upper in prop::option::of(key_strategy(&["Z"])),
         take in 1u32..=5,
         expand in any::<bool>(),
     ) {

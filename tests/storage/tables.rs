@@ -1531,11 +1531,16 @@ fn orphan_owner_helper() {
 #[test]
 fn azurite_dies_with_its_killed_owner() {
     use std::io::BufRead;
+    // The helper's name as libtest knows it: its path below the test crate's root.
+    let helper = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::orphan_owner_helper"),
+        None => "orphan_owner_helper".to_string(),
+    };
     let mut owner = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "orphan_owner_helper",
+            &helper,
             "--nocapture",
             "--test-threads",
             "1",

@@ -11,6 +11,8 @@ pub mod host;
 pub mod identity;
 pub mod raw;
 pub mod router;
+pub mod scan;
+pub mod stores;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,4 +80,12 @@ pub async fn new_table<T: TableStore>(store: &T, prefix: &str) -> String {
         "table {name} already existed"
     );
     name
+}
+
+/// Runs the caller alone among the tests of this process that also call it: fault runs (which
+/// load the machine on purpose) and measurements of memory and latency (which a loaded machine
+/// would skew). Hold the guard for the whole test.
+pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
