@@ -1,6 +1,7 @@
 //! The drivers beyond copy, end to end on Azurite through the local Functions host and the real
-//! handler binary: delete (only the rows in range, on the neighbours of every bound), the
-//! confirmation rule, redelivery over rows already gone, and `filter`/`select`. Every table is
+//! handler binary: delete (only the rows in range, on the neighbours of every bound),
+//! redelivery over rows already gone, and `filter`/`select`. Their bad requests are in-process:
+//! `tests/app/validation.rs`. Every table is
 //! read back with the test's own REST client (`support::raw`), and which rows are in range is
 //! decided by the test's own predicate (UTF-16 code-unit order), never by tablescan's.
 
@@ -49,23 +50,6 @@ impl Range {
         }
         body
     }
-}
-
-/// Inserts one row per (partition key, row key) with a few typed properties, as JSON text the
-/// test writes itself.
-async fn seed_raw(client: &RawClient, table: &str, keys: &[(&str, &str)]) -> Vec<RawEntity> {
-    client.create_table(table).await.expect("create table");
-    for (i, (pk, rk)) in keys.iter().enumerate() {
-        let body = format!(
-            r#"{{"PartitionKey":{},"RowKey":{},"N":"{i}","N@odata.type":"Edm.Int64","D":{i}.5,"S":"row {i}"}}"#,
-            raw::json_string(pk),
-            raw::json_string(rk)
-        );
-        client.insert(table, &body).await.expect("raw insert");
-    }
-    let rows = client.rows(table).await;
-    assert_eq!(rows.len(), keys.len(), "seeded {table}");
-    rows
 }
 
 async fn start(app: &TestApp, body: &Value) -> String {
@@ -194,7 +178,7 @@ async fn delete_removes_exactly_the_rows_in_range() {
     ];
     for (range, take, strategy) in cases {
         let table = unique_name("Del");
-        let before = seed_raw(&client, &table, &keys).await;
+        let before = raw::seed_keys(&client, &table, &keys).await;
         let id = start(&app, &range.request(&table, take, strategy)).await;
         let status = app.wait_for_end(&id, Duration::from_secs(240)).await;
         let (inside, outside): (Vec<RawEntity>, Vec<RawEntity>) = before
@@ -218,51 +202,6 @@ async fn delete_removes_exactly_the_rows_in_range() {
     app.shutdown().await;
 }
 
-/// A delete needs `confirm` equal to `sourceTable`; otherwise a 4xx names `confirm` and
-/// nothing is written (no scan, no row touched).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_requires_confirm_equal_to_the_source_table() {
-    let app = TestApp::start(1, &[]).await;
-    let client = RawClient::azurite();
-    let table = unique_name("Keep");
-    let before = seed_raw(&client, &table, &[("a", "1"), ("b", "2")]).await;
-    let upper = table.to_ascii_uppercase();
-    for confirm in [
-        None,
-        Some(json!("")),
-        Some(json!("Other")),
-        Some(json!(upper)),
-        Some(json!(true)),
-    ] {
-        let mut body = json!({"driver": "delete", "sourceTable": table});
-        if let Some(c) = &confirm {
-            body["confirm"] = c.clone();
-        }
-        let (status, reply, _) = app.post_scan(&body).await;
-        assert_eq!(status, 400, "{body} → {reply}");
-        assert_eq!(reply["error"]["field"], "confirm", "{body} → {reply}");
-    }
-    for (extra, field) in [
-        (json!({"destinationTable": "Elsewhere"}), "destinationTable"),
-        (json!({"workSplit": "page"}), "workSplit"),
-    ] {
-        let mut body = json!({"driver": "delete", "sourceTable": table, "confirm": table});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        let (status, reply, _) = app.post_scan(&body).await;
-        assert_eq!(status, 400, "{body} → {reply}");
-        assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
-    }
-    let (_, list) = app.get("/api/scans").await;
-    assert_eq!(list["scans"].as_array().map(Vec::len), Some(0), "{list}");
-    assert_eq!(
-        raw::diff(&before, &client.rows(&table).await),
-        Vec::<String>::new()
-    );
-    app.shutdown().await;
-}
-
 /// A redelivered delete batch finds some of its rows already gone: Azurite fails the whole
 /// transaction (404), and the batch deletes what is left after re-reading it, touching nothing
 /// else in the partition.
@@ -278,7 +217,7 @@ async fn a_delete_batch_tolerates_rows_already_gone() {
         .map(|i| ("p".to_string(), format!("{i:02}")))
         .collect();
     let refs: Vec<(&str, &str)> = keys.iter().map(|(p, r)| (p.as_str(), r.as_str())).collect();
-    seed_raw(&client, &table, &refs).await;
+    raw::seed_keys(&client, &table, &refs).await;
     // Rows 00 and 11 are outside the batch; 03, 04 and 07 are already gone.
     for rk in ["03", "04", "07"] {
         store
@@ -619,106 +558,5 @@ async fn filter_and_select_apply_inside_every_key_range() {
     );
     assert_eq!(status["rowsWritten"], doomed.len() as i64, "{status}");
     assert_eq!(status["rowsMatched"], doomed.len() as i64, "{status}");
-    app.shutdown().await;
-}
-
-/// A filter or select the service would refuse, or a driver that takes none, is a 4xx naming
-/// the field (with the position and the reason for filters), and nothing is written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_filters_and_selects_get_4xx_naming_the_field() {
-    let app = TestApp::start(1, &[]).await;
-    let client = RawClient::azurite();
-    let source = unique_name("Typed");
-    seed_raw(&client, &source, &[("a", "1")]).await;
-    let dest = unique_name("Never");
-    let copy = |extra: Value| {
-        let mut body = json!({"driver": "copy", "sourceTable": source, "destinationTable": dest});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        body
-    };
-    let cases: Vec<(Value, &str, &str)> = vec![
-        (
-            copy(json!({"filter": "PartitionKey eq 'a'"})),
-            "filter",
-            "at character 1: PartitionKey is a key property",
-        ),
-        (
-            copy(json!({"filter": "A eq 1 and RowKey ge 'x'"})),
-            "filter",
-            "at character 12",
-        ),
-        (
-            copy(json!({"filter": "A like 'x'"})),
-            "filter",
-            "unknown operator",
-        ),
-        (
-            copy(json!({"filter": "A eq 'unterminated"})),
-            "filter",
-            "unterminated",
-        ),
-        (
-            copy(json!({"filter": "A eq 99999999999"})),
-            "filter",
-            "Int32 range",
-        ),
-        (copy(json!({"filter": "A eq guid'nope'"})), "filter", "GUID"),
-        (copy(json!({"filter": "A eq B"})), "filter", "literal"),
-        (
-            copy(json!({"filter": "x".repeat(3000)})),
-            "filter",
-            "characters",
-        ),
-        (
-            copy(
-                json!({"filter": (0..10).map(|i| format!("A eq {i}")).collect::<Vec<_>>().join(" or ")}),
-            ),
-            "filter",
-            "comparisons",
-        ),
-        (copy(json!({"filter": 5})), "filter", "string"),
-        (copy(json!({"select": []})), "select", "1 to 252"),
-        (copy(json!({"select": ["A", "A"]})), "select", "twice"),
-        (
-            copy(json!({"select": ["bad name"]})),
-            "select",
-            "not a property name",
-        ),
-        (copy(json!({"select": ["RowKey"]})), "select", "always read"),
-        (
-            copy(json!({"workSplit": "partitionKey", "filter": "A eq 1"})),
-            "filter",
-            "partitionKey",
-        ),
-        (
-            json!({"driver": "count", "sourceTable": source, "select": ["A"]}),
-            "select",
-            "count driver",
-        ),
-        (
-            json!({"driver": "delete", "sourceTable": source, "confirm": source, "select": ["A"]}),
-            "select",
-            "delete driver",
-        ),
-    ];
-    for (body, field, says) in cases {
-        let (status, reply, _) = app.post_scan(&body).await;
-        let shown: String = body.to_string().chars().take(120).collect();
-        assert_eq!(status, 400, "{shown} → {reply}");
-        assert_eq!(reply["error"]["field"], field, "{shown} → {reply}");
-        let message = reply["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains(says),
-            "{shown} → {reply} should say {says:?}"
-        );
-    }
-    let (_, list) = app.get("/api/scans").await;
-    assert_eq!(list["scans"].as_array().map(Vec::len), Some(0), "{list}");
-    assert!(
-        client.read_all(&dest).await.is_err(),
-        "no destination created"
-    );
     app.shutdown().await;
 }
