@@ -52,12 +52,6 @@ impl Range {
     }
 }
 
-async fn start(app: &TestApp, body: &Value) -> String {
-    let (status, reply, _) = app.post_scan(body).await;
-    assert_eq!(status, 202, "{body} → {reply}");
-    reply["id"].as_str().unwrap().to_string()
-}
-
 /// Partition keys around each bound: equal to it, prefixes of each other, just below and above
 /// (a space and `!` sort right after the empty continuation, U+FFFF last), the empty key.
 fn neighbour_keys() -> Vec<&'static str> {
@@ -179,7 +173,7 @@ async fn delete_removes_exactly_the_rows_in_range() {
     for (range, take, strategy) in cases {
         let table = unique_name("Del");
         let before = raw::seed_keys(&client, &table, &keys).await;
-        let id = start(&app, &range.request(&table, take, strategy)).await;
+        let id = app.start_scan(&range.request(&table, take, strategy)).await;
         let status = app.wait_for_end(&id, Duration::from_secs(240)).await;
         let (inside, outside): (Vec<RawEntity>, Vec<RawEntity>) = before
             .into_iter()
@@ -460,9 +454,7 @@ async fn filter_and_select_apply_inside_every_key_range() {
     // Copy with a filter: exactly the matching rows, byte for byte.
     let dest = unique_name("Filtered");
     let body = json!({"driver": "copy", "sourceTable": source, "destinationTable": dest, "takeCount": 5, "filter": filter});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(240))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(240)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
     assert_eq!(
         raw::diff(&matching, &client.rows(&dest).await),
@@ -485,9 +477,7 @@ async fn filter_and_select_apply_inside_every_key_range() {
     // Copy with select: keys plus the named properties (a row without Name gets none).
     let dest = unique_name("Selected");
     let body = json!({"driver": "copy", "sourceTable": source, "destinationTable": dest, "takeCount": 6, "select": ["Name", "Score"]});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(240))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(240)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
     let projected: Vec<RawEntity> = all
         .iter()
@@ -507,9 +497,7 @@ async fn filter_and_select_apply_inside_every_key_range() {
 
     // Count with a filter: discovery sees every key, the filter counts the matching rows.
     let body = json!({"driver": "count", "sourceTable": source, "takeCount": 4, "filter": filter});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(240))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(240)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
     assert_eq!(
         (
@@ -521,9 +509,7 @@ async fn filter_and_select_apply_inside_every_key_range() {
     );
     // Without a filter, rowsMatched is every row.
     let body = json!({"driver": "count", "sourceTable": source});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(240))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(240)).await.1;
     assert_eq!(
         (
             status["rowsScanned"].as_i64(),
@@ -537,9 +523,7 @@ async fn filter_and_select_apply_inside_every_key_range() {
     let (filter, predicate) = filter_cases().remove(4);
     let body = json!({"driver": "delete", "sourceTable": source, "confirm": source, "takeCount": 3,
         "partitionKeyLowerBound": "P02", "partitionKeyUpperBound": "P09", "filter": filter});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(240))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(240)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
     let doomed: Vec<(String, String)> = expected_rows(&all, predicate)
         .iter()

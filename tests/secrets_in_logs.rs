@@ -75,14 +75,12 @@ async fn copy_scan_logs(storage: &[(&str, &str)]) -> (String, String) {
         .collect();
     seed(&app.store, &source, rows).await;
     let destination = support::unique_name("LogDestination");
-    let (status, reply, _) = app
-        .post_scan(
+    let (_, end) = app
+        .scan_until_end(
             &json!({"driver": "copy", "sourceTable": source, "destinationTable": destination}),
+            Duration::from_secs(120),
         )
         .await;
-    assert_eq!(status, 202, "{reply}");
-    let id = reply["id"].as_str().unwrap().to_string();
-    let end = app.wait_for_end(&id, Duration::from_secs(120)).await;
     assert_eq!(end["state"], "completed", "{end}");
     assert_eq!(end["rowsWritten"], 12, "{end}");
     let handler = app.host().log_lines().join("\n");

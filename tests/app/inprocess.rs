@@ -794,16 +794,8 @@ async fn bad_requests_get_4xx_naming_the_field_and_write_nothing() {
     tables.load("Source", source_rows());
     let (state, queues) = state_with(tables.clone(), &[]);
     let base = json!({"driver": "copy", "sourceTable": "Source", "destinationTable": "Dest"});
-    let with = |k: &str, v: Value| {
-        let mut b = base.clone();
-        b[k] = v;
-        b
-    };
-    let without = |k: &str| {
-        let mut b = base.clone();
-        b.as_object_mut().unwrap().remove(k);
-        b
-    };
+    let with = |k: &str, v: Value| crate::support::with_field(&base, k, v);
+    let without = |k: &str| crate::support::without_field(&base, k);
     let cases: Vec<(Value, &str)> = vec![
         (with("takeCount", json!(0)), "takeCount"),
         (with("takeCount", json!(1001)), "takeCount"),

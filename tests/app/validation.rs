@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::support::raw::{self, RawClient};
 use crate::support::router::{call, InProcessApp};
-use crate::support::unique_name;
+use crate::support::{unique_name, with_fields};
 
 /// A delete needs `confirm` equal to `sourceTable`; otherwise a 4xx names `confirm` and
 /// nothing is written (no scan, no row touched).
@@ -38,10 +38,10 @@ async fn delete_requires_confirm_equal_to_the_source_table() {
         (json!({"destinationTable": "Elsewhere"}), "destinationTable"),
         (json!({"workSplit": "page"}), "workSplit"),
     ] {
-        let mut body = json!({"driver": "delete", "sourceTable": table, "confirm": table});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with_fields(
+            &json!({"driver": "delete", "sourceTable": table, "confirm": table}),
+            extra,
+        );
         let (status, reply) = call(&app.state, "POST", "/api/scans", Some(body.clone())).await;
         assert_eq!(status, 400, "{body} → {reply}");
         assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
@@ -64,11 +64,10 @@ async fn bad_filters_and_selects_get_4xx_naming_the_field() {
     raw::seed_keys(&client, &source, &[("a", "1")]).await;
     let dest = unique_name("Never");
     let copy = |extra: Value| {
-        let mut body = json!({"driver": "copy", "sourceTable": source, "destinationTable": dest});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        body
+        with_fields(
+            &json!({"driver": "copy", "sourceTable": source, "destinationTable": dest}),
+            extra,
+        )
     };
     let cases: Vec<(Value, &str, &str)> = vec![
         (

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use support::e2e::TestApp;
 use support::raw::{self, RawClient, RawEntity};
-use support::unique_name;
+use support::{unique_name, with_fields};
 use tablescan::storage::azure_blob::AzureBlobStore;
 use tablescan::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite};
 
@@ -50,12 +50,6 @@ async fn seed(client: &RawClient, table: &str, rows: usize) -> Vec<RawEntity> {
     let read = client.rows(table).await;
     assert_eq!(read.len(), rows);
     read
-}
-
-async fn start(app: &TestApp, body: &Value) -> String {
-    let (status, reply, _) = app.post_scan(body).await;
-    assert_eq!(status, 202, "{body} → {reply}");
-    reply["id"].as_str().unwrap().to_string()
 }
 
 /// The lines of a part, inflated by flate2 and parsed as generic JSON (not tablescan's decoder).
@@ -166,7 +160,7 @@ async fn a_filtered_export_is_the_documented_format_and_restores_exactly() {
     let body = json!({"driver": "export", "sourceTable": source, "takeCount": 7,
         "filter": "Downloads gt 50", "select": ["Name", "Score"],
         "destinationContainer": container, "destinationPrefix": prefix});
-    let id = start(&app, &body).await;
+    let id = app.start_scan(&body).await;
     let status = app.wait_for_end(&id, Duration::from_secs(180)).await;
     assert_eq!(status["state"], "completed", "{status}");
     let m = matching.len() as i64;
@@ -189,9 +183,7 @@ async fn a_filtered_export_is_the_documented_format_and_restores_exactly() {
     let restored = unique_name("Restored");
     let body = json!({"driver": "import", "sourceContainer": container,
         "sourcePrefix": prefix, "destinationTable": restored});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(180))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(180)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
     assert_eq!(status["rowsWritten"].as_i64(), Some(m), "{status}");
     assert_eq!(
@@ -213,9 +205,7 @@ async fn an_import_fails_naming_a_part_that_does_not_match_and_empty_exports_wor
     let container = unique_name("tamper");
     let body = json!({"driver": "export", "sourceTable": source, "takeCount": 10,
         "destinationContainer": container});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(180))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(180)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
 
     let manifest: Value =
@@ -243,9 +233,7 @@ async fn an_import_fails_naming_a_part_that_does_not_match_and_empty_exports_wor
     let restored = unique_name("Restored");
     let body =
         json!({"driver": "import", "sourceContainer": container, "destinationTable": restored});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(180))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(180)).await.1;
     assert_eq!(status["state"], "failed", "{status}");
     let error = status["error"].as_str().unwrap_or_default();
     assert!(
@@ -257,9 +245,7 @@ async fn an_import_fails_naming_a_part_that_does_not_match_and_empty_exports_wor
     let prefix = "empty";
     let body = json!({"driver": "export", "sourceTable": source, "partitionKeyPrefix": "zz",
         "destinationContainer": container, "destinationPrefix": prefix});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(180))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(180)).await.1;
     assert_eq!(status["state"], "completed", "{status}");
     check_export(
         &store,
@@ -271,9 +257,7 @@ async fn an_import_fails_naming_a_part_that_does_not_match_and_empty_exports_wor
     .await;
     let empty = unique_name("Empty");
     let body = json!({"driver": "import", "sourceContainer": container, "sourcePrefix": prefix, "destinationTable": empty});
-    let status = app
-        .wait_for_end(&start(&app, &body).await, Duration::from_secs(180))
-        .await;
+    let status = app.scan_until_end(&body, Duration::from_secs(180)).await.1;
     assert_eq!(
         (status["state"].as_str(), status["rowsWritten"].as_i64()),
         (Some("completed"), Some(0)),
@@ -322,19 +306,16 @@ async fn bad_export_and_import_requests_get_4xx_naming_the_field() {
     let dest = unique_name("NeverMade");
     let never = unique_name("nevermade");
     let export = |extra: Value| {
-        let mut body =
-            json!({"driver": "export", "sourceTable": source, "destinationContainer": container});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        body
+        with_fields(
+            &json!({"driver": "export", "sourceTable": source, "destinationContainer": container}),
+            extra,
+        )
     };
     let import = |extra: Value| {
-        let mut body = json!({"driver": "import", "sourceContainer": container, "sourcePrefix": "junk", "destinationTable": dest});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        body
+        with_fields(
+            &json!({"driver": "import", "sourceContainer": container, "sourcePrefix": "junk", "destinationTable": dest}),
+            extra,
+        )
     };
     let cases = [
         (

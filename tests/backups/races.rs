@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 use support::backup::{blobs, download, list_all, start, SCAN_TIMEOUT};
 use support::e2e::TestApp;
 use support::faults::{
-    proxy, recorded_state, seeded_source, source_entities, start_copy, unfinished_bookkeeping,
-    verify_copy, wait_recorded_end,
+    poison_invocations, proxy, recorded_state, seeded_source, source_entities, start_copy,
+    unfinished_bookkeeping, verify_copy, wait_recorded_end,
 };
 use support::{queue_store, table_store, unique_name};
 use tablescan::lab::proxy::FaultPolicy;
@@ -194,15 +194,6 @@ async fn an_export_that_finds_a_foreign_manifest_fails_instead_of_completing() {
     let left = download(&blobs(), &container, "foreign/manifest.json").await;
     assert_eq!(left, Some(foreign), "the foreign manifest is untouched");
     app.shutdown().await;
-}
-
-/// Invocations of the two poison-queue functions so far.
-fn poison_invocations(app: &TestApp) -> u64 {
-    let stats = app.host.as_ref().unwrap().invocation_stats();
-    ["PrefixScanPoison", "TableCopyPoison"]
-        .iter()
-        .filter_map(|f| stats.get(*f).map(|s| s.invocations))
-        .sum()
 }
 
 async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::e2e::{seed, TestApp};
+use support::faults::source_entities_with;
 use support::raw::{self, RawClient};
 use support::unique_name;
 use tablescan::lab::dataset;
@@ -16,20 +17,11 @@ use tablescan::storage::Entity;
 
 /// A small dataset with realistic keys plus adversarial ones.
 fn source_entities() -> Vec<Entity> {
-    let mut all: Vec<Entity> = dataset::entities(400, 11, dataset::RowsPerKey::default())
-        .flatten()
-        .collect();
-    for (pk, rk) in [
-        ("", "empty-pk"),
-        ("it's", "o'clock"),
-        ("Ünïcödé", "1"),
-        ("\u{1F600}", "smile"),
-        ("Z\u{FFFF}", "max"),
-        ("Microsoft.", "exact-prefix"),
-    ] {
-        all.push(dataset::entity(pk, 0).with_row_key(rk));
-    }
-    all
+    source_entities_with(
+        400,
+        11,
+        &[("Z\u{FFFF}", "max"), ("Microsoft.", "exact-prefix")],
+    )
 }
 
 /// Rows written as JSON text by the raw client: doubles that need all 17 significant digits (a
@@ -50,17 +42,6 @@ fn raw_rows() -> Vec<String> {
             )
         })
         .collect()
-}
-
-trait WithRowKey {
-    fn with_row_key(self, rk: &str) -> Entity;
-}
-
-impl WithRowKey for Entity {
-    fn with_row_key(mut self, rk: &str) -> Entity {
-        self.row_key = rk.to_string();
-        self
-    }
 }
 
 async fn start_scan(app: &TestApp, body: Value) -> String {

@@ -212,12 +212,7 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
     let source = unique_name("Source");
     seed(&app.store, &source, source_entities()).await;
     let destination = unique_name("Dest");
-    let (status, body, _) = app
-        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 50}))
-        .await;
-    assert_eq!(status, 202, "{body}");
-    let id = body["id"].as_str().unwrap().to_string();
-    let status = app.wait_for_end(&id, Duration::from_secs(120)).await;
+    let (id, status) = app.scan_until_end(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 50}), Duration::from_secs(120)).await;
     assert_eq!(status["state"], "failed", "{status}");
     let host = app.host();
     let scan = format!("scan={id} ");

@@ -128,37 +128,22 @@ async fn list_command_prints_rows_in_key_order_and_fails_clearly() {
     assert_eq!(lines[0]["PartitionKey"], "a\u{1F600}");
     assert_eq!(lines[0]["Big@odata.type"], "Edm.Int64");
 
-    let out = tablescan()
-        .args([
-            "list",
-            "--table",
-            "NoSuchTable1",
-            "--connection-string",
-            &cs,
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("does not exist"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    list_fails(
+        &["--table", "NoSuchTable1", "--connection-string", &cs],
+        "does not exist",
     );
-    let out = tablescan()
-        .args([
-            "list",
-            "--table",
-            &table,
-            "--take",
-            "0",
-            "--connection-string",
-            &cs,
-        ])
-        .output()
-        .unwrap();
+    list_fails(
+        &["--table", &table, "--take", "0", "--connection-string", &cs],
+        "--take",
+    );
+}
+
+/// `tablescan list` with `args` exits with 1 and says `says` on stderr.
+fn list_fails(args: &[&str], says: &str) {
+    let out = tablescan().arg("list").args(args).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--take"),
+        String::from_utf8_lossy(&out.stderr).contains(says),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

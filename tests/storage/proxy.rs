@@ -5,10 +5,13 @@ use crate::support;
 use std::sync::Arc;
 
 use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
+use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::request_counts::{RequestCounters, RequestKind};
 use tablescan::storage::retry_policy::RetryPolicy;
-use tablescan::storage::{BatchOperation, Entity, Query, QueueStore, StorageErrorKind, TableStore};
+use tablescan::storage::{
+    BatchOperation, Entity, Query, QueueStore, StorageErrorKind, StorageResult, TableStore,
+};
 
 async fn proxy(faults: FaultPolicy) -> StorageProxy {
     let azurite = support::azurite();
@@ -29,27 +32,11 @@ async fn counts_requests_by_kind_and_resource() {
     let queues = account.queue_store(Arc::new(RequestCounters::new()));
     let table = support::unique_name("Proxied");
     tables.create_table(&table).await.unwrap();
-    tables
-        .submit_batch(
-            &table,
-            "p",
-            &[BatchOperation::Upsert(Entity::new("p", "r"))],
-        )
-        .await
-        .unwrap();
+    upsert_one(&tables, &table).await.unwrap();
     let page = tables.query_page(&table, &Query::default()).await.unwrap();
     assert_eq!(page.entities.len(), 1);
     assert!(tables.get_entity(&table, "p", "r").await.unwrap().is_some());
-    let queue = support::unique_name("proxied");
-    queues.create_queue(&queue).await.unwrap();
-    queues
-        .put_message(&queue, "aGVsbG8=", std::time::Duration::ZERO)
-        .await
-        .unwrap();
-    let got = queues
-        .get_messages(&queue, 1, std::time::Duration::from_secs(30))
-        .await
-        .unwrap();
+    let (queue, got) = support::queue_round_trip(&queues, "proxied", "aGVsbG8=").await;
     queues
         .delete_message(&queue, &got[0].id, &got[0].pop_receipt)
         .await
@@ -109,14 +96,7 @@ async fn injects_server_busy_with_azure_bodies_and_resets() {
         kinds: vec![RequestKind::Batch],
         ..FaultPolicy::default()
     });
-    let err = tables
-        .submit_batch(
-            &table,
-            "p",
-            &[BatchOperation::Upsert(Entity::new("p", "r"))],
-        )
-        .await
-        .unwrap_err();
+    let err = upsert_one(&tables, &table).await.unwrap_err();
     assert_eq!(err.kind, StorageErrorKind::Transient, "{err}");
     proxy.set_faults(FaultPolicy::none());
     assert!(
@@ -255,4 +235,11 @@ async fn fronts_blobs_counting_and_faulting_them() {
         proxy.faults_by_kind().into_iter().collect::<Vec<_>>(),
         vec![("blob_write", 3)]
     );
+}
+
+/// Upserts the row ("p", "r") into `table` in a batch of one.
+async fn upsert_one(tables: &AzureTableStore, table: &str) -> StorageResult<()> {
+    tables
+        .submit_batch(table, "p", &[BatchOperation::Upsert(Entity::new("p", "r"))])
+        .await
 }

@@ -89,3 +89,50 @@ pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
 }
+
+/// A copy of the JSON object `base` with `key` set to `value`.
+pub fn with_field(
+    base: &serde_json::Value,
+    key: &str,
+    value: serde_json::Value,
+) -> serde_json::Value {
+    let mut body = base.clone();
+    body[key] = value;
+    body
+}
+
+/// A copy of the JSON object `base` without `key`.
+pub fn without_field(base: &serde_json::Value, key: &str) -> serde_json::Value {
+    let mut body = base.clone();
+    body.as_object_mut().unwrap().remove(key);
+    body
+}
+
+/// A copy of the JSON object `base` with every field of the object `extra` set.
+pub fn with_fields(base: &serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    let mut body = base.clone();
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// Creates a uniquely named queue (`prefix` + a suffix), puts `text` on it and receives it
+/// (at most one message, 30 s visibility); the queue's name and what was received.
+pub async fn queue_round_trip<Q: tablescan::storage::QueueStore>(
+    queues: &Q,
+    prefix: &str,
+    text: &str,
+) -> (String, Vec<tablescan::storage::ReceivedMessage>) {
+    let queue = unique_name(prefix);
+    queues.create_queue(&queue).await.unwrap();
+    queues
+        .put_message(&queue, text, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let got = queues
+        .get_messages(&queue, 1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    (queue, got)
+}
