@@ -66,13 +66,7 @@ async fn injects_server_busy_with_azure_bodies_and_resets() {
         ..FaultPolicy::default()
     })
     .await;
-    let account = StorageAccount::parse(&proxy.connection_string())
-        .unwrap()
-        .with_retry_policy(RetryPolicy {
-            max_attempts: 3,
-            base_delay: std::time::Duration::from_millis(1),
-            max_delay: std::time::Duration::from_millis(5),
-        });
+    let account = fast_retries(&proxy);
     let tables = account.table_store(Arc::new(RequestCounters::new()));
     let table = support::unique_name("Busy");
     tables.create_table(&table).await.unwrap();
@@ -179,13 +173,7 @@ async fn fronts_blobs_counting_and_faulting_them() {
     )
     .await
     .unwrap();
-    let account = StorageAccount::parse(&proxy.connection_string())
-        .unwrap()
-        .with_retry_policy(RetryPolicy {
-            max_attempts: 3,
-            base_delay: std::time::Duration::from_millis(1),
-            max_delay: std::time::Duration::from_millis(5),
-        });
+    let account = fast_retries(&proxy);
     let counters = Arc::new(BlobRequestCounters::new());
     let blobs = account.blob_store(counters.clone()).unwrap();
     let container = support::unique_name("proxied");
@@ -242,4 +230,15 @@ async fn upsert_one(tables: &AzureTableStore, table: &str) -> StorageResult<()> 
     tables
         .submit_batch(table, "p", &[BatchOperation::Upsert(Entity::new("p", "r"))])
         .await
+}
+
+/// An account through `proxy` whose requests are tried 3 times, 1 to 5 ms apart.
+fn fast_retries(proxy: &StorageProxy) -> StorageAccount {
+    StorageAccount::parse(&proxy.connection_string())
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 3,
+            base_delay: std::time::Duration::from_millis(1),
+            max_delay: std::time::Duration::from_millis(5),
+        })
 }

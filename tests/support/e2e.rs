@@ -174,19 +174,18 @@ impl TestApp {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.json().await.unwrap())
+        self.send(reqwest::Method::GET, path).await
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path).await
+    }
+
+    /// `method path` with no body; the status and the JSON body.
+    async fn send(&self, method: reqwest::Method, path: &str) -> (u16, Value) {
         let response = self
             .client
-            .delete(format!("{}{path}", self.base))
+            .request(method, format!("{}{path}", self.base))
             .send()
             .await
             .unwrap();
