@@ -136,37 +136,13 @@ async fn explicit_endpoint_connection_string_works_against_azurite() {
     assert!(tables.delete_table(&table).await.unwrap());
 }
 
-/// An account SAS for the table service with service, container and object access (the crate's
-/// SAS builder takes only one resource type, and Azurite requires "container" for queries).
-fn table_account_sas() -> String {
-    let expiry = (time::OffsetDateTime::now_utc() + time::Duration::hours(1))
-        .format(&time::macros::format_description!(
-            "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
-        ))
-        .unwrap();
-    let (version, permissions, services, resource_types) = ("2018-11-09", "rwdlacup", "t", "sco");
-    let string_to_sign = format!("devstoreaccount1\n{permissions}\n{services}\n{resource_types}\n\n{expiry}\n\n\n{version}\n");
-    let key =
-        azure_core::auth::Secret::new(tablescan::storage::connection::DEVELOPMENT_ACCOUNT_KEY);
-    let sig = azure_core::hmac::hmac_sha256(&string_to_sign, &key).unwrap();
-    let encode = |s: &str| {
-        s.replace('+', "%2B")
-            .replace('/', "%2F")
-            .replace('=', "%3D")
-            .replace(':', "%3A")
-    };
-    format!(
-        "sv={version}&ss={services}&srt={resource_types}&se={}&sp={permissions}&sig={}",
-        encode(&expiry),
-        encode(&sig)
-    )
-}
-
 #[tokio::test]
 async fn sas_connection_string_works_against_azurite() {
     let (key_store, _) = table_store();
     let table = new_table(&key_store, "sas").await;
-    let sas = table_account_sas();
+    // For the table service with service, container and object access (the crate's SAS builder
+    // takes only one resource type, and Azurite requires "container" for queries).
+    let (sas, _) = support::account_sas("t");
     let connection_string = format!(
         "TableEndpoint={};QueueEndpoint={};SharedAccessSignature={sas}",
         azurite().table_endpoint(),

@@ -171,3 +171,16 @@ pub fn kill_process(pid: u32) {
 pub fn has_log(host: &RunningHost, needle: &str) -> bool {
     host.log_lines().iter().any(|l| l.contains(needle))
 }
+
+/// The headers the host puts on every request to the handler: `User-Agent` as the handler must
+/// see it (`user_agent`), the host version, and an invocation id that is a UUID (returned).
+pub fn assert_host_headers<'a>(request: &'a Value, user_agent: &str) -> &'a str {
+    assert_eq!(header(request, "user-agent"), Some(user_agent));
+    assert_eq!(
+        header(request, "x-azure-functions-hostversion"),
+        Some("4.0.0.0")
+    );
+    let id = header(request, "x-azure-functions-invocationid").unwrap();
+    assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
+    id
+}
