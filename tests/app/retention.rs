@@ -17,9 +17,9 @@ use time::OffsetDateTime;
 
 use support::account;
 use support::raw::RawClient;
-use support::router::{call, InProcessApp};
+use support::router::{call, running_count_record, InProcessApp};
 use tablescan::app::tracking::retention::started_by_key;
-use tablescan::app::tracking::{NewWork, ScanRecord, ScanState, Tracker};
+use tablescan::app::tracking::{NewWork, ScanState, Tracker};
 use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
@@ -303,17 +303,11 @@ async fn a_scan_whose_cleanup_never_ran_is_swept_by_another_scans_cleanup() {
         shard: 1,
     };
     bare.create_scan_work(&legacy, 4, &root).await.unwrap();
-    let record_of = ScanRecord {
-        id: legacy.clone(),
-        state: ScanState::Running,
-        request: json!({"driver": "count", "sourceTable": "Source"}),
-        context: None,
-        shards: 4,
-        started_at: OffsetDateTime::now_utc() - time::Duration::hours(1),
-        completed_at: None,
-        error: None,
-        etag: String::new(),
-    };
+    let record_of = running_count_record(
+        &legacy,
+        4,
+        OffsetDateTime::now_utc() - time::Duration::hours(1),
+    );
     bare.insert_scan(&record_of).await.unwrap();
     assert!(bare
         .finish_scan(&legacy, ScanState::Cancelled, None)

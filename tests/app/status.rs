@@ -17,8 +17,8 @@ use time::OffsetDateTime;
 
 use support::account;
 use support::raw::RawClient;
-use support::router::{call, InProcessApp};
-use tablescan::app::tracking::{Counters, ScanRecord, ScanState, WorkState};
+use support::router::{call, running_count_record, InProcessApp};
+use tablescan::app::tracking::{Counters, ScanState, WorkState};
 use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
@@ -262,17 +262,7 @@ async fn five_scans(t: &TestApp) -> Vec<String> {
         None,
     ];
     for (id, end) in ids.iter().zip(ends) {
-        let record = ScanRecord {
-            id: id.clone(),
-            state: ScanState::Running,
-            request: json!({"driver": "count", "sourceTable": "Source"}),
-            context: None,
-            shards: 2,
-            started_at: OffsetDateTime::now_utc(),
-            completed_at: None,
-            error: None,
-            etag: String::new(),
-        };
+        let record = running_count_record(id, 2, OffsetDateTime::now_utc());
         tracker.insert_scan(&record).await.unwrap();
         if let Some(state) = end {
             assert!(tracker.finish_scan(id, state, None).await.unwrap());
