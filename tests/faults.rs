@@ -454,13 +454,13 @@ async fn poison_fails_the_scan_and_spares_the_others() {
     // (the items were already recorded as failed by their last delivery: nothing more to do).
     // The host moves a message to its poison queue after the failed last delivery, and polls
     // that queue with its own backoff: the scans can end before both are settled.
-    let mut settled = poison_invocations(&app);
+    let mut settled = support::faults::poison_invocations(&app);
     for _ in 0..300 {
         if settled >= 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        settled = poison_invocations(&app);
+        settled = support::faults::poison_invocations(&app);
     }
     assert!(settled >= 2, "poison functions invoked {settled} times");
 
@@ -478,18 +478,9 @@ async fn poison_fails_the_scan_and_spares_the_others() {
     app.shutdown().await;
 }
 
-/// Invocations of the two poison-queue functions so far.
-fn poison_invocations(app: &TestApp) -> u64 {
-    let stats = app.host.as_ref().unwrap().invocation_stats();
-    ["PrefixScanPoison", "TableCopyPoison"]
-        .iter()
-        .filter_map(|f| stats.get(*f).map(|s| s.invocations))
-        .sum()
-}
-
 // A message the host poisons although no delivery recorded its failure is settled by the
 // poison-queue function only if the item's last delivery began (it marks the item's row first):
-// `tests/backup_race.rs` kills an item's last delivery (function timeout) and checks that the
+// `tests/backups/races.rs` kills an item's last delivery (function timeout) and checks that the
 // scan fails, and forges a poison message for an item with deliveries left and checks that the
 // scan completes. (A handler whose `TABLESCAN_MAX_DEQUEUE_COUNT` is above host.json's
 // `maxDequeueCount` never sees a last delivery, so its poison messages are ignored like forged ones.)
@@ -579,16 +570,8 @@ async fn hostile_http_requests_get_4xx_and_write_nothing() {
     let (source, _) = seeded_source(&app, source_entities(20, 3)).await;
     let dest = unique_name("Dest");
     let base = json!({"driver": "copy", "sourceTable": source, "destinationTable": dest});
-    let with = |k: &str, v: Value| {
-        let mut b = base.clone();
-        b[k] = v;
-        b
-    };
-    let without = |k: &str| {
-        let mut b = base.clone();
-        b.as_object_mut().unwrap().remove(k);
-        b
-    };
+    let with = |k: &str, v: Value| support::with_field(&base, k, v);
+    let without = |k: &str| support::without_field(&base, k);
     // (body, expected status, error code, text the error must contain)
     let json_cases: Vec<(Value, u16, &str, &str)> = vec![
         (with("driver", json!(5)), 400, "InvalidField", "driver"),

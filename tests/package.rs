@@ -294,12 +294,7 @@ async fn the_unzipped_package_runs_under_the_host() {
         .flatten()
         .collect();
     seed(&app.store, &source, entities).await;
-    let (status, reply, _) = app
-        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 20}))
-        .await;
-    assert_eq!(status, 202, "{reply}");
-    let id = reply["id"].as_str().unwrap().to_string();
-    let end = app.wait_for_end(&id, Duration::from_secs(120)).await;
+    let (_, end) = app.scan_until_end(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 20}), Duration::from_secs(120)).await;
     assert_eq!(end["state"], "completed", "{end}");
     let (source_rows, copied) = (client.rows(&source).await, client.rows(&destination).await);
     assert!(!source_rows.is_empty());

@@ -11,8 +11,9 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use crate::support::stores::forward_table_store;
 use tablescan::app::tracking::format_time;
-use tablescan::storage::{BatchOperation, Entity, Page, Query, StorageResult, TableStore};
+use tablescan::storage::{BatchOperation, Entity, StorageResult, TableStore};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -276,9 +277,7 @@ impl<S: TableStore> Recorder<S> {
 }
 
 impl<S: TableStore> TableStore for Recorder<S> {
-    async fn query_page(&self, table: &str, query: &Query) -> StorageResult<Page> {
-        self.inner.query_page(table, query).await
-    }
+    forward_table_store!(inner: query_page);
 
     async fn submit_batch_with_etags(
         &self,
@@ -294,22 +293,7 @@ impl<S: TableStore> TableStore for Recorder<S> {
         Ok(etags)
     }
 
-    async fn get_entity(
-        &self,
-        table: &str,
-        partition_key: &str,
-        row_key: &str,
-    ) -> StorageResult<Option<(Entity, String)>> {
-        self.inner.get_entity(table, partition_key, row_key).await
-    }
-
-    async fn create_table(&self, table: &str) -> StorageResult<bool> {
-        self.inner.create_table(table).await
-    }
-
-    async fn delete_table(&self, table: &str) -> StorageResult<bool> {
-        self.inner.delete_table(table).await
-    }
+    forward_table_store!(inner: get_entity, create_table, delete_table);
 }
 
 /// Rows as stored after `ops` (in order): an insert, upsert or replace sets the row, a merge

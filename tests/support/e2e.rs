@@ -158,20 +158,34 @@ impl TestApp {
         (status, response.json().await.unwrap(), location)
     }
 
+    /// Starts a scan that must be accepted (202); its id.
+    pub async fn start_scan(&self, body: &Value) -> String {
+        let (status, reply, _) = self.post_scan(body).await;
+        assert_eq!(status, 202, "{body} → {reply}");
+        reply["id"].as_str().unwrap().to_string()
+    }
+
+    /// Starts a scan that must be accepted (202) and waits until it ends (or panics after
+    /// `timeout`); its id and its final status.
+    pub async fn scan_until_end(&self, body: &Value, timeout: Duration) -> (String, Value) {
+        let id = self.start_scan(body).await;
+        let end = self.wait_for_end(&id, timeout).await;
+        (id, end)
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.json().await.unwrap())
+        self.send(reqwest::Method::GET, path).await
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path).await
+    }
+
+    /// `method path` with no body; the status and the JSON body.
+    async fn send(&self, method: reqwest::Method, path: &str) -> (u16, Value) {
         let response = self
             .client
-            .delete(format!("{}{path}", self.base))
+            .request(method, format!("{}{path}", self.base))
             .send()
             .await
             .unwrap();

@@ -21,20 +21,35 @@ use super::unique_name;
 
 /// `rows` dataset rows (many small partitions, typed properties) plus keys that need escaping.
 pub fn source_entities(rows: u64, seed: u64) -> Vec<Entity> {
+    source_entities_with(rows, seed, &[])
+}
+
+/// [`source_entities`] plus one row for each of the `extra` (partition key, row key).
+pub fn source_entities_with(rows: u64, seed: u64, extra: &[(&str, &str)]) -> Vec<Entity> {
     let mut all: Vec<Entity> = dataset::entities(rows, seed, dataset::RowsPerKey::default())
         .flatten()
         .collect();
-    for (pk, rk) in [
+    let awkward = [
         ("", "empty-pk"),
         ("it's", "o'clock"),
         ("Ünïcödé", "1"),
         ("\u{1F600}", "smile"),
-    ] {
+    ];
+    for (pk, rk) in awkward.iter().chain(extra) {
         let mut e = dataset::entity(pk, 0);
         e.row_key = rk.to_string();
         all.push(e);
     }
     all
+}
+
+/// Invocations of the two poison-queue functions so far.
+pub fn poison_invocations(app: &TestApp) -> u64 {
+    let stats = app.host.as_ref().unwrap().invocation_stats();
+    ["PrefixScanPoison", "TableCopyPoison"]
+        .iter()
+        .filter_map(|f| stats.get(*f).map(|s| s.invocations))
+        .sum()
 }
 
 /// Seeds a new uniquely named source table; returns its name and its rows in key order, as

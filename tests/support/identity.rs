@@ -1,4 +1,4 @@
-//! Keyless test pieces (tests/keyless_azurite.rs, tests/keyless_credentials.rs): Azurite over
+//! Keyless test pieces (tests/keyless/app_service.rs, tests/keyless/credentials.rs): Azurite over
 //! https in OAuth mode, a self-signed certificate trusted through `SSL_CERT_FILE`, JWTs Azurite
 //! accepts, and fakes of every place tokens come from, in this process:
 //! - one fake identity server (its own thread and runtime, so it outlives each test's runtime)
@@ -26,8 +26,8 @@ use serde_json::json;
 use tablescan::lab::azurite::{Azurite, AzuriteOptions};
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
 use tablescan::storage::request_counts::RequestCounters;
+use tablescan::storage::TableStore;
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, Query as TableQuery};
-use tablescan::storage::{QueueStore, TableStore};
 
 use endpoints::fakes;
 
@@ -268,17 +268,8 @@ pub async fn round_trip(account: &StorageAccount) {
     assert_eq!(read.properties.get_str("Name").as_deref(), Some("row only"));
 
     let queues = account.queue_store(counters);
-    let queue = super::unique_name("keyless");
-    queues.create_queue(&queue).await.unwrap();
     let hello = MessageEncoding::Base64.encode(b"hello");
-    queues
-        .put_message(&queue, &hello, std::time::Duration::ZERO)
-        .await
-        .unwrap();
-    let got = queues
-        .get_messages(&queue, 1, std::time::Duration::from_secs(30))
-        .await
-        .unwrap();
+    let (_, got) = super::queue_round_trip(&queues, "keyless", &hello).await;
     assert_eq!(got.len(), 1);
     assert!(tables.delete_table(&table).await.unwrap());
 }

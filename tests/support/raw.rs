@@ -540,3 +540,20 @@ pub fn short(text: &str) -> String {
         format!("{head}…({} chars)", text.chars().count())
     }
 }
+
+/// Creates `table` and inserts one row per `(partition key, row key)` with typed properties
+/// (`N` Int64, `D` double, `S` string) as JSON text the test writes itself; the rows as read back.
+pub async fn seed_keys(client: &RawClient, table: &str, keys: &[(&str, &str)]) -> Vec<RawEntity> {
+    client.create_table(table).await.expect("create table");
+    for (i, (pk, rk)) in keys.iter().enumerate() {
+        let body = format!(
+            r#"{{"PartitionKey":{},"RowKey":{},"N":"{i}","N@odata.type":"Edm.Int64","D":{i}.5,"S":"row {i}"}}"#,
+            json_string(pk),
+            json_string(rk)
+        );
+        client.insert(table, &body).await.expect("raw insert");
+    }
+    let rows = client.rows(table).await;
+    assert_eq!(rows.len(), keys.len(), "seeded {table}");
+    rows
+}

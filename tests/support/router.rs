@@ -111,3 +111,23 @@ impl InProcessApp {
         )
     }
 }
+
+/// The record of a running count scan of `Source` with `shards` counter shards, started at
+/// `started_at`, as a test writes it straight into the scans table.
+pub fn running_count_record(
+    id: &str,
+    shards: u32,
+    started_at: time::OffsetDateTime,
+) -> tablescan::app::tracking::ScanRecord {
+    tablescan::app::tracking::ScanRecord {
+        id: id.to_string(),
+        state: tablescan::app::tracking::ScanState::Running,
+        request: serde_json::json!({"driver": "count", "sourceTable": "Source"}),
+        context: None,
+        shards,
+        started_at,
+        completed_at: None,
+        error: None,
+        etag: String::new(),
+    }
+}

@@ -168,7 +168,7 @@ pub struct Model {
     pub queue_messages_per_sec: f64,
 
     // --- Retry policy of the storage adapters (mirrors `storage::retry_policy::RetryPolicy::default()`;
-    // checked by tests/simulate.rs) ---
+    // checked by tests/lab/simulate.rs) ---
     pub retry_max_attempts: u32,
     pub retry_base_ms: f64,
     pub retry_max_ms: f64,

@@ -1,0 +1,16 @@
+//! The function app in-process (its router called with `oneshot`, as the Functions host would):
+//! - `inprocess`: protocol handling, API validation, and the work-item life cycle on the
+//!   in-memory store, queue messages delivered by a test pump (duplicates included);
+//! - `status`: the read side (`GET /api/scans/{id}`, `GET /api/scans`) on Azurite;
+//! - `retention`: ended scans cleaned up after their retention, on Azurite;
+//! - `validation`: bad requests of every driver refused naming the field, nothing written;
+//! - `request_guards`: a connection aliasing the app's own account, through the local host.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod inprocess;
+mod request_guards;
+mod retention;
+mod status;
+mod validation;

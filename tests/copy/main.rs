@@ -1,0 +1,11 @@
+//! Copy scans end to end through the local Functions host and the real handler on Azurite:
+//! - `end_to_end`: copy and count scans are exact (rows, properties, counters); cancel and poison;
+//! - `exact`: every value byte for byte, checked by an oracle independent of tablescan's parser.
+//!
+//! Copies under faults (crashes, duplicates, storage faults) are in `tests/faults.rs`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod end_to_end;
+mod exact;

@@ -1,0 +1,331 @@
+//! Keyless storage with real parts: Azurite over https (a self-signed certificate made with
+//! `openssl`, trusted through `SSL_CERT_FILE`) in OAuth mode (`--oauth basic`), and a fake App
+//! Service identity endpoint in this process issuing tokens Azurite accepts
+//! (`support::identity`). The connection is the identity-based app settings only: no account key
+//! anywhere. The other credentials are in tests/keyless/credentials.rs.
+//!
+//! One test binary of its own: it sets `SSL_CERT_FILE` (and the fakes' hosts) for the whole
+//! process.
+
+use crate::support;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::json;
+use support::identity::endpoints::{fakes, Identity};
+use support::identity::{app_service_settings, entity, oauth_azurite, round_trip, IDENTITY_HEADER};
+use tablescan::storage::connection::StorageAccount;
+use tablescan::storage::request_counts::RequestCounters;
+use tablescan::storage::QueueStore;
+use tablescan::storage::{BatchOperation, Query as TableQuery, StorageErrorKind, TableStore};
+
+#[tokio::test]
+async fn a_table_and_queue_round_trip_with_bearer_tokens_and_no_key() {
+    let identity = Identity::default();
+    let url = fakes().app_service(&identity);
+    let account = StorageAccount::new(app_service_settings("AzureWebJobsStorage", &url));
+    assert_eq!(account.auth_kind(), "token");
+    round_trip(&account).await;
+    // One token served every request of both paths.
+    assert_eq!(identity.issued(), 1);
+}
+
+#[tokio::test]
+async fn without_a_token_nothing_is_sent_and_the_error_names_the_connection() {
+    let identity = Identity::default();
+    identity.status.store(403, Ordering::SeqCst);
+    let url = fakes().app_service(&identity);
+    let account = StorageAccount::new(app_service_settings("Src", &url));
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let error = tables
+        .query_page("Anything", &TableQuery::default())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, StorageErrorKind::Rejected, "{error}");
+    let text = error.to_string();
+    assert!(text.contains("connection Src (managedidentity)"), "{text}");
+    assert!(text.contains("answered 403"), "{text}");
+    assert!(!text.contains(IDENTITY_HEADER), "{text}");
+    assert_eq!(identity.issued(), 0);
+}
+
+/// Azurite really checks the token: one for another audience is refused, and the error carries
+/// neither the token nor the identity header.
+#[tokio::test]
+async fn azurite_refuses_a_token_for_another_audience() {
+    let identity = Identity::default();
+    identity.wrong_audience.store(true, Ordering::SeqCst);
+    let url = fakes().app_service(&identity);
+    let account = StorageAccount::new(app_service_settings("Dst", &url));
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let error = tables.create_table("Refused").await.unwrap_err();
+    let query_error = tables
+        .query_page("Refused", &TableQuery::default())
+        .await
+        .unwrap_err();
+    assert_eq!(identity.issued(), 1);
+    for e in [&error, &query_error] {
+        assert_eq!(e.status, Some(403), "{e}");
+        assert_eq!(e.code.as_deref(), Some("AuthenticationFailed"), "{e}");
+        let text = format!("{e} {e:?}");
+        assert!(
+            !text.contains(IDENTITY_HEADER) && !text.contains("eyJ"),
+            "{text}"
+        );
+    }
+}
+
+/// A whole copy scan through the local host (`tablescan host`'s `Host`) and the real handler
+/// binary, with only identity-based settings for the app's storage: the host's queue listeners,
+/// the handler's tables and queues all authorize with bearer tokens from the fake identity
+/// endpoint. No account key is in any setting or in the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_scan_through_the_host_with_identity_settings_only() {
+    use support::e2e::{rows, seed, TestApp};
+    let identity = Identity::default();
+    let url = fakes().app_service(&identity);
+    let azurite = oauth_azurite();
+    for (key, _) in std::env::vars() {
+        assert!(
+            !key.starts_with("AzureWebJobsStorage"),
+            "{key} is in the environment"
+        );
+    }
+    let table_uri = azurite.table_endpoint();
+    let queue_uri = azurite.queue_endpoint();
+    let blob_uri = azurite.blob_endpoint();
+    let storage = [
+        // The staged local.settings.json says `UseDevelopmentStorage=true`: emptied (empty is
+        // unset), or start-up refuses the two forms together.
+        ("AzureWebJobsStorage", ""),
+        ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
+        ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
+        ("AzureWebJobsStorage__blobServiceUri", blob_uri.as_str()),
+        ("AzureWebJobsStorage__credential", "managedidentity"),
+        ("IDENTITY_ENDPOINT", url.as_str()),
+        ("IDENTITY_HEADER", IDENTITY_HEADER),
+    ];
+    // Seeding and checking use a keyless account too.
+    let store = StorageAccount::new(app_service_settings("Seed", &url))
+        .table_store(Arc::new(RequestCounters::new()));
+    let app = TestApp::start_on(1, &storage, store, &[]).await;
+    let source = support::unique_name("KeylessSource");
+    let destination = support::unique_name("KeylessDestination");
+    let entities: Vec<_> = (0..120)
+        .map(|i| entity(&format!("p{}", i % 7), &format!("r{i:03}"), i))
+        .collect();
+    seed(&app.store, &source, entities.clone()).await;
+
+    let (status, reply, _) = app
+        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 25}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let end = app
+        .wait_for_end(&id, std::time::Duration::from_secs(120))
+        .await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(end["rowsWritten"], 120, "{end}");
+    let copied = rows(&app.store, &destination).await;
+    assert_eq!(copied.len(), 120);
+
+    // A backup to Blob Storage and its restore, with the same bearer tokens.
+    let container = support::unique_name("keyless");
+    let export = json!({"driver": "export", "sourceTable": source, "takeCount": 40, "destinationContainer": container});
+    completes_writing(&app, &export, 120).await;
+    let restored = support::unique_name("KeylessRestored");
+    let import =
+        json!({"driver": "import", "sourceContainer": container, "destinationTable": restored});
+    completes_writing(&app, &import, 120).await;
+    assert_eq!(
+        rows(&app.store, &restored).await,
+        rows(&app.store, &source).await
+    );
+    assert!(
+        identity.issued() >= 2,
+        "the host, the handler and the test each ask"
+    );
+    // The scan's record (as the API returns it) carries connection names, never credentials.
+    let (_, record) = app.get(&format!("/api/scans/{id}")).await;
+    let record = record.to_string();
+    assert!(
+        !record.contains(IDENTITY_HEADER) && !record.contains("eyJ"),
+        "{record}"
+    );
+    let logs = app.host().log_lines().join("\n");
+    assert!(
+        !logs.contains(IDENTITY_HEADER) && !logs.contains("eyJ"),
+        "{logs}"
+    );
+    app.shutdown().await;
+}
+
+/// Starts a scan and waits for it to complete having written `rows` rows.
+async fn completes_writing(app: &support::e2e::TestApp, body: &serde_json::Value, rows: i64) {
+    let (status, reply, _) = app.post_scan(body).await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap();
+    let end = app
+        .wait_for_end(id, std::time::Duration::from_secs(120))
+        .await;
+    assert_eq!(
+        (&end["state"], &end["rowsWritten"]),
+        (&json!("completed"), &json!(rows)),
+        "{end}"
+    );
+}
+
+/// Tokens that live 2 seconds (`expires_in`): every process's provider refreshes at half the
+/// lifetime, so a copy scan through the local host runs across many token expiries — and the
+/// tokens Azurite checks carry that short `exp`. The copy is still exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_scan_outlives_many_short_lived_tokens() {
+    use support::e2e::{rows, seed, TestApp};
+    // JWT `exp` is in whole seconds, so a token may expire up to 1 s before its lifetime says;
+    // refreshed at half its lifetime, a 4-second token leaves a loaded machine a second of slack.
+    const LIFETIME: i64 = 4;
+    let identity = Identity::default();
+    identity.lifetime.store(LIFETIME, Ordering::SeqCst);
+    let url = fakes().app_service(&identity);
+    let azurite = oauth_azurite();
+    let table_uri = azurite.table_endpoint();
+    let queue_uri = azurite.queue_endpoint();
+    let storage = [
+        ("AzureWebJobsStorage", ""),
+        ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
+        ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
+        ("AzureWebJobsStorage__credential", "managedidentity"),
+        ("IDENTITY_ENDPOINT", url.as_str()),
+        ("IDENTITY_HEADER", IDENTITY_HEADER),
+    ];
+    let store = StorageAccount::new(app_service_settings("Seed", &url))
+        .table_store(Arc::new(RequestCounters::new()));
+    let app = TestApp::start_on(1, &storage, store, &[]).await;
+    let source = support::unique_name("ShortTokenSource");
+    let destination = support::unique_name("ShortTokenDestination");
+    // Long enough to outlive a refresh interval however fast the copy gets.
+    const ROWS: i64 = 6000;
+    let mut entities: Vec<_> = (0..ROWS)
+        .map(|i| entity(&format!("p{}", i % 11), &format!("r{i:04}"), i))
+        .collect();
+    seed(&app.store, &source, entities.clone()).await;
+
+    let before = identity.issued();
+    let started = std::time::Instant::now();
+    let (status, reply, _) = app
+        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 5}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let end = app
+        .wait_for_end(&id, std::time::Duration::from_secs(180))
+        .await;
+    let elapsed = started.elapsed();
+    let during = identity.issued() - before;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(end["rowsWritten"], ROWS, "{end}");
+    // Exactly the source's rows, every property, in key order.
+    entities.sort_by(|a, b| {
+        tablescan::storage::compare_keys(&a.partition_key, &b.partition_key)
+            .then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
+    });
+    let copied = rows(&app.store, &destination).await;
+    assert_eq!(copied.len(), entities.len());
+    for (got, want) in copied.iter().zip(&entities) {
+        assert_eq!(
+            (&got.partition_key, &got.row_key, &got.properties),
+            (&want.partition_key, &want.row_key, &want.properties)
+        );
+    }
+    // The scan outlived several token lifetimes, and tokens were fetched again during it.
+    eprintln!("scan took {elapsed:?}; {during} tokens issued during it");
+    assert!(
+        elapsed > std::time::Duration::from_secs(LIFETIME as u64 / 2),
+        "the scan ended before a token was due for refresh ({elapsed:?}): not a test of expiry"
+    );
+    assert!(during >= 3, "{during} tokens issued during {elapsed:?}");
+    app.shutdown().await;
+}
+
+/// The identity endpoint is down (503) for its first requests, then recovers: the provider's
+/// retries carry the store's first request through, end to end.
+#[tokio::test]
+async fn an_identity_endpoint_down_for_a_while_is_waited_for() {
+    let identity = Identity::default();
+    identity.unavailable_for.store(3, Ordering::SeqCst);
+    let url = fakes().app_service(&identity);
+    let account = StorageAccount::new(app_service_settings("Src", &url));
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let table = format!("recovers{}", std::process::id());
+    assert!(tables.create_table(&table).await.unwrap());
+    tables
+        .submit_batch(&table, "p", &[BatchOperation::Upsert(entity("p", "r", 1))])
+        .await
+        .unwrap();
+    let page = tables
+        .query_page(&table, &TableQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(page.entities.len(), 1);
+    assert_eq!(identity.requests(), 4, "3 refused, 1 issued");
+    assert_eq!(identity.issued(), 1);
+    assert!(tables.delete_table(&table).await.unwrap());
+}
+
+/// An identity endpoint that stays down (503), or refuses connections: the store's request fails
+/// as transient (a later delivery may succeed) with an error naming the connection, and the
+/// storage request is never sent.
+#[tokio::test]
+async fn an_identity_endpoint_that_stays_down_fails_naming_the_connection() {
+    let identity = Identity::default();
+    identity.unavailable_for.store(usize::MAX, Ordering::SeqCst);
+    let url = fakes().app_service(&identity);
+    // No storage retries on top of the provider's own, to keep the test short.
+    let down = StorageAccount::new(app_service_settings("Dst", &url))
+        .with_retry_policy(tablescan::storage::retry_policy::RetryPolicy::none());
+    // Nothing listens on port 9 (discard): connections are refused.
+    let refused = StorageAccount::new(app_service_settings("Src", "http://127.0.0.1:9/msi/token"))
+        .with_retry_policy(tablescan::storage::retry_policy::RetryPolicy::none());
+    for (account, connection, cause) in [
+        (&down, "Dst", "answered 503"),
+        (&refused, "Src", "127.0.0.1:9"),
+    ] {
+        let tables = account.table_store(Arc::new(RequestCounters::new()));
+        let started = std::time::Instant::now();
+        let error = tables
+            .query_page("Anything", &TableQuery::default())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, StorageErrorKind::Transient, "{error}");
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!(
+                "no storage token for connection {connection} (managedidentity)"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(cause), "{text}");
+        assert!(!text.contains(IDENTITY_HEADER), "{text}");
+        // The SDK path (queues) says the same.
+        let queues = account.queue_store(Arc::new(RequestCounters::new()));
+        let error = queues.create_queue("anything").await.unwrap_err();
+        assert_eq!(error.kind, StorageErrorKind::Transient, "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("connection {connection}")),
+            "{error}"
+        );
+        eprintln!(
+            "{connection}: gave up after {:?}: {text}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(identity.issued(), 0);
+    assert_eq!(
+        identity.requests(),
+        12,
+        "6 attempts for each of Dst's two requests"
+    );
+}
