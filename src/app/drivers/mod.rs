@@ -7,6 +7,7 @@
 pub mod copy;
 pub mod count;
 pub mod delete;
+pub mod enqueue;
 pub mod export;
 pub mod import;
 pub mod kit;
@@ -26,6 +27,7 @@ pub fn registry<T: TableStore + Clone, Q: QueueStore + Clone>() -> Drivers<AppSt
         hooks::<copy::CopyDriver, T, Q>(),
         hooks::<count::CountDriver, T, Q>(),
         hooks::<delete::DeleteDriver, T, Q>(),
+        hooks::<enqueue::EnqueueDriver, T, Q>(),
         hooks::<export::ExportDriver, T, Q>(),
         hooks::<import::ImportDriver, T, Q>(),
     ])
