@@ -259,7 +259,7 @@ pub fn pack(
     for row in rows {
         let mut text = row_text(row, encoding)?;
         if !fits(head.len() + text.len() + TAIL.len()) {
-            text = too_large_text(row)?;
+            text = xml_safe(too_large_text(row)?, encoding);
             if !fits(head.len() + text.len() + TAIL.len()) {
                 return Err(WorkError::Permanent(format!(
                     "row ({:?}, {:?}): even its keys do not fit a queue message",
@@ -307,12 +307,18 @@ fn row_text(row: &Entity, encoding: MessageEncoding) -> Result<String, WorkError
             row.partition_key, row.row_key
         ))
     })?;
-    Ok(match encoding {
+    Ok(xml_safe(text, encoding))
+}
+
+/// Without base64, U+FFFE and U+FFFF (only ever inside JSON strings) as their JSON escapes:
+/// XML, and so the queue's API, cannot carry them.
+fn xml_safe(text: String, encoding: MessageEncoding) -> String {
+    match encoding {
         MessageEncoding::None if text.contains(['\u{FFFE}', '\u{FFFF}']) => text
             .replace('\u{FFFE}', "\\ufffe")
             .replace('\u{FFFF}', "\\uffff"),
         _ => text,
-    })
+    }
 }
 
 /// A row too big for a message of its own: its keys and the [`TOO_LARGE`] marker.
@@ -321,7 +327,6 @@ fn too_large_text(row: &Entity) -> Result<String, WorkError> {
     keys.insert("PartitionKey".into(), row.partition_key.clone().into());
     keys.insert("RowKey".into(), row.row_key.clone().into());
     keys.insert(TOO_LARGE.into(), true.into());
-    // Keys hold no U+FFFE/U+FFFF escapes to add: `none` would need them only in values.
     serde_json::to_string(&keys).map_err(|e| WorkError::Permanent(e.to_string()))
 }
 
