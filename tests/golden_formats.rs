@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use harness::{check, check_examples, op_from_line, replay, Example, Op, Recorder};
 use serde_json::{json, Value};
 use support::raw::RawClient;
+use tablescan::app::drivers::enqueue::{pack, EnqueueTarget};
 use tablescan::app::drivers::export::ExportOptions;
 use tablescan::app::drivers::import::{ImportOptions, ImportWork, PartRef};
 use tablescan::app::drivers::kit::range::page_items;
@@ -1944,4 +1945,104 @@ fn index_staging_record_and_segment() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The enqueue driver's messages (docs/enqueue.md) and its recorded settings
+
+/// Rows as a scan reads them: typed properties in the service's JSON, and one too big for a
+/// message of its own.
+fn enqueue_rows() -> Vec<Entity> {
+    let entity = |pk: &str, rk: &str, json: Value| {
+        let mut e = Entity::new(pk, rk);
+        for (name, value) in json.as_object().unwrap() {
+            e.properties.insert(name.clone(), value.clone());
+        }
+        e
+    };
+    vec![
+        entity(
+            "Newtonsoft.Json",
+            "13.0.3",
+            json!({"Downloads": "5200000000", "Downloads@odata.type": "Edm.Int64",
+                   "Listed": true, "Published": "2023-03-08T07:42:54.1234567Z",
+                   "Published@odata.type": "Edm.DateTime", "Rating": 4.5,
+                   "Rating@odata.type": "Edm.Double", "Title": "Newtonsoft.Json 13.0.3",
+                   "Hash": "AAECAwQ=", "Hash@odata.type": "Edm.Binary",
+                   "Id": "c9a646d3-9c61-4cb7-bfcd-ee2522c8f633", "Id@odata.type": "Edm.Guid",
+                   "Versions": 42}),
+        ),
+        entity("Z\u{FFFF}", "max", json!({"Note": "a\u{FFFF}b"})),
+        entity("Huge.Row", "1", json!({"Text": "x".repeat(60_000)})),
+    ]
+}
+
+fn enqueue_target(rows_per_message: u32, encoding: MessageEncoding) -> EnqueueTarget {
+    EnqueueTarget {
+        connection: "AzureWebJobsStorage".into(),
+        queue: "packages-to-process".into(),
+        rows_per_message,
+        encoding,
+    }
+}
+
+#[test]
+fn enqueue_messages() {
+    let rows = enqueue_rows();
+    let mut examples = Vec::new();
+    for (name, target) in [
+        (
+            "base64, rowsPerMessage 32",
+            enqueue_target(32, MessageEncoding::Base64),
+        ),
+        (
+            "none, rowsPerMessage 2",
+            enqueue_target(2, MessageEncoding::None),
+        ),
+    ] {
+        let texts = pack(SCAN, &rows, &target).unwrap();
+        let mut example = Example::new(name);
+        for (i, text) in texts.iter().enumerate() {
+            if text.len() > 2_000 {
+                // 60,000 bytes of one row without base64: kept by its size and digest only.
+                example = example
+                    .line(format!("message {i} bytes"), text.len().to_string())
+                    .line(format!("message {i} sha256"), sha256_hex(text.as_bytes()));
+                continue;
+            }
+            example = example.line(format!("message {i}"), text.clone());
+            if target.encoding == MessageEncoding::Base64 {
+                let json = MessageEncoding::Base64.decode(text).unwrap();
+                example = example.line(
+                    format!("message {i} decoded"),
+                    String::from_utf8(json).unwrap(),
+                );
+            }
+        }
+        examples.push(example);
+    }
+    let settings = serde_json::to_string(&enqueue_target(32, MessageEncoding::Base64)).unwrap();
+    examples.push(Example::new("recorded settings (the scan context's o)").line("o", settings));
+    let header = "Messages the enqueue driver puts on its destination queue (docs/enqueue.md): the text\n\
+                  as put (base64 of the JSON, or the JSON itself), and an enqueue scan's recorded settings.";
+    let golden = check_examples("enqueue-message.txt", header, &examples);
+    // Read back as a consumer would: base64 decoded, JSON parsed, every row accounted for.
+    let first = &golden[0];
+    let json = MessageEncoding::Base64
+        .decode(first.get("message 0"))
+        .unwrap();
+    let message: Value = serde_json::from_slice(&json).unwrap();
+    assert_eq!(message["scanId"], SCAN);
+    let rows_read = message["rows"].as_array().unwrap();
+    assert_eq!(rows_read.len(), 3);
+    assert_eq!(rows_read[0]["Downloads@odata.type"], "Edm.Int64");
+    assert_eq!(rows_read[1]["Note"], "a\u{FFFF}b");
+    assert_eq!(
+        rows_read[2],
+        json!({"PartitionKey": "Huge.Row", "RowKey": "1", "@tablescan.tooLarge": true})
+    );
+    let none: Value = serde_json::from_str(golden[1].get("message 0")).unwrap();
+    assert_eq!(none["rows"][1]["PartitionKey"], "Z\u{FFFF}");
+    let target: EnqueueTarget = serde_json::from_str(golden[2].get("o")).unwrap();
+    assert_eq!(target, enqueue_target(32, MessageEncoding::Base64));
 }

@@ -265,6 +265,10 @@ impl<S: QueueStore> QueueStore for Counted<S> {
         self.tick();
         self.inner.put_message(queue, text, delay).await
     }
+    async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
+        self.tick();
+        self.inner.put_message_never_expiring(queue, text).await
+    }
     async fn get_messages(
         &self,
         queue: &str,

@@ -105,6 +105,26 @@ impl AzureQueueStore {
     }
 }
 
+/// The body of a Put Message request (`<QueueMessage><MessageText>…`), XML-escaped by the
+/// SDK's serializer.
+#[derive(serde::Serialize)]
+#[serde(rename = "QueueMessage")]
+struct MessageSubmit<'a> {
+    #[serde(rename = "MessageText")]
+    text: &'a str,
+}
+
+/// Refuses message text over the service's 64 KiB (UTF-8 bytes of the text) before sending.
+fn check_text(text: &str) -> StorageResult<()> {
+    if text.len() > MAX_MESSAGE_TEXT {
+        return Err(StorageError::invalid_input(format!(
+            "queue message text is {} bytes, over the {MAX_MESSAGE_TEXT}-byte (64 KiB) limit",
+            text.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Whole seconds, rounded up: the service takes seconds, and rounding a 1.5 s visibility down
 /// would show a message earlier than asked.
 fn whole_seconds(d: Duration) -> u64 {
@@ -158,12 +178,7 @@ impl QueueStore for AzureQueueStore {
         text: &str,
         visibility_delay: Duration,
     ) -> StorageResult<()> {
-        if text.len() > MAX_MESSAGE_TEXT {
-            return Err(StorageError::invalid_input(format!(
-                "queue message text is {} bytes, over the {MAX_MESSAGE_TEXT}-byte (64 KiB) limit",
-                text.len()
-            )));
-        }
+        check_text(text)?;
         self.service
             .attempts(RequestKind::QueuePut, || async {
                 let mut builder = self.queue(queue).put_message(text);
@@ -172,6 +187,31 @@ impl QueueStore for AzureQueueStore {
                         .visibility_timeout(Duration::from_secs(whole_seconds(visibility_delay)));
                 }
                 builder
+                    .await
+                    .map_err(|e| map_sdk_error(&format!("put message in queue {queue}"), e))
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
+        check_text(text)?;
+        // Sent directly: the crate's `MessageTTL` takes a `Duration`, which cannot say -1.
+        let mut url = self
+            .service
+            .url(&format!("{}/messages", percent_encode(queue)))?;
+        url.query_pairs_mut().append_pair("messagettl", "-1");
+        let body = azure_core::xml::to_xml(&MessageSubmit { text })
+            .map_err(|e| map_sdk_error("encode a queue message", e))?;
+        self.service
+            .attempts(RequestKind::QueuePut, || async {
+                self.service
+                    .send_raw(
+                        Method::Post,
+                        url.clone(),
+                        Headers::new(),
+                        Some(body.clone()),
+                    )
                     .await
                     .map_err(|e| map_sdk_error(&format!("put message in queue {queue}"), e))
             })
@@ -240,12 +280,7 @@ impl QueueStore for AzureQueueStore {
         text: Option<&str>,
     ) -> StorageResult<String> {
         if let Some(text) = text {
-            if text.len() > MAX_MESSAGE_TEXT {
-                return Err(StorageError::invalid_input(format!(
-                    "queue message text is {} bytes, over the {MAX_MESSAGE_TEXT}-byte (64 KiB) limit",
-                    text.len()
-                )));
-            }
+            check_text(text)?;
         }
         self.service
             .attempts(RequestKind::QueueUpdate, || async {

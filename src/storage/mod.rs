@@ -557,6 +557,15 @@ pub trait QueueStore: Send + Sync + 'static {
         visibility_delay: Duration,
     ) -> impl Future<Output = StorageResult<()>> + Send;
 
+    /// Puts a message that never expires (`messagettl=-1`; otherwise the service drops a
+    /// message after seven days), visible at once; `text` as for [`QueueStore::put_message`].
+    /// For messages a consumer may read long after they were put (a driver's output queue).
+    fn put_message_never_expiring(
+        &self,
+        queue: &str,
+        text: &str,
+    ) -> impl Future<Output = StorageResult<()>> + Send;
+
     /// Receives up to `max` (1..=32) messages, hiding them for `visibility_timeout`.
     fn get_messages(
         &self,

@@ -305,6 +305,17 @@ impl Summary {
     }
 }
 
+/// A fault proxy that stores every queue put (tablescan's own and a driver's) two or three times.
+pub async fn duplicating_proxy(seed: u64) -> StorageProxy {
+    let policy = FaultPolicy {
+        duplicate_puts: 1.0,
+        extra_copies: 2,
+        kinds: vec![RequestKind::QueuePut],
+        ..FaultPolicy::default()
+    };
+    proxy(policy, seed).await
+}
+
 /// Azure's transient faults on a fraction of every kind of request from the handler and the host.
 pub fn storage_faults(rate: f64) -> FaultPolicy {
     let base = FaultPolicy {

@@ -557,3 +557,189 @@ pub async fn seed_keys(client: &RawClient, table: &str, keys: &[(&str, &str)]) -
     assert_eq!(rows.len(), keys.len(), "seeded {table}");
     rows
 }
+
+/// One queue message as the Queue service returned it: the text exactly as stored (base64 or
+/// not, as it was put) and the times as the service wrote them (RFC 1123).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawMessage {
+    pub id: String,
+    pub text: String,
+    pub insertion_time: String,
+    pub expiration_time: String,
+    pub dequeue_count: u64,
+}
+
+/// A Queue service client on the shared Azurite's development account, as independent of
+/// tablescan as [`RawClient`]: it signs its own requests (Queue SharedKey) and reads the XML
+/// answers with a few lines of its own (hand-written: the answer is a flat list of
+/// `<QueueMessage>` elements, and the oracle must share no parser with the code it checks).
+#[derive(Clone)]
+pub struct RawQueueClient {
+    table: RawClient,
+}
+
+impl RawQueueClient {
+    /// A client for the shared test Azurite's queues.
+    pub fn azurite() -> RawQueueClient {
+        RawQueueClient {
+            table: RawClient::new(
+                &super::azurite().queue_endpoint(),
+                DEVELOPMENT_ACCOUNT,
+                DEVELOPMENT_ACCOUNT_KEY,
+            ),
+        }
+    }
+
+    /// `SharedKey account:base64(HMAC-SHA256(key, "VERB\n" + 11 empty standard headers +
+    /// canonical x-ms- headers + "/account/path" + "\nname:value" per query parameter, sorted))`.
+    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<String, RawError> {
+        let c = &self.table;
+        let date = httpdate::fmt_http_date(SystemTime::now());
+        let mut sorted: Vec<(String, &str)> = query
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), *v))
+            .collect();
+        sorted.sort();
+        let mut string_to_sign = format!(
+            "GET\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:{date}\nx-ms-version:{VERSION}\n/{}{}/{path}",
+            c.account, c.base_path
+        );
+        for (k, v) in &sorted {
+            let _ = write!(string_to_sign, "\n{k}:{v}");
+        }
+        let mut mac = Hmac::<Sha256>::new_from_slice(&c.key).expect("HMAC takes any key");
+        mac.update(string_to_sign.as_bytes());
+        let signature =
+            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+        let response = c
+            .http
+            .get(format!("{}/{path}", c.base))
+            .query(query)
+            .header(
+                "authorization",
+                format!("SharedKey {}:{signature}", c.account),
+            )
+            .header("x-ms-date", &date)
+            .header("x-ms-version", VERSION)
+            .send()
+            .await
+            .map_err(|e| RawError {
+                status: 0,
+                body: e.to_string(),
+            })?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(|e| RawError {
+            status,
+            body: e.to_string(),
+        })?;
+        match status {
+            200..=299 => Ok(body),
+            _ => Err(RawError { status, body }),
+        }
+    }
+
+    /// Receives up to 32 messages, hiding them for `visibility_secs`.
+    pub async fn receive(
+        &self,
+        queue: &str,
+        visibility_secs: u32,
+    ) -> Result<Vec<RawMessage>, RawError> {
+        let visibility = visibility_secs.to_string();
+        let query = [
+            ("numofmessages", "32"),
+            ("visibilitytimeout", visibility.as_str()),
+        ];
+        let body = self.get(&format!("{queue}/messages"), &query).await?;
+        Ok(parse_messages(&body))
+    }
+
+    /// Peeks at up to 32 messages (their visibility unchanged).
+    pub async fn peek(&self, queue: &str) -> Result<Vec<RawMessage>, RawError> {
+        let query = [("numofmessages", "32"), ("peekonly", "true")];
+        let body = self.get(&format!("{queue}/messages"), &query).await?;
+        Ok(parse_messages(&body))
+    }
+
+    /// Every message of the queue: receives (hiding each for 10 minutes) until a receive comes
+    /// back empty, at most `bound` messages.
+    pub async fn receive_all(&self, queue: &str, bound: usize) -> Vec<RawMessage> {
+        let mut all = Vec::new();
+        while all.len() < bound {
+            let got = self
+                .receive(queue, 600)
+                .await
+                .unwrap_or_else(|e| panic!("raw receive from {queue}: {e}"));
+            if got.is_empty() {
+                break;
+            }
+            all.extend(got);
+        }
+        all
+    }
+
+    /// Whether the queue exists (a metadata read).
+    pub async fn exists(&self, queue: &str) -> bool {
+        match self.get(queue, &[("comp", "metadata")]).await {
+            Ok(_) => true,
+            Err(e) if e.status == 404 => false,
+            Err(e) => panic!("raw metadata of {queue}: {e}"),
+        }
+    }
+}
+
+/// The `<QueueMessage>` elements of a Get/Peek Messages answer.
+fn parse_messages(xml: &str) -> Vec<RawMessage> {
+    let element = |within: &str, name: &str| -> String {
+        let open = format!("<{name}>");
+        let close = format!("</{name}>");
+        within
+            .split_once(&open)
+            .and_then(|(_, rest)| rest.split_once(&close))
+            .map(|(inner, _)| xml_unescape(inner))
+            .unwrap_or_default()
+    };
+    xml.split("<QueueMessage>")
+        .skip(1)
+        .map(|m| RawMessage {
+            id: element(m, "MessageId"),
+            text: element(m, "MessageText"),
+            insertion_time: element(m, "InsertionTime"),
+            expiration_time: element(m, "ExpirationTime"),
+            dequeue_count: element(m, "DequeueCount").parse().unwrap_or(0),
+        })
+        .collect()
+}
+
+/// XML character data: the five entity references and numeric character references.
+fn xml_unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('&') {
+        out.push_str(&rest[..at]);
+        let Some(end) = rest[at..].find(';') else {
+            out.push_str(&rest[at..]);
+            return out;
+        };
+        let entity = &rest[at + 1..at + end];
+        let decoded = match entity {
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "amp" => Some('&'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            _ => entity
+                .strip_prefix("#x")
+                .map(|h| u32::from_str_radix(h, 16))
+                .or_else(|| entity.strip_prefix('#').map(str::parse))
+                .and_then(Result::ok)
+                .and_then(char::from_u32),
+        };
+        match decoded {
+            Some(c) => out.push(c),
+            None => out.push_str(&rest[at..=at + end]),
+        }
+        rest = &rest[at + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}

@@ -7,6 +7,7 @@
 pub mod copy;
 pub mod count;
 pub mod delete;
+pub mod enqueue;
 pub mod export;
 pub mod import;
 pub mod kit;
@@ -26,6 +27,7 @@ pub fn registry<S: Stores>() -> Drivers<AppState<S>> {
         hooks::<copy::CopyDriver, S>(),
         hooks::<count::CountDriver, S>(),
         hooks::<delete::DeleteDriver, S>(),
+        hooks::<enqueue::EnqueueDriver, S>(),
         hooks::<export::ExportDriver, S>(),
         hooks::<import::ImportDriver, S>(),
     ])

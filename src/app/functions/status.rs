@@ -25,6 +25,7 @@ pub fn status_json(record: &ScanRecord, counters: &Counters) -> Value {
         "rowsMatched": counters.rows_matched,
         "storageRequests": counters.storage_requests,
         "messagesProcessed": counters.messages,
+        "messagesWritten": counters.messages_written,
         "pendingWorkItems": pending,
         "failedWorkItems": counters.failed,
         "droppedWorkItems": dropped,

@@ -53,6 +53,7 @@ use crate::app::job::outcome::{Segment, WorkOutcome};
 use crate::app::job::request::{Accepts, ScanRequest};
 use crate::app::messages::{ChildSpec, ItemJson, ItemMessage};
 use crate::app::state::AppState;
+use crate::app::tracking::Counters;
 use crate::scan::Scanner;
 use crate::storage::stores::Stores;
 use crate::storage::{Entity, TableStore, MAX_TAKE};
@@ -142,6 +143,24 @@ pub trait Driver: Send + Sync + 'static {
                 "the {} driver does no work in scan steps",
                 Self::NAME
             )))
+        }
+    }
+
+    /// The counters [`Driver::work_rows`] adds (`rowsMatched` aside, which the adapter counts):
+    /// by default its rows written. A driver that writes more than rows (the enqueue driver's
+    /// queue messages) implements this one instead, with the same contract.
+    fn work_rows_counters<S: Stores>(
+        state: &AppState<S>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
+        rows: Vec<Entity>,
+    ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
+        async move {
+            let rows_written = Self::work_rows(state, scan, requests, rows).await?;
+            Ok(Counters {
+                rows_written,
+                ..Counters::default()
+            })
         }
     }
 

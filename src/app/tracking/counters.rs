@@ -35,9 +35,21 @@ pub struct Counters {
     /// counters and outcomes recorded by earlier versions: 0.
     #[serde(default)]
     pub rows_matched: i64,
+    /// Messages a driver put on a queue of the user's (the enqueue driver). Absent from
+    /// counters and outcomes recorded by earlier versions: 0; left out of outcomes and counter
+    /// rows while 0, so every other driver's recorded formats are unchanged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub messages_written: i64,
 }
 
-const COUNTER_FIELDS: [&str; 9] = [
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// The counter row property of [`Counters::messages_written`], written only once it is not 0.
+const MESSAGES_WRITTEN: &str = "MessagesWritten";
+
+const COUNTER_FIELDS: [&str; 10] = [
     "Created",
     "Completed",
     "Failed",
@@ -47,10 +59,11 @@ const COUNTER_FIELDS: [&str; 9] = [
     "Messages",
     "Dropped",
     "RowsMatched",
+    MESSAGES_WRITTEN,
 ];
 
 impl Counters {
-    fn values(&self) -> [i64; 9] {
+    fn values(&self) -> [i64; 10] {
         [
             self.created,
             self.completed,
@@ -61,10 +74,11 @@ impl Counters {
             self.messages,
             self.dropped,
             self.rows_matched,
+            self.messages_written,
         ]
     }
 
-    fn from_values(v: [i64; 9]) -> Counters {
+    fn from_values(v: [i64; 10]) -> Counters {
         Counters {
             created: v[0],
             completed: v[1],
@@ -75,6 +89,7 @@ impl Counters {
             messages: v[6],
             dropped: v[7],
             rows_matched: v[8],
+            messages_written: v[9],
         }
     }
 
@@ -107,7 +122,9 @@ impl Counters {
     pub(super) fn to_entity(self, partition_key: &str) -> Entity {
         let mut entity = Entity::new(partition_key, COUNTER_ROW);
         for (name, value) in COUNTER_FIELDS.iter().zip(self.values()) {
-            put_int64(&mut entity.properties, name, value);
+            if *name != MESSAGES_WRITTEN || value != 0 {
+                put_int64(&mut entity.properties, name, value);
+            }
         }
         entity
     }

@@ -472,6 +472,13 @@ impl QueueStore for NoStorage {
     ) -> crate::storage::StorageResult<()> {
         match *self {}
     }
+    async fn put_message_never_expiring(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> crate::storage::StorageResult<()> {
+        match *self {}
+    }
     async fn get_messages(
         &self,
         _: &str,

@@ -23,6 +23,8 @@ struct Message {
     pop: u64,
     visible_at: Instant,
     inserted: time::OffsetDateTime,
+    /// Put with `messagettl=-1`: reported as expiring at the service's "never" (9999-12-31).
+    never_expires: bool,
 }
 
 #[derive(Default)]
@@ -150,6 +152,39 @@ impl MemoryQueueStore {
         }
         self.counters.record(kind);
     }
+
+    /// Puts a message (see [`QueueStore::put_message`]); `never_expires`: `messagettl=-1`.
+    async fn put(
+        &self,
+        queue: &str,
+        text: &str,
+        visibility_delay: Duration,
+        never_expires: bool,
+    ) -> StorageResult<()> {
+        self.request(RequestKind::QueuePut).await;
+        if text.len() > MAX_MESSAGE_TEXT {
+            return Err(StorageError::invalid_input(format!(
+                "message text is {} bytes, over 64 KiB",
+                text.len()
+            )));
+        }
+        let mut state = self.state.lock().unwrap();
+        state.next_id += 1;
+        let id = state.next_id;
+        let q = state.queues.get_mut(queue).ok_or_else(|| missing(queue))?;
+        let visible_at = Instant::now() + visibility_delay;
+        let message = Message {
+            text: text.into(),
+            dequeue_count: 0,
+            pop: 0,
+            visible_at,
+            inserted: time::OffsetDateTime::now_utc(),
+            never_expires,
+        };
+        q.by_visibility.insert((visible_at, id));
+        q.messages.insert(id, message);
+        Ok(())
+    }
 }
 
 impl QueueStore for MemoryQueueStore {
@@ -175,28 +210,11 @@ impl QueueStore for MemoryQueueStore {
         text: &str,
         visibility_delay: Duration,
     ) -> StorageResult<()> {
-        self.request(RequestKind::QueuePut).await;
-        if text.len() > MAX_MESSAGE_TEXT {
-            return Err(StorageError::invalid_input(format!(
-                "message text is {} bytes, over 64 KiB",
-                text.len()
-            )));
-        }
-        let mut state = self.state.lock().unwrap();
-        state.next_id += 1;
-        let id = state.next_id;
-        let q = state.queues.get_mut(queue).ok_or_else(|| missing(queue))?;
-        let visible_at = Instant::now() + visibility_delay;
-        let message = Message {
-            text: text.into(),
-            dequeue_count: 0,
-            pop: 0,
-            visible_at,
-            inserted: time::OffsetDateTime::now_utc(),
-        };
-        q.by_visibility.insert((visible_at, id));
-        q.messages.insert(id, message);
-        Ok(())
+        self.put(queue, text, visibility_delay, false).await
+    }
+
+    async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
+        self.put(queue, text, Duration::ZERO, true).await
     }
 
     async fn get_messages(
@@ -232,7 +250,10 @@ impl QueueStore for MemoryQueueStore {
                 dequeue_count: m.dequeue_count,
                 text: m.text.to_string(),
                 insertion_time: m.inserted,
-                expiration_time: m.inserted + time::Duration::days(7),
+                expiration_time: match m.never_expires {
+                    true => time::macros::datetime!(9999-12-31 23:59:59.999 UTC),
+                    false => m.inserted + time::Duration::days(7),
+                },
                 next_visible_time: to_offset(m.visible_at),
             });
         }

@@ -477,6 +477,24 @@ impl CloudQueues {
     }
 }
 
+impl CloudQueues {
+    /// One put (`run`), admitted against the queue's message rate and counted when it succeeds.
+    async fn put<F: std::future::Future<Output = StorageResult<()>>>(
+        &self,
+        queue: &str,
+        run: impl FnMut() -> F,
+    ) -> StorageResult<()> {
+        let ms = self.account.model.queue_put_ms;
+        let r = self
+            .request(RequestKind::QueuePut, queue, 1.0, ms, run)
+            .await;
+        if r.is_ok() {
+            self.messages_put.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
 impl QueueStore for CloudQueues {
     async fn create_queue(&self, queue: &str) -> StorageResult<()> {
         let ms = self.account.model.table_admin_ms;
@@ -500,16 +518,15 @@ impl QueueStore for CloudQueues {
         text: &str,
         visibility_delay: Duration,
     ) -> StorageResult<()> {
-        let ms = self.account.model.queue_put_ms;
-        let r = self
-            .request(RequestKind::QueuePut, queue, 1.0, ms, || {
-                self.inner.put_message(queue, text, visibility_delay)
-            })
-            .await;
-        if r.is_ok() {
-            self.messages_put.fetch_add(1, Ordering::Relaxed);
-        }
-        r
+        self.put(queue, || {
+            self.inner.put_message(queue, text, visibility_delay)
+        })
+        .await
+    }
+
+    async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
+        self.put(queue, || self.inner.put_message_never_expiring(queue, text))
+            .await
     }
 
     async fn get_messages(

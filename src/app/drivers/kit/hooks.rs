@@ -143,11 +143,10 @@ async fn work_rows<D: Driver, S: Stores>(
     rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
     let matched = rows.len() as i64;
-    let written = D::work_rows(state, scan, requests, rows).await?;
+    let worked = D::work_rows_counters(state, scan, requests, rows).await?;
     Ok(Counters {
         rows_matched: matched,
-        rows_written: written,
-        ..Counters::default()
+        ..worked
     })
 }
 

@@ -1,0 +1,461 @@
+//! The enqueue driver (`"driver": "enqueue"`): hands every row of the scanned range to the
+//! user's own code as messages on `destinationQueue` (on any allowed connection), so that a
+//! queue-triggered function in any language does its work on every row (docs/enqueue.md).
+//!
+//! A message is the JSON object `{"scanId": "...", "rows": [ ... ]}`; each row is the entity in
+//! the Table service's own JSON (`Entity::wire`: `PartitionKey`, `RowKey`, the properties with
+//! their `@odata.type` annotations, a Double always annotated), at most `rowsPerMessage` rows.
+//! Where the rows are read is as for copies: without a `filter`, a prefix scan's prefix-query
+//! steps put the rows they read themselves (`StepWork::Rows`: no work item, no re-read); other
+//! key ranges become `RangeWork` items that re-read their rows (with the filter).
+//!
+//! Invariants:
+//! - **No row is dropped.** Every row handed to the driver is in a message; a row whose message
+//!   would exceed the queue's limit on its own is sent as its two keys and the marker
+//!   [`TOO_LARGE`] (a name no property can have), for the consumer to read it itself.
+//! - **A message fits the queue.** Its text, as put (base64 or not), is at most
+//!   `MAX_MESSAGE_TEXT` bytes (the 64 KiB the service counts, UTF-8); batches are cut by that
+//!   size, not only by `rowsPerMessage`.
+//! - **Values are the service's text.** Property values are copied byte for byte; with
+//!   `messageEncoding: "none"` only U+FFFE and U+FFFF (which XML, and so the queue's API, cannot
+//!   carry) are written as the JSON escapes `\ufffe` and `\uffff`, the same string.
+//! - **Messages never expire** (`messagettl=-1`): a consumer may run days behind a big scan.
+//! - **At least once.** A redelivered step or item puts its messages again; duplicates come
+//!   only from that (and from a put retried after its answer was lost). Consumers deduplicate
+//!   by scan id and keys. `rowsWritten` and `messagesWritten` count the committed execution's.
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::app::config::Config;
+use crate::app::error::ApiError;
+use crate::app::job::request::{check_connection, default_connection};
+use crate::app::job::{
+    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, WorkError,
+    WorkOutcome, WorkSplit,
+};
+use crate::app::messages::ItemMessage;
+use crate::app::state::AppState;
+use crate::app::tracking::Counters;
+use crate::scan::Strategy;
+use crate::storage::stores::Stores;
+use crate::storage::{Entity, MessageEncoding, QueueStore, MAX_MESSAGE_TEXT};
+
+use super::kit::drop_nulls;
+use super::kit::range::{begin_range_item, page_items, unaddressable_error};
+
+/// The marker of a row sent as its keys only (too big for a message of its own): an OData
+/// instance annotation, `@namespace.term`. Table property names follow C# identifier rules, so
+/// none can contain `@` or `.`, and an annotation of a property is `Name@odata.type`.
+pub const TOO_LARGE: &str = "@tablescan.tooLarge";
+/// Most rows in one message.
+pub const MAX_ROWS_PER_MESSAGE: u32 = 100;
+
+pub struct EnqueueDriver;
+
+fn default_rows_per_message() -> u32 {
+    1
+}
+
+/// The enqueue driver's request fields.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnqueueFields {
+    /// Created if missing. Azure's queue naming rules; none of tablescan's own queues.
+    pub destination_queue: String,
+    /// App-setting name of the queue's connection.
+    #[serde(default = "default_connection")]
+    pub destination_connection: String,
+    /// 1..=100 rows in one message (fewer when the rows would not fit its 64 KiB).
+    #[serde(default = "default_rows_per_message")]
+    pub rows_per_message: u32,
+    /// `base64` (what a Functions queue trigger decodes by default) or `none`.
+    #[serde(default)]
+    pub message_encoding: MessageEncoding,
+}
+
+/// What an enqueue scan records (the context's `o`), read back by every step and item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnqueueTarget {
+    pub connection: String,
+    pub queue: String,
+    pub rows_per_message: u32,
+    pub encoding: MessageEncoding,
+}
+
+impl Driver for EnqueueDriver {
+    const NAME: &'static str = "enqueue";
+    const FILTER: bool = true;
+    const SELECT: bool = true;
+    type Fields = EnqueueFields;
+    type Options = EnqueueTarget;
+    type Item = RangeWork;
+
+    fn validate(f: &EnqueueFields, _: &ScanRequest, config: &Config) -> Result<(), ApiError> {
+        check_connection(config, "destinationConnection", &f.destination_connection)?;
+        check_queue(config, &f.destination_queue)
+            .map_err(|m| ApiError::field("destinationQueue", m))?;
+        if !(1..=MAX_ROWS_PER_MESSAGE).contains(&f.rows_per_message) {
+            return Err(ApiError::field(
+                "rowsPerMessage",
+                format!(
+                    "rowsPerMessage: must be 1..={MAX_ROWS_PER_MESSAGE}, got {}",
+                    f.rows_per_message
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn setup(f: &EnqueueFields, request: &ScanRequest) -> Setup<EnqueueTarget> {
+        let in_step = request.filter.is_none() && request.strategy == Strategy::Prefix;
+        Setup {
+            options: Some(EnqueueTarget {
+                connection: f.destination_connection.clone(),
+                queue: f.destination_queue.clone(),
+                rows_per_message: f.rows_per_message,
+                encoding: f.message_encoding,
+            }),
+            step_work: match in_step {
+                true => StepWork::Rows {
+                    select: request.select.clone(),
+                },
+                false => StepWork::Items,
+            },
+            ..Setup::default()
+        }
+    }
+
+    async fn prepare<S: Stores>(
+        state: &AppState<S>,
+        context: &mut ScanContext,
+    ) -> Result<(), ApiError> {
+        let target: EnqueueTarget = context
+            .options()
+            .map_err(|e| ApiError::field("destinationQueue", e.to_string()))?;
+        let queues = state.queue_store(&target.connection, &Arc::default())?;
+        Ok(queues.create_queue(&target.queue).await?)
+    }
+
+    fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
+        Segment {
+            items: page_items(WorkSplit::Page, rows),
+            ..Segment::default()
+        }
+    }
+
+    async fn work_rows_counters<S: Stores>(
+        state: &AppState<S>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
+        rows: Vec<Entity>,
+    ) -> Result<Counters, WorkError> {
+        enqueue(state, scan, requests, rows).await
+    }
+
+    async fn run<S: Stores>(
+        state: &AppState<S>,
+        begun: &Begun<ItemMessage>,
+        item: RangeWork,
+    ) -> Result<WorkOutcome, WorkError> {
+        let scan = &*begun.scan;
+        let (_, read, mut outcome) =
+            begin_range_item::<Self, S>(state, begun, &item, scan.select.clone()).await?;
+        let put = enqueue(state, scan, &begun.requests, read.rows).await?;
+        // Every other row is enqueued; a row that cannot be addressed fails the item, named.
+        if let Some(e) = unaddressable_error("enqueued", &read.unaddressable) {
+            return Err(e);
+        }
+        outcome.delta.rows_written = put.rows_written;
+        outcome.delta.messages_written = put.messages_written;
+        Ok(outcome)
+    }
+}
+
+/// Why `queue` cannot be an enqueue scan's destination: Azure's queue naming rules (3-63
+/// lowercase letters, digits and single hyphens, starting and ending with a letter or digit),
+/// and none of tablescan's own queues or their poison queues — refused by name on every
+/// connection, as the bookkeeping tables are, so an alias of the app's account that is not
+/// recognised as one cannot reach them either.
+fn check_queue(config: &Config, queue: &str) -> Result<(), String> {
+    let valid = (3..=63).contains(&queue.len())
+        && queue
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !queue.starts_with('-')
+        && !queue.ends_with('-')
+        && !queue.contains("--");
+    if !valid {
+        return Err(format!(
+            "{queue:?} is not a valid queue name (3-63 lowercase letters, digits and single hyphens, starting and ending with a letter or digit)"
+        ));
+    }
+    let own = [
+        &config.prefix_scan_queue,
+        &config.table_copy_queue,
+        &config.cleanup_queue,
+    ];
+    if own
+        .iter()
+        .any(|q| queue == q.as_str() || queue == format!("{q}-poison"))
+    {
+        return Err(format!("{queue} is one of tablescan's own queues"));
+    }
+    Ok(())
+}
+
+/// Puts `rows` (read from the scan's source, in key order) on the scan's queue; returns the
+/// rows and messages written.
+async fn enqueue<S: Stores>(
+    state: &AppState<S>,
+    scan: &ScanContext,
+    requests: &Arc<AtomicU64>,
+    mut rows: Vec<Entity>,
+) -> Result<Counters, WorkError> {
+    let target: EnqueueTarget = scan.options()?;
+    let queues = &state.queue_store(&target.connection, requests)?;
+    if scan.select.is_some() {
+        // The service answers a selected property a row lacks as null; the row has no such
+        // property, and the message says so by leaving it out.
+        rows.iter_mut().for_each(drop_nulls);
+    }
+    let texts = pack(&scan.scan_id, &rows, &target)?;
+    let messages = texts.len() as i64;
+    let queue = target.queue.as_str();
+    stream::iter(texts)
+        .map(|text| async move { queues.put_message_never_expiring(queue, &text).await })
+        .buffer_unordered(state.config.copy_concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(Counters {
+        rows_written: rows.len() as i64,
+        messages_written: messages,
+        ..Counters::default()
+    })
+}
+
+/// The texts (as put, encoded) of the messages carrying `rows`, in order: at most
+/// `rows_per_message` rows each, none over `MAX_MESSAGE_TEXT` bytes.
+pub fn pack(
+    scan_id: &str,
+    rows: &[Entity],
+    target: &EnqueueTarget,
+) -> Result<Vec<String>, WorkError> {
+    let head = format!(
+        "{{\"scanId\":{},\"rows\":[",
+        serde_json::to_string(scan_id).expect("a str serializes")
+    );
+    const TAIL: &str = "]}";
+    let encoding = target.encoding;
+    let fits = |payload: usize| encoded_len(encoding, payload) <= MAX_MESSAGE_TEXT;
+    let per_message = target.rows_per_message.clamp(1, MAX_ROWS_PER_MESSAGE) as usize;
+    let mut texts = Vec::new();
+    let mut batch: Vec<String> = Vec::new();
+    // The payload's length with the rows of `batch` (head, commas, tail included).
+    let mut length = head.len() + TAIL.len();
+    for row in rows {
+        let mut text = row_text(row, encoding)?;
+        if !fits(head.len() + text.len() + TAIL.len()) {
+            text = xml_safe(too_large_text(row)?, encoding);
+            if !fits(head.len() + text.len() + TAIL.len()) {
+                return Err(WorkError::Permanent(format!(
+                    "row ({:?}, {:?}): even its keys do not fit a queue message",
+                    row.partition_key, row.row_key
+                )));
+            }
+        }
+        let comma = usize::from(!batch.is_empty());
+        if batch.len() == per_message || !fits(length + comma + text.len()) {
+            texts.push(finish(&head, &batch, TAIL, encoding));
+            batch.clear();
+            length = head.len() + TAIL.len();
+        }
+        length += usize::from(!batch.is_empty()) + text.len();
+        batch.push(text);
+    }
+    if !batch.is_empty() {
+        texts.push(finish(&head, &batch, TAIL, encoding));
+    }
+    Ok(texts)
+}
+
+/// Bytes of a payload of `payload` bytes as put: base64 makes 4 of every 3 (padded).
+fn encoded_len(encoding: MessageEncoding, payload: usize) -> usize {
+    match encoding {
+        MessageEncoding::Base64 => payload.div_ceil(3) * 4,
+        MessageEncoding::None => payload,
+    }
+}
+
+/// One message's text: the payload, encoded.
+fn finish(head: &str, rows: &[String], tail: &str, encoding: MessageEncoding) -> String {
+    let payload = format!("{head}{}{tail}", rows.join(","));
+    match encoding {
+        MessageEncoding::Base64 => encoding.encode(payload.as_bytes()),
+        MessageEncoding::None => payload,
+    }
+}
+
+/// A row as the service's JSON text (see the module's invariants for `none`).
+fn row_text(row: &Entity, encoding: MessageEncoding) -> Result<String, WorkError> {
+    let text = serde_json::to_string(&row.wire()).map_err(|e| {
+        WorkError::Permanent(format!(
+            "row ({:?}, {:?}) is not serializable as JSON: {e}",
+            row.partition_key, row.row_key
+        ))
+    })?;
+    Ok(xml_safe(text, encoding))
+}
+
+/// Without base64, U+FFFE and U+FFFF (only ever inside JSON strings) as their JSON escapes:
+/// XML, and so the queue's API, cannot carry them.
+fn xml_safe(text: String, encoding: MessageEncoding) -> String {
+    match encoding {
+        MessageEncoding::None if text.contains(['\u{FFFE}', '\u{FFFF}']) => text
+            .replace('\u{FFFE}', "\\ufffe")
+            .replace('\u{FFFF}', "\\uffff"),
+        _ => text,
+    }
+}
+
+/// A row too big for a message of its own: its keys and the [`TOO_LARGE`] marker.
+fn too_large_text(row: &Entity) -> Result<String, WorkError> {
+    let mut keys = serde_json::Map::new();
+    keys.insert("PartitionKey".into(), row.partition_key.clone().into());
+    keys.insert("RowKey".into(), row.row_key.clone().into());
+    keys.insert(TOO_LARGE.into(), true.into());
+    serde_json::to_string(&keys).map_err(|e| WorkError::Permanent(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn target(rows_per_message: u32, encoding: MessageEncoding) -> EnqueueTarget {
+        EnqueueTarget {
+            connection: "AzureWebJobsStorage".into(),
+            queue: "work".into(),
+            rows_per_message,
+            encoding,
+        }
+    }
+
+    fn row(i: usize, bytes: usize) -> Entity {
+        let mut e = Entity::new("p", format!("{i:05}"));
+        e.properties.insert("S", json!("x".repeat(bytes)));
+        e
+    }
+
+    fn payloads(texts: &[String], encoding: MessageEncoding) -> Vec<Value> {
+        texts
+            .iter()
+            .map(|t| {
+                assert!(t.len() <= MAX_MESSAGE_TEXT, "{} bytes", t.len());
+                serde_json::from_slice(&encoding.decode(t).unwrap()).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_are_cut_by_count_and_by_encoded_size() {
+        let rows: Vec<Entity> = (0..70).map(|i| row(i, 2_000)).collect();
+        for (encoding, per_message, at_most) in [
+            (MessageEncoding::Base64, 1, 1),
+            // Rows of 2,036 bytes: 24 in 48 KiB of payload (base64), 32 in 64 KiB.
+            (MessageEncoding::Base64, 32, 24),
+            (MessageEncoding::None, 40, 32),
+            (MessageEncoding::None, 10, 10),
+        ] {
+            let texts = pack("s-1", &rows, &target(per_message, encoding)).unwrap();
+            let messages = payloads(&texts, encoding);
+            let counts: Vec<usize> = messages
+                .iter()
+                .map(|m| m["rows"].as_array().unwrap().len())
+                .collect();
+            assert!(counts.iter().all(|&n| n <= at_most), "{counts:?}");
+            assert!(counts.contains(&at_most), "{counts:?}");
+            let keys: Vec<&str> = messages
+                .iter()
+                .flat_map(|m| m["rows"].as_array().unwrap())
+                .map(|r| r["RowKey"].as_str().unwrap())
+                .collect();
+            let want: Vec<String> = (0..70).map(|i| format!("{i:05}")).collect();
+            assert_eq!(keys, want, "every row once, in order");
+            assert!(messages.iter().all(|m| m["scanId"] == "s-1"));
+        }
+    }
+
+    #[test]
+    fn a_row_too_big_alone_travels_as_its_keys_with_the_marker() {
+        let rows = vec![row(0, 10), row(1, 60_000), row(2, 10)];
+        for encoding in [MessageEncoding::Base64, MessageEncoding::None] {
+            let texts = pack("s", &rows, &target(100, encoding)).unwrap();
+            let messages = payloads(&texts, encoding);
+            let all: Vec<&Value> = messages
+                .iter()
+                .flat_map(|m| m["rows"].as_array().unwrap())
+                .collect();
+            assert_eq!(all.len(), 3);
+            let big = json!({"PartitionKey": "p", "RowKey": "00001", TOO_LARGE: true});
+            match encoding {
+                // 60 KB fits 64 KiB unencoded, not 48 KiB of base64 payload.
+                MessageEncoding::Base64 => assert_eq!(all[1], &big),
+                MessageEncoding::None => assert_eq!(all[1]["S"].as_str().unwrap().len(), 60_000),
+            }
+        }
+        let huge = vec![row(0, 70_000)];
+        let texts = pack("s", &huge, &target(1, MessageEncoding::None)).unwrap();
+        let marker = &payloads(&texts, MessageEncoding::None)[0]["rows"][0];
+        assert_eq!(marker[TOO_LARGE], true);
+    }
+
+    #[test]
+    fn values_keep_their_text_and_xml_unsafe_characters_are_escaped_only_without_base64() {
+        let mut e = Entity::new("p", "r");
+        e.properties.insert_raw(
+            "D",
+            serde_json::value::RawValue::from_string("1.0000000000000002e-300".into()).unwrap(),
+        );
+        e.properties.insert("D@odata.type", json!("Edm.Double"));
+        e.properties.insert("U", json!("a\u{FFFF}b\u{FFFE}"));
+        let base64 = pack("s", &[e.clone()], &target(1, MessageEncoding::Base64)).unwrap();
+        let text = String::from_utf8(MessageEncoding::Base64.decode(&base64[0]).unwrap()).unwrap();
+        assert!(text.contains("\"D\":1.0000000000000002e-300,\"D@odata.type\":\"Edm.Double\""));
+        assert!(text.contains('\u{FFFF}'), "{text}");
+        let none = pack("s", &[e], &target(1, MessageEncoding::None)).unwrap();
+        assert!(!none[0].contains(['\u{FFFE}', '\u{FFFF}']));
+        let v: Value = serde_json::from_str(&none[0]).unwrap();
+        assert_eq!(v["rows"][0]["U"], "a\u{FFFF}b\u{FFFE}");
+    }
+
+    #[test]
+    fn queue_names_follow_azure_and_spare_tablescans_own() {
+        let config = Config::from_lookup(|name| {
+            (name == "AzureWebJobsStorage").then(|| "UseDevelopmentStorage=true".to_string())
+        })
+        .unwrap();
+        for ok in ["abc", "a-b-c", &"a".repeat(63), "rows1"] {
+            assert_eq!(check_queue(&config, ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "ab",
+            &"a".repeat(64),
+            "-ab",
+            "ab-",
+            "a--b",
+            "Abc",
+            "a_b",
+            "tablescan-prefixscan",
+            "tablescan-tablecopy-poison",
+            "tablescan-prefixscan-cleanup",
+            "tablescan-prefixscan-cleanup-poison",
+        ] {
+            assert!(check_queue(&config, bad).is_err(), "{bad}");
+        }
+    }
+}
