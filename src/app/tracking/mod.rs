@@ -74,7 +74,7 @@ pub use counters::Counters;
 pub use records::{parse_list_token, ScanPage, ScanRecord, ScanState, COMPLETION_LEASE};
 pub use work_rows::{
     Completion, RecordError, Recorded, WorkState, LAST_DELIVERY_PROPERTY, MAX_FOLDED_CHILDREN,
-    RESULT_PROPERTY,
+    REQUEUES_PROPERTY, RESULT_PROPERTY,
 };
 
 /// Optimistic-concurrency retries on a contended row before giving up (the message retries).

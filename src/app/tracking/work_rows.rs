@@ -81,6 +81,20 @@ impl<T: TableStore> Tracker<'_, T> {
         shard: u32,
         work_id: &str,
     ) -> Result<Option<(WorkState, bool)>, StorageError> {
+        Ok(self
+            .work_state_rounds(scan_id, shard, work_id)
+            .await?
+            .map(|(state, marked, _)| (state, marked)))
+    }
+
+    /// Reads a work item's row, whether a last delivery marked it, and how many times the poison
+    /// functions re-queued it ([`Tracker::start_round`]; 0 when never).
+    pub async fn work_state_rounds(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+    ) -> Result<Option<(WorkState, bool, u32)>, StorageError> {
         let pk = shard_partition(scan_id, shard);
         Ok(self
             .store
@@ -89,6 +103,10 @@ impl<T: TableStore> Tracker<'_, T> {
             .map(|(entity, etag)| {
                 let props = &entity.properties;
                 let marked = props.get_value(LAST_DELIVERY_PROPERTY) == Some(json!(true));
+                let rounds = props
+                    .get_value(REQUEUES_PROPERTY)
+                    .and_then(|v| v.as_u64())
+                    .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32);
                 let state = match get_str(props, "State").as_deref() {
                     Some("pending") => WorkState::Pending { etag },
                     Some("expanded") => {
@@ -99,7 +117,7 @@ impl<T: TableStore> Tracker<'_, T> {
                     }
                     _ => WorkState::Finished,
                 };
-                (state, marked)
+                (state, marked, rounds)
             }))
     }
 
@@ -114,9 +132,33 @@ impl<T: TableStore> Tracker<'_, T> {
         work_id: &str,
         etag: &str,
     ) -> Result<Option<String>, StorageError> {
-        let pk = shard_partition(scan_id, shard);
-        let mut row = Entity::new(pk.clone(), work_id);
+        let mut row = Entity::new(shard_partition(scan_id, shard), work_id);
         row.properties.insert(LAST_DELIVERY_PROPERTY, json!(true));
+        self.merge_at(row, etag).await
+    }
+
+    /// Starts re-queue round `round` of an unfinished row (at `etag`) that a last delivery
+    /// marked: clears the mark (`LastDelivery` false) and records the round
+    /// ([`REQUEUES_PROPERTY`]) in one merge under the ETag, so that of concurrent poison
+    /// deliveries only one starts it. Returns the row's new ETag, or `None` if the row changed
+    /// (or went) since it was read.
+    pub async fn start_round(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        etag: &str,
+        round: u32,
+    ) -> Result<Option<String>, StorageError> {
+        let mut row = Entity::new(shard_partition(scan_id, shard), work_id);
+        row.properties.insert(LAST_DELIVERY_PROPERTY, json!(false));
+        row.properties.insert(REQUEUES_PROPERTY, json!(round));
+        self.merge_at(row, etag).await
+    }
+
+    /// Merges `row` under `etag`: its new ETag, or `None` if it changed or went.
+    async fn merge_at(&self, row: Entity, etag: &str) -> Result<Option<String>, StorageError> {
+        let pk = row.partition_key.clone();
         let ops = [BatchOperation::Merge {
             entity: row,
             etag: Some(etag.to_string()),
@@ -553,6 +595,11 @@ pub const RESULT_PROPERTY: &str = "Result";
 /// deliveries (a message in a poison queue proves nothing: anyone who can write queues can put
 /// one there). Finishing the row replaces it, mark included.
 pub const LAST_DELIVERY_PROPERTY: &str = "LastDelivery";
+
+/// The `Edm.Int32` property counting the times the poison functions re-queued an unfinished
+/// item whose last delivery began and recorded no outcome ([`Tracker::start_round`]). Absent:
+/// never re-queued. Finishing the row replaces it too.
+pub const REQUEUES_PROPERTY: &str = "Requeues";
 
 /// What [`Tracker::record_outcome`] wrote: the row's new ETag, and the shard's counter with its
 /// ETag when children were registered with it.

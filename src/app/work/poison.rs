@@ -1,8 +1,44 @@
 //! Failing a work item for good: on its last delivery, or when the host moved its message to
 //! the poison queue after a last delivery that began (it marked the item's row) and recorded no
-//! outcome. A poison message alone proves nothing: anyone who can write the queues can forge one.
+//! outcome — after re-queuing it for a few more rounds of deliveries first.
+//!
+//! Invariants:
+//! 1. A poison message alone proves nothing: anyone who can write the queues can forge one. Only
+//!    an unfinished row marked by a last delivery (`LastDelivery`, tracking invariant 7) proves
+//!    the item exhausted its deliveries; a poison message for an unmarked row is ignored.
+//! 2. A marked unfinished row means no delivery recorded an outcome: the handler was killed,
+//!    timed out, or storage failed the whole delivery (a transient storage error on the last
+//!    delivery is left unrecorded for this, see `finish`). The item's own code did not fail: it
+//!    records its own failures on its last delivery, and a finished row is left alone. So the
+//!    message is put back on its live queue, delayed ([`round_delay`]), at most
+//!    [`REQUEUE_ROUNDS`] times; a marked row past that fails the item and its scan.
+//! 3. A round starts with one merge under the row's ETag that clears the mark and records the
+//!    round (`Requeues`), and only the delivery whose merge succeeded puts the message, after
+//!    it: of concurrent deliveries of one poison message only one re-queues, and every round
+//!    needs a new last delivery's mark. A delivery that dies between the merge and the put is
+//!    redelivered (dequeue count above 1) and finds the row unmarked in a round it may have
+//!    started: it puts the message again (at worst a duplicate live copy of an unfinished item,
+//!    which completion's ETag counts once, as any duplicate delivery).
 
 use super::*;
+use crate::storage::MessageEncoding;
+
+/// How many times an item whose last delivery began and recorded no outcome is re-queued
+/// before it fails (each time for a whole new round of host.json's `maxDequeueCount`
+/// deliveries).
+pub const REQUEUE_ROUNDS: u32 = 3;
+
+/// The delay before round 1's first delivery; each later round waits twice as long as the one
+/// before (10 s, 20 s, 40 s).
+pub const REQUEUE_DELAY: Duration = Duration::from_secs(10);
+
+/// The delay before the first delivery of re-queue round `round` (1-based).
+pub fn round_delay(round: u32) -> Duration {
+    REQUEUE_DELAY * 2u32.pow(round.clamp(1, 8) - 1)
+}
+
+/// Most times a poison delivery reads the row again because it changed while it started a round.
+const MAX_ROUND_ATTEMPTS: u32 = 5;
 
 impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// Completes an unfinished work item as failed and fails its scan, retrying storage trouble
@@ -47,13 +83,14 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
     /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
     /// its work item is still unfinished and its last delivery marked its row before working
     /// (tracking invariant 7), no delivery recorded an outcome (the handler was killed or timed
-    /// out every time): the item is recorded as failed and its scan fails, instead of running
-    /// forever — or, if the scan has already ended, the item is dropped. An unfinished item
-    /// without the mark has not exhausted its deliveries: the message is forged (or its last
-    /// delivery never got as far as the mark), and it is dropped with a warning; the scan goes on.
-    /// Idempotent: a finished item is left alone (the usual case — the last delivery recorded its
-    /// own failure). A message that cannot be decoded, or names no recorded scan, has no work
-    /// item to settle and is dropped with a warning.
+    /// out every time, or storage failed it): the message is re-queued for another round of
+    /// deliveries, and after [`REQUEUE_ROUNDS`] rounds the item is recorded as failed and its
+    /// scan fails, instead of running forever — or, if the scan has already ended, the item is
+    /// dropped. An unfinished item without the mark has not exhausted its deliveries: the message
+    /// is forged (or its last delivery never got as far as the mark), and it is dropped with a
+    /// warning; the scan goes on. Idempotent: a finished item is left alone (the usual case — the
+    /// last delivery recorded its own failure). A message that cannot be decoded, or names no
+    /// recorded scan, has no work item to settle and is dropped with a warning.
     pub async fn settle_poisoned<M: WorkMessage>(&self, body: &[u8]) -> InvocationResponse {
         let invocation = match queue_invocation(body) {
             Ok(invocation) => invocation,
@@ -132,39 +169,94 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
             };
         }
         let shard = messages::shard_for(&message, &work_id, scan.shards);
-        match patiently(true, || tracker.work_state_marked(scan_id, shard, &work_id)).await {
-            // Not marked by a last delivery: the item has deliveries left (or its last one has
-            // not begun), so the message is forged or early. Failing the scan on it would let
-            // anyone who can write a queue stop any scan.
-            Ok(Some((WorkState::Pending { .. } | WorkState::Expanded { .. }, false))) => {
-                tracing::warn!(work = %work_id, scan = %scan_id, "ignored a poisoned message whose work item has not exhausted its deliveries (forged, or early); the scan goes on");
-                return reply(
-                    StatusCode::OK,
-                    format!(
-                        "{work_id}: ignored a poisoned message of scan {scan_id}: its work item \
-                         has not exhausted its deliveries (no last delivery marked it); the scan \
-                         goes on"
-                    ),
-                );
+        self.settle_unfinished::<M>(&invocation, &scan, &work_id, shard)
+            .await
+    }
+
+    /// [`Runner::settle_poisoned`] for an item of a running scan: re-queue it, fail it, or
+    /// ignore the message (module invariants 1-3).
+    async fn settle_unfinished<M: WorkMessage>(
+        &self,
+        invocation: &QueueInvocation,
+        scan: &ScanContext,
+        work_id: &str,
+        shard: u32,
+    ) -> InvocationResponse {
+        let scan_id = scan.scan_id.as_str();
+        let tracker = self.app.tracker_on(self.app.bookkeeping());
+        let read_row = || patiently(true, || tracker.work_state_rounds(scan_id, shard, work_id));
+        let mut read = read_row().await;
+        let (mut lost_a_race, mut exhausted) = (false, false);
+        for _ in 0..MAX_ROUND_ATTEMPTS {
+            let (etag, rounds) = match read {
+                Err(e) => {
+                    return reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{work_id}: could not read the poisoned item: {e}"),
+                    )
+                }
+                Ok(None | Some((WorkState::Finished, _, _))) => {
+                    return reply(
+                        StatusCode::OK,
+                        format!(
+                            "{work_id}: poisoned message of a finished work item; nothing to do"
+                        ),
+                    )
+                }
+                Ok(Some((_, false, rounds))) => {
+                    return self
+                        .unmarked::<M>(invocation, work_id, scan_id, rounds, lost_a_race)
+                        .await
+                }
+                Ok(Some((_, true, rounds))) if rounds >= REQUEUE_ROUNDS => {
+                    exhausted = true;
+                    break;
+                }
+                Ok(Some((
+                    WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
+                    true,
+                    r,
+                ))) => (etag, r),
+            };
+            let round = rounds + 1;
+            match patiently(true, || {
+                tracker.start_round(scan_id, shard, work_id, &etag, round)
+            })
+            .await
+            {
+                Ok(Some(_)) => return self.requeue::<M>(invocation, work_id, round).await,
+                // Changed since read: another delivery started the round, or recorded an outcome.
+                Ok(None) => {
+                    lost_a_race = true;
+                    read = read_row().await;
+                }
+                Err(e) => {
+                    return reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{work_id}: could not start a new round of deliveries: {e}"),
+                    )
+                }
             }
-            Ok(_) => {}
-            Err(e) => {
-                return reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{work_id}: could not read the poisoned item: {e}"),
-                )
-            }
+        }
+        if !exhausted {
+            return reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{work_id}: its row kept changing while the poisoned message was settled"),
+            );
         }
         let reason = format!(
             "work item {work_id} ({}) was poisoned: its last delivery began and no delivery \
-             recorded an outcome (handler killed or timed out)",
-            M::NAME
+             recorded an outcome (handler killed, timed out, or storage unavailable), in {} \
+             rounds of deliveries",
+            M::NAME,
+            REQUEUE_ROUNDS + 1
         );
-        match self.fail_work_item(&scan, &work_id, shard, &reason).await {
+        match self.fail_work_item(scan, work_id, shard, &reason).await {
             Ok(true) => reply(
                 StatusCode::OK,
                 format!(
-                    "{work_id}: recorded as failed; scan {scan_id} failed if it was still running"
+                    "{work_id}: recorded as failed after {REQUEUE_ROUNDS} re-queues; scan \
+                     {scan_id} failed if it was still running"
                 ),
             ),
             Ok(false) => reply(
@@ -175,6 +267,82 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
             Err(e) => reply(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("{work_id}: could not record the poisoned item: {e}"),
+            ),
+        }
+    }
+
+    /// A poisoned message whose unfinished item no last delivery marked (`rounds`: the rounds
+    /// re-queued so far). Never re-queued: forged or early, ignored. Re-queued: another delivery
+    /// started this round (`lost_a_race`), or a stale copy from an earlier round; or, on a
+    /// redelivery of this very message, an earlier attempt of it started the round and may have
+    /// died before putting the message, which is put again (module invariant 3).
+    async fn unmarked<M: WorkMessage>(
+        &self,
+        invocation: &QueueInvocation,
+        work_id: &str,
+        scan_id: &str,
+        rounds: u32,
+        lost_a_race: bool,
+    ) -> InvocationResponse {
+        if rounds == 0 {
+            // Not marked by a last delivery: the item has deliveries left (or its last one has
+            // not begun), so the message is forged or early. Failing the scan on it would let
+            // anyone who can write a queue stop any scan.
+            tracing::warn!(work = %work_id, scan = %scan_id, "ignored a poisoned message whose work item has not exhausted its deliveries (forged, or early); the scan goes on");
+            return reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: ignored a poisoned message of scan {scan_id}: its work item has \
+                     not exhausted its deliveries (no last delivery marked it); the scan goes on"
+                ),
+            );
+        }
+        if invocation.dequeue_count > 1 && !lost_a_race {
+            return self.requeue::<M>(invocation, work_id, rounds).await;
+        }
+        reply(
+            StatusCode::OK,
+            format!(
+                "{work_id}: ignored a poisoned message of scan {scan_id}: its work item is \
+                 already in re-queue round {rounds} (started by another delivery)"
+            ),
+        )
+    }
+
+    /// Puts the poisoned message back on its live queue for re-queue round `round`, as the host
+    /// delivered it (the same text: the same work item, a fresh dequeue count).
+    async fn requeue<M: WorkMessage>(
+        &self,
+        invocation: &QueueInvocation,
+        work_id: &str,
+        round: u32,
+    ) -> InvocationResponse {
+        let queue = if M::NAME == StepMessage::NAME {
+            &self.app.config.prefix_scan_queue
+        } else {
+            &self.app.config.table_copy_queue
+        };
+        let text = MessageEncoding::Base64.encode(invocation.message.as_bytes());
+        let delay = round_delay(round);
+        match self.app.queues.put_message(queue, &text, delay).await {
+            Ok(()) => {
+                tracing::info!(work = %work_id, round, "re-queued a poisoned work item whose last delivery recorded no outcome");
+                reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: its last delivery recorded no outcome (handler killed, timed \
+                         out, or storage unavailable); re-queued for round {round} of \
+                         {REQUEUE_ROUNDS}, delivered in {} s",
+                        delay.as_secs()
+                    ),
+                )
+            }
+            // The host delivers the poison message again, which puts it again (module invariant 3).
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{work_id}: could not re-queue the poisoned message for round {round}: {e}"
+                ),
             ),
         }
     }
