@@ -16,14 +16,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use support::e2e::TestApp;
 use support::faults::{
-    kill_every_second_while_running, proxy, seeded_source, source_entities, start_copy,
-    verify_copy, wait_recorded_end, Summary,
+    kill_every_second_while_running, proxy, recorded_state, seeded_source, source_entities,
+    start_copy, verify_copy, wait_recorded_end, Summary,
 };
 use support::raw::{self, RawClient};
-use support::{table_store, unique_name};
+use support::unique_name;
 use tablescan::lab::proxy::FaultPolicy;
 use tablescan::storage::request_counts::RequestKind;
 
@@ -45,6 +44,7 @@ async fn handler_killed_every_second() {
     let id = start_copy(&app, &source, &destination, 4).await;
     let kills = kill_every_second_while_running(&app, &id, 40).await;
     summary.faults = kills as u64;
+    explain_if_stuck(&app, &id, SCAN_TIMEOUT).await;
     let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
     summary.add(&verdict);
     let logs = app.host().log_lines();
@@ -61,9 +61,35 @@ async fn handler_killed_every_second() {
     app.shutdown().await;
 }
 
-/// Stages the app with host.json's `maxDequeueCount` and `functionTimeout` changed (quick
-/// polling, immediate retries), and starts `instances` host instances on `storage` with
-/// `settings`.
+/// Waits for scan `id` to end (recorded); if it is still running after `timeout`, fails
+/// showing each unfinished work row as stored and every host log line naming it.
+async fn explain_if_stuck(app: &TestApp, id: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while recorded_state(app, id).await.as_deref() == Some("running") {
+        if Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let prefix = format!("{id}-");
+        let rows = RawClient::azurite().rows(&app.names.work_table).await;
+        let logs = app.host().log_lines();
+        let mut report = String::new();
+        for row in rows.iter().filter(|e| {
+            let state = e.text("State").map(raw::decode_string_lossy);
+            e.partition_key().starts_with(&prefix)
+                && matches!(state.as_deref(), Some("pending" | "expanded"))
+        }) {
+            report.push_str(&format!("row {}: {:?}\n", row.row_key(), row.properties));
+            for line in logs.iter().filter(|l| l.contains(&row.row_key())) {
+                report.push_str(&format!("  {}\n", &line[..line.len().min(400)]));
+            }
+        }
+        panic!("scan {id} still running after {timeout:?}\n{report}");
+    }
+}
+
+/// The app on `storage` with host.json's `maxDequeueCount` and `functionTimeout` set (quick
+/// polling, immediate retries), `instances` host instances, `settings` added.
 async fn app_with(
     storage: &str,
     instances: usize,
@@ -71,23 +97,8 @@ async fn app_with(
     function_timeout: &str,
     settings: &[(&str, &str)],
 ) -> TestApp {
-    let dir = tempfile::tempdir().unwrap();
-    // `TABLESCAN_TEST_BIN`: the handler to stage instead of Cargo's (see tests/backup_race.rs).
-    let binary = std::env::var("TABLESCAN_TEST_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tablescan").to_string());
-    tablescan::deploy::stage::stage(dir.path(), std::path::Path::new(&binary)).expect("stage");
-    let path = dir.path().join("host.json");
-    let mut host: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    host["extensions"]["queues"]["maxPollingInterval"] = "00:00:00.200".into();
-    host["extensions"]["queues"]["visibilityTimeout"] = "00:00:00".into();
-    host["extensions"]["queues"]["maxDequeueCount"] = max_dequeue_count.into();
-    host["functionTimeout"] = function_timeout.into();
-    std::fs::write(&path, serde_json::to_string_pretty(&host).unwrap()).unwrap();
-    let max = max_dequeue_count.to_string();
-    let mut all = vec![("TABLESCAN_MAX_DEQUEUE_COUNT", max.as_str())];
-    all.extend_from_slice(settings);
-    let storage = [("AzureWebJobsStorage", storage)];
-    TestApp::start_in(dir, instances, &storage, table_store().0, &all).await
+    let host = (max_dequeue_count, "00:00:00", function_timeout);
+    TestApp::start_tuned(instances, storage, host, settings).await
 }
 
 /// Waits until the host's log has a line containing `needle`.

@@ -53,6 +53,9 @@
 //!    finding the mark does not write it again. The poison functions fail only an unfinished item
 //!    so marked: a message in a poison queue is no proof that its item exhausted its deliveries
 //!    (it may be forged), the mark is. The mark costs one request, on last deliveries only.
+//!    Before failing such an item they re-queue it for a few more rounds (`work::poison`):
+//!    each round starts with one merge under the row's ETag that clears the mark and counts
+//!    the round (`Requeues`), so each round needs a new last delivery's mark.
 //!
 //! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
 //! and the drained check), [`work_rows`] (work items' rows), [`codec`] (how values are stored in
