@@ -1137,14 +1137,15 @@ async fn a_bookkeeping_failure_on_the_last_attempt_is_re_queued_instead_of_hangi
     );
 }
 
-/// The poison-queue function settles a message whose item no delivery recorded — once the
-/// item's last delivery marked its row (as it does before it works, so a delivery killed in the
-/// middle leaves the mark): it re-queues the message for another round of deliveries, three
-/// times, each round needing a new last delivery's mark; then the item and its scan fail with a
-/// reason. A second delivery of a poison message changes nothing (a redelivery after an attempt
-/// that may have died before its put puts the message again), nor does an undecodable message.
-/// The same message before the mark (forged: the item has deliveries left) is ignored and the
-/// scan goes on.
+/// The poison-queue function settles a message whose item no delivery recorded: it re-queues
+/// the message for another round of deliveries, three times; then, once the item's last
+/// delivery marked its row (as it does before it works, so a delivery killed in the middle
+/// leaves the mark), the item and its scan fail with a reason. A poison message for an unmarked
+/// row (forged, early, or a last delivery that died before marking) is re-queued within the
+/// same rounds and fails nothing, and is ignored once they are used. A second delivery of a
+/// poison message starts no round (a redelivery of the one that started the current round puts
+/// the message again: its earlier attempt may have died before its put); an undecodable
+/// message changes nothing.
 #[tokio::test]
 async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once() {
     let tables = MemoryTableStore::default();
@@ -1167,34 +1168,39 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
         .unwrap();
     let decoded =
         String::from_utf8(MessageEncoding::Base64.decode(&messages[0].text).unwrap()).unwrap();
-    let settle = |dequeue_count: u64| {
-        let payload = host_payload("PrefixScanPoison", &decoded, dequeue_count, "p1");
+    let settle = |message_id: &str, dequeue_count: u64| {
+        let payload = host_payload("PrefixScanPoison", &decoded, dequeue_count, message_id);
         let state = state.clone();
         async move {
-            call(
+            let (status, reply) = call(
                 &state,
                 "POST",
                 "/PrefixScanPoison",
                 Some("application/json"),
                 payload,
             )
-            .await
+            .await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            reply.to_string()
         }
     };
     let scan_state = || async {
         let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
         scan
     };
-    let (status, reply) = settle(1).await;
-    assert_eq!(status, StatusCode::OK, "{reply}");
-    assert!(reply.to_string().contains("ignored"), "{reply}");
-    assert_eq!(scan_state().await["state"], "running", "a forged message");
     let work_table = state.config.work_table.clone();
     let root = tables
         .rows(&work_table)
         .into_iter()
         .find(|e| e.row_key != "counter")
         .unwrap();
+    let root_row = || {
+        tables
+            .rows(&work_table)
+            .into_iter()
+            .find(|e| e.row_key == root.row_key)
+            .unwrap()
+    };
     // The root's last delivery marks its row, then dies.
     let mark = || {
         let mut mark = Entity::new(root.partition_key.clone(), root.row_key.clone());
@@ -1221,46 +1227,55 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
             .await
             .unwrap()
     };
-    for round in 1..=3u64 {
-        mark().await;
-        let (status, reply) = settle(1).await;
-        assert_eq!(status, StatusCode::OK, "{reply}");
-        assert!(
-            reply
-                .to_string()
-                .contains(&format!("re-queued for round {round}")),
-            "{reply}"
-        );
-        assert_eq!(queued().await, 1 + round, "round {round}: one message more");
-        // A second delivery of the same poison message: the round has started, no new copy.
-        let (_, reply) = settle(1).await;
-        assert!(
-            reply.to_string().contains("already in re-queue round"),
-            "{reply}"
-        );
-        assert_eq!(queued().await, 1 + round, "round {round}: no duplicate");
-        assert_eq!(scan_state().await["state"], "running", "round {round}");
-    }
-    // A redelivery of a poison message (its earlier attempt may have died after starting the
-    // round and before its put) puts it again: at worst a duplicate of an unfinished item.
-    let (_, reply) = settle(2).await;
+    let before = queued().await;
+
+    // Unmarked (forged, early, or a last delivery that died before marking): round 1, no failure.
+    let reply = settle("f1", 1).await;
     assert!(
-        reply.to_string().contains("re-queued for round 3"),
+        reply.contains("re-queued for round 1") && reply.contains("nothing is failed"),
         "{reply}"
     );
-    assert_eq!(queued().await, 5);
-    let row = tables
-        .rows(&work_table)
-        .into_iter()
-        .find(|e| e.row_key == root.row_key)
-        .unwrap();
+    assert_eq!(queued().await, before + 1);
+    // Its redelivery: the round is its own; the row still unmarked, it puts the message again.
+    let reply = settle("f1", 2).await;
+    assert!(reply.contains("re-queued for round 1"), "{reply}");
+    assert_eq!(queued().await, before + 2);
+    // A second delivery of the same message otherwise starts nothing.
+    let reply = settle("f1", 1).await;
+    assert!(reply.contains("already in re-queue round 1"), "{reply}");
+    assert_eq!(queued().await, before + 2);
+    for round in 2..=3u64 {
+        mark().await;
+        let message = format!("p{round}");
+        let reply = settle(&message, 1).await;
+        assert!(
+            reply.contains(&format!("re-queued for round {round}")),
+            "{reply}"
+        );
+        let reply = settle(&message, 1).await;
+        assert!(reply.contains("already in re-queue round"), "{reply}");
+        assert_eq!(
+            queued().await,
+            before + round + 1,
+            "round {round}: no duplicate"
+        );
+        assert_eq!(scan_state().await["state"], "running", "round {round}");
+    }
+    let row = root_row();
     assert_eq!(row.properties.get_value("Requeues"), Some(json!(3)));
     assert_eq!(row.properties.get_value("LastDelivery"), Some(json!(false)));
+    assert_eq!(row.properties.get_str("RequeuedBy").as_deref(), Some("p3"));
+    // Rounds used: an unmarked row's poison message is ignored, the scan goes on.
+    let reply = settle("f2", 1).await;
+    assert!(
+        reply.contains("ignored") && reply.contains("not exhausted"),
+        "{reply}"
+    );
+    assert_eq!(scan_state().await["state"], "running", "a forged message");
     // The fourth round's last delivery dies too: the item fails, once.
     mark().await;
     for delivery in ["first", "second"] {
-        let (status, reply) = settle(1).await;
-        assert_eq!(status, StatusCode::OK, "{delivery}: {reply}");
+        settle("p4", 1).await;
         let scan = scan_state().await;
         assert_eq!(scan["state"], "failed", "{delivery}: {scan}");
         assert_eq!(scan["failedWorkItems"], 1, "{delivery}: {scan}");
@@ -1270,6 +1285,7 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
             "{scan}"
         );
     }
+    assert_eq!(queued().await, before + 4);
     let garbage = host_payload("TableCopyPoison", "not an envelope", 1, "p2");
     let (status, reply) = call(
         &state,

@@ -1322,12 +1322,18 @@ async fn marks_scenario(
         store.take(),
     ));
     tracker
-        .start_round(id, root_row.shard, &root_row.id, &etag, 1)
+        .start_round(
+            id,
+            root_row.shard,
+            &root_row.id,
+            &etag,
+            (1, "0f6e3c1a-poison"),
+        )
         .await
         .unwrap()
         .expect("round started");
     out.push((
-        "the poison function re-queues it: round 1 starts (LastDelivery false, Requeues, If-Match)",
+        "the poison function re-queues it: round 1 starts (LastDelivery false, Requeues, RequeuedBy, If-Match)",
         store.take(),
     ));
     assert!(tracker.take_completion_lease(id).await.unwrap());
@@ -1382,9 +1388,10 @@ async fn record_and_work_row_marks_as_stored() {
         })
         .collect();
     let header = "Marks on a scan's record (scans table) and work rows (work table): a work row's\n\
-                  `LastDelivery` and `Requeues`, the record's `CompletionLeaseUntil`, and the\n\
-                  summary its cleanup keeps (`FinalCounters`, `WorkRemovedAt`; docs/retention.md),\n\
-                  in the life of one scan, each transaction's operations as sent. Clock stamps fixed.";
+                  `LastDelivery`, `Requeues` and `RequeuedBy`, the record's `CompletionLeaseUntil`,\n\
+                  and the summary its cleanup keeps (`FinalCounters`, `WorkRemovedAt`;\n\
+                  docs/retention.md), in the life of one scan, each transaction's operations as\n\
+                  sent. Clock stamps fixed.";
     let golden = check_examples("record-marks.txt", header, &examples);
 
     // Read back after each transaction: the rows as stored, written by the test's own client
@@ -1429,19 +1436,17 @@ async fn record_and_work_row_marks_as_stored() {
                 continue;
             }
             let shard: u32 = partition.rsplit('-').next().unwrap().parse().unwrap();
-            let (_, marked, rounds) = read
+            let (_, marks) = read
                 .work_state_rounds(&id, shard, row_key)
                 .await
                 .unwrap()
                 .expect("row");
-            assert_eq!(
-                marked,
-                row.get("LastDelivery") == Some(&json!(true)),
-                "{}",
-                g.name
-            );
+            let marked = row.get("LastDelivery") == Some(&json!(true));
+            assert_eq!(marks.marked, marked, "{}", g.name);
             let requeues = row.get("Requeues").and_then(Value::as_u64).unwrap_or(0);
-            assert_eq!(u64::from(rounds), requeues, "{}", g.name);
+            assert_eq!(u64::from(marks.rounds), requeues, "{}", g.name);
+            let by = row.get("RequeuedBy").and_then(Value::as_str);
+            assert_eq!(marks.requeued_by.as_deref(), by, "{}", g.name);
         }
     }
 }

@@ -5,22 +5,27 @@
 //! Invariants:
 //! 1. A poison message alone proves nothing: anyone who can write the queues can forge one. Only
 //!    an unfinished row marked by a last delivery (`LastDelivery`, tracking invariant 7) proves
-//!    the item exhausted its deliveries; a poison message for an unmarked row is ignored.
+//!    the item exhausted its deliveries, so only a marked row ever fails an item here.
 //! 2. A marked unfinished row means no delivery recorded an outcome: the handler was killed,
 //!    timed out, or storage failed the whole delivery (a transient storage error on the last
 //!    delivery is left unrecorded for this, see `finish`). The item's own code did not fail: it
 //!    records its own failures on its last delivery, and a finished row is left alone. So the
 //!    message is put back on its live queue, delayed ([`round_delay`]), at most
-//!    [`REQUEUE_ROUNDS`] times; a marked row past that fails the item and its scan.
+//!    [`REQUEUE_ROUNDS`] times; a marked row past that fails the item and its scan. An unmarked
+//!    unfinished row (a last delivery that died before marking it, or never reached the
+//!    handler; or a forged or early message) is re-queued within the same bound, which fails
+//!    nothing: a re-queued message is one more delivery of an unfinished item. Past the bound,
+//!    a poison message for an unmarked row is ignored.
 //! 3. A round starts with one merge under the row's ETag that clears the mark and records the
-//!    round (`Requeues`), and only the delivery whose merge succeeded puts the message, after
-//!    it: of concurrent deliveries of one poison message only one re-queues, and every round
-//!    needs a new last delivery's mark. A delivery that dies between the merge and the put is
-//!    redelivered (dequeue count above 1) and finds the row unmarked in a round it may have
-//!    started: it puts the message again (at worst a duplicate live copy of an unfinished item,
-//!    which completion's ETag counts once, as any duplicate delivery).
+//!    round (`Requeues`) and the poison message's id (`RequeuedBy`); only the delivery whose
+//!    merge succeeded puts the message, after it. So of concurrent deliveries only one starts a
+//!    round, and a second delivery of the same poison message finds its own id and starts no
+//!    other; if that redelivery finds the row still unmarked, its earlier attempt may have died
+//!    between merge and put, and it puts the message again (at worst a duplicate live copy of an
+//!    unfinished item, which completion's ETag counts once, as any duplicate delivery).
 
 use super::*;
+use crate::app::tracking::RowMarks;
 use crate::storage::MessageEncoding;
 
 /// How many times an item whose last delivery began and recorded no outcome is re-queued
@@ -185,17 +190,19 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
         let scan_id = scan.scan_id.as_str();
         let tracker = self.app.tracker_on(self.app.bookkeeping());
         let read_row = || patiently(true, || tracker.work_state_rounds(scan_id, shard, work_id));
+        // This poison message's id ("" if the host gave none: then never recognised as such).
+        let me = invocation.id.clone().unwrap_or_default();
         let mut read = read_row().await;
-        let (mut lost_a_race, mut exhausted) = (false, false);
+        let mut lost_a_race = false;
         for _ in 0..MAX_ROUND_ATTEMPTS {
-            let (etag, rounds) = match read {
+            let (etag, marks) = match read {
                 Err(e) => {
                     return reply(
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("{work_id}: could not read the poisoned item: {e}"),
                     )
                 }
-                Ok(None | Some((WorkState::Finished, _, _))) => {
+                Ok(None | Some((WorkState::Finished, _))) => {
                     return reply(
                         StatusCode::OK,
                         format!(
@@ -203,29 +210,37 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
                         ),
                     )
                 }
-                Ok(Some((_, false, rounds))) => {
-                    return self
-                        .unmarked::<M>(invocation, work_id, scan_id, rounds, lost_a_race)
-                        .await
-                }
-                Ok(Some((_, true, rounds))) if rounds >= REQUEUE_ROUNDS => {
-                    exhausted = true;
-                    break;
-                }
                 Ok(Some((
                     WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
-                    true,
-                    r,
-                ))) => (etag, r),
+                    marks,
+                ))) => (etag, marks),
             };
-            let round = rounds + 1;
+            let mine = !me.is_empty() && marks.requeued_by.as_deref() == Some(me.as_str());
+            // This message started the round already, or another delivery just did.
+            if mine || (lost_a_race && !marks.marked) {
+                return self
+                    .already_requeued::<M>(invocation, work_id, &marks, mine)
+                    .await;
+            }
+            if marks.rounds >= REQUEUE_ROUNDS {
+                if marks.marked {
+                    return self.fail_poisoned::<M>(scan, work_id, shard).await;
+                }
+                return ignored(work_id, scan_id, marks.rounds);
+            }
+            let round = marks.rounds + 1;
             match patiently(true, || {
-                tracker.start_round(scan_id, shard, work_id, &etag, round)
+                tracker.start_round(scan_id, shard, work_id, &etag, (round, &me))
             })
             .await
             {
-                Ok(Some(_)) => return self.requeue::<M>(invocation, work_id, round).await,
-                // Changed since read: another delivery started the round, or recorded an outcome.
+                Ok(Some(_)) => {
+                    return self
+                        .requeue::<M>(invocation, work_id, round, marks.marked)
+                        .await
+                }
+                // Changed since read: another delivery started a round, or a live delivery
+                // recorded an outcome or marked the row.
                 Ok(None) => {
                     lost_a_race = true;
                     read = read_row().await;
@@ -238,12 +253,19 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
                 }
             }
         }
-        if !exhausted {
-            return reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("{work_id}: its row kept changing while the poisoned message was settled"),
-            );
-        }
+        reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{work_id}: its row kept changing while the poisoned message was settled"),
+        )
+    }
+
+    /// Fails a marked item whose re-queue rounds are used up, and its scan.
+    async fn fail_poisoned<M: WorkMessage>(
+        &self,
+        scan: &ScanContext,
+        work_id: &str,
+        shard: u32,
+    ) -> InvocationResponse {
         let reason = format!(
             "work item {work_id} ({}) was poisoned: its last delivery began and no delivery \
              recorded an outcome (handler killed, timed out, or storage unavailable), in {} \
@@ -255,8 +277,9 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
             Ok(true) => reply(
                 StatusCode::OK,
                 format!(
-                    "{work_id}: recorded as failed after {REQUEUE_ROUNDS} re-queues; scan \
-                     {scan_id} failed if it was still running"
+                    "{work_id}: recorded as failed after {REQUEUE_ROUNDS} re-queues; scan {} \
+                     failed if it was still running",
+                    scan.scan_id
                 ),
             ),
             Ok(false) => reply(
@@ -271,40 +294,33 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
         }
     }
 
-    /// A poisoned message whose unfinished item no last delivery marked (`rounds`: the rounds
-    /// re-queued so far). Never re-queued: forged or early, ignored. Re-queued: another delivery
-    /// started this round (`lost_a_race`), or a stale copy from an earlier round; or, on a
-    /// redelivery of this very message, an earlier attempt of it started the round and may have
-    /// died before putting the message, which is put again (module invariant 3).
-    async fn unmarked<M: WorkMessage>(
+    /// A poisoned message whose item is in a round that this message (`mine`) or another
+    /// delivery started. A redelivery of the message that started it, the row still unmarked,
+    /// puts the message again: its earlier attempt may have died before its put (module
+    /// invariant 3). Otherwise nothing is done.
+    async fn already_requeued<M: WorkMessage>(
         &self,
         invocation: &QueueInvocation,
         work_id: &str,
-        scan_id: &str,
-        rounds: u32,
-        lost_a_race: bool,
+        marks: &RowMarks,
+        mine: bool,
     ) -> InvocationResponse {
-        if rounds == 0 {
-            // Not marked by a last delivery: the item has deliveries left (or its last one has
-            // not begun), so the message is forged or early. Failing the scan on it would let
-            // anyone who can write a queue stop any scan.
-            tracing::warn!(work = %work_id, scan = %scan_id, "ignored a poisoned message whose work item has not exhausted its deliveries (forged, or early); the scan goes on");
-            return reply(
-                StatusCode::OK,
-                format!(
-                    "{work_id}: ignored a poisoned message of scan {scan_id}: its work item has \
-                     not exhausted its deliveries (no last delivery marked it); the scan goes on"
-                ),
-            );
+        if mine && !marks.marked && invocation.dequeue_count > 1 {
+            return self
+                .requeue::<M>(invocation, work_id, marks.rounds, true)
+                .await;
         }
-        if invocation.dequeue_count > 1 && !lost_a_race {
-            return self.requeue::<M>(invocation, work_id, rounds).await;
-        }
+        let by = if mine {
+            "this message"
+        } else {
+            "another delivery"
+        };
         reply(
             StatusCode::OK,
             format!(
-                "{work_id}: ignored a poisoned message of scan {scan_id}: its work item is \
-                 already in re-queue round {rounds} (started by another delivery)"
+                "{work_id}: nothing to do: its work item is already in re-queue round {} \
+                 (started by {by})",
+                marks.rounds
             ),
         )
     }
@@ -316,6 +332,7 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
         invocation: &QueueInvocation,
         work_id: &str,
         round: u32,
+        marked: bool,
     ) -> InvocationResponse {
         let queue = if M::NAME == StepMessage::NAME {
             &self.app.config.prefix_scan_queue
@@ -326,13 +343,20 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
         let delay = round_delay(round);
         match self.app.queues.put_message(queue, &text, delay).await {
             Ok(()) => {
-                tracing::info!(work = %work_id, round, "re-queued a poisoned work item whose last delivery recorded no outcome");
+                let why = if marked {
+                    "its last delivery began and recorded no outcome (handler killed, timed out, \
+                     or storage unavailable)"
+                } else {
+                    // Forged, early, or a last delivery that died before it marked the row.
+                    tracing::warn!(work = %work_id, round, "re-queued a poisoned message whose work item has not exhausted its deliveries as far as its row shows (forged, early, or its last delivery died before marking it); nothing is failed");
+                    "no last delivery marked its row (forged, early, or the last delivery died \
+                     before marking it); nothing is failed"
+                };
                 reply(
                     StatusCode::OK,
                     format!(
-                        "{work_id}: its last delivery recorded no outcome (handler killed, timed \
-                         out, or storage unavailable); re-queued for round {round} of \
-                         {REQUEUE_ROUNDS}, delivered in {} s",
+                        "{work_id}: {why}; re-queued for round {round} of {REQUEUE_ROUNDS}, \
+                         delivered in {} s",
                         delay.as_secs()
                     ),
                 )
@@ -346,4 +370,20 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
             ),
         }
     }
+}
+
+/// The reply to a poisoned message whose unfinished item no last delivery marked, after its
+/// re-queue rounds are used: it has not exhausted its deliveries as far as its row shows
+/// (forged, or early), and failing the scan on it would let anyone who can write a queue stop
+/// any scan.
+fn ignored(work_id: &str, scan_id: &str, rounds: u32) -> InvocationResponse {
+    tracing::warn!(work = %work_id, scan = %scan_id, "ignored a poisoned message whose work item has not exhausted its deliveries (forged, or early); the scan goes on");
+    reply(
+        StatusCode::OK,
+        format!(
+            "{work_id}: ignored a poisoned message of scan {scan_id}: its work item has not \
+             exhausted its deliveries (no last delivery marked it) and its {rounds} re-queue \
+             rounds are used; the scan goes on"
+        ),
+    )
 }
