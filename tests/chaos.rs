@@ -48,6 +48,17 @@ async fn handler_killed_every_second() {
     let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
     summary.add(&verdict);
     let logs = app.host().log_lines();
+    if !verdict.problems.is_empty() {
+        // Which item failed the scan, and every line about it.
+        let (_, status) = app.get(&format!("/api/scans/{id}")).await;
+        let error = status["error"].as_str().unwrap_or_default().to_string();
+        eprintln!("handler-kills-every-second: scan error: {error}");
+        if let Some(item) = error.split_whitespace().nth(2) {
+            for line in logs.iter().filter(|l| l.contains(item)) {
+                eprintln!("  {}", &line[..line.len().min(500)]);
+            }
+        }
+    }
     let count = |needle: &str| logs.iter().filter(|l| l.contains(needle)).count();
     let recycled = count("recycling the host instance");
     let requeued = count("re-queued for round");
