@@ -1313,13 +1313,28 @@ async fn marks_scenario(
     else {
         panic!("the root is pending");
     };
-    tracker
+    let etag = tracker
         .mark_last_delivery(id, root_row.shard, &root_row.id, &etag)
         .await
         .unwrap()
         .expect("marked");
     out.push((
         "the root's last delivery marks its row (LastDelivery, If-Match)",
+        store.take(),
+    ));
+    tracker
+        .start_round(
+            id,
+            root_row.shard,
+            &root_row.id,
+            &etag,
+            (1, "0f6e3c1a-poison"),
+        )
+        .await
+        .unwrap()
+        .expect("round started");
+    out.push((
+        "the poison function re-queues it: round 1 starts (LastDelivery false, Requeues, RequeuedBy, If-Match)",
         store.take(),
     ));
     assert!(tracker.take_completion_lease(id).await.unwrap());
@@ -1374,9 +1389,10 @@ async fn record_and_work_row_marks_as_stored() {
         })
         .collect();
     let header = "Marks on a scan's record (scans table) and work rows (work table): a work row's\n\
-                  `LastDelivery`, the record's `CompletionLeaseUntil`, and the summary its cleanup\n\
-                  keeps (`FinalCounters`, `WorkRemovedAt`; docs/retention.md), in the life of one\n\
-                  scan, each transaction's operations as sent. Clock stamps fixed.";
+                  `LastDelivery`, `Requeues` and `RequeuedBy`, the record's `CompletionLeaseUntil`,\n\
+                  and the summary its cleanup keeps (`FinalCounters`, `WorkRemovedAt`;\n\
+                  docs/retention.md), in the life of one scan, each transaction's operations as\n\
+                  sent. Clock stamps fixed.";
     let golden = check_examples("record-marks.txt", header, &examples);
 
     // Read back after each transaction: the rows as stored, written by the test's own client
@@ -1421,12 +1437,17 @@ async fn record_and_work_row_marks_as_stored() {
                 continue;
             }
             let shard: u32 = partition.rsplit('-').next().unwrap().parse().unwrap();
-            let (_, marked) = read
-                .work_state_marked(&id, shard, row_key)
+            let (_, marks) = read
+                .work_state_rounds(&id, shard, row_key)
                 .await
                 .unwrap()
                 .expect("row");
-            assert_eq!(marked, row.contains_key("LastDelivery"), "{}", g.name);
+            let marked = row.get("LastDelivery") == Some(&json!(true));
+            assert_eq!(marks.marked, marked, "{}", g.name);
+            let requeues = row.get("Requeues").and_then(Value::as_u64).unwrap_or(0);
+            assert_eq!(u64::from(marks.rounds), requeues, "{}", g.name);
+            let by = row.get("RequeuedBy").and_then(Value::as_str);
+            assert_eq!(marks.requeued_by.as_deref(), by, "{}", g.name);
         }
     }
 }

@@ -1022,8 +1022,12 @@ fn failing_app(
     (app_state(config, map, &queues), queues, armed)
 }
 
+/// Storage failing every delivery of a work item, the last one included, is not the item's own
+/// failure: its last delivery leaves the row marked and unrecorded, and the poison function
+/// re-queues the message for another round instead of failing the scan (issue 27, part 8);
+/// the scan does not hang either, since after its rounds the poison function fails it.
 #[tokio::test]
-async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_hanging() {
+async fn a_bookkeeping_failure_on_the_last_attempt_is_re_queued_instead_of_hanging() {
     let tables = MemoryTableStore::default();
     tables.load("Source", source_rows());
     let (state, queues, armed) = failing_app(&tables, "TablescanWork", false);
@@ -1048,6 +1052,7 @@ async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_han
     // From now on the root step can never register its children.
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut last_status = None;
+    let mut last_payload = Vec::new();
     for attempt in 1..=5u64 {
         let messages = queues
             .get_messages("tablescan-prefixscan", 1, std::time::Duration::ZERO)
@@ -1058,6 +1063,7 @@ async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_han
         assert_eq!(m.dequeue_count, attempt);
         let decoded = String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap()).unwrap();
         let payload = host_payload("PrefixScan", &decoded, m.dequeue_count, &m.id);
+        last_payload = host_payload("PrefixScanPoison", &decoded, 1, "p1");
         let response = app(state.clone())
             .oneshot(
                 Request::builder()
@@ -1087,22 +1093,44 @@ async fn a_bookkeeping_failure_on_the_last_attempt_fails_the_scan_instead_of_han
         .unwrap();
     let body: Value =
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    assert_eq!(body["state"], "failed", "{body}");
+    assert_eq!(body["state"], "running", "{body}");
+    assert_eq!(body["failedWorkItems"], 0, "{body}");
+    // The host poisons the message; the poison function puts it back for round 1 (delayed).
+    let (status, reply) = call(
+        &state,
+        "POST",
+        "/PrefixScanPoison",
+        Some("application/json"),
+        last_payload,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
     assert!(
-        body["error"].as_str().unwrap().contains("after 5 attempts"),
-        "{body}"
+        reply.to_string().contains("re-queued for round 1"),
+        "{reply}"
     );
-    assert_eq!(body["failedWorkItems"], 1);
-    assert_eq!(body["pendingWorkItems"], 0);
+    // The original (this test is the host and never moved it) and the re-queued copy.
+    assert_eq!(
+        queues
+            .approximate_count("tablescan-prefixscan")
+            .await
+            .unwrap(),
+        2,
+        "the message is back on its queue"
+    );
 }
 
-/// The poison-queue function settles a message whose item no delivery recorded — once the
-/// item's last delivery marked its row (as it does before it works, so a delivery killed in the
-/// middle leaves the mark): the item and its scan fail with a reason; a second delivery and an
-/// undecodable message change nothing. The same message before the mark (forged: the item has
-/// deliveries left) is ignored and the scan goes on.
+/// The poison-queue function settles a message whose item no delivery recorded: it re-queues
+/// the message for another round of deliveries, three times; then, once the item's last
+/// delivery marked its row (as it does before it works, so a delivery killed in the middle
+/// leaves the mark), the item and its scan fail with a reason. A poison message for an unmarked
+/// row (forged, early, or a last delivery that died before marking) is re-queued within the
+/// same rounds and fails nothing, and is ignored once they are used. A second delivery of a
+/// poison message starts no round (a redelivery of the one that started the current round puts
+/// the message again: its earlier attempt may have died before its put); an undecodable
+/// message changes nothing.
 #[tokio::test]
-async fn poison_queue_function_fails_an_unrecorded_item_once() {
+async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once() {
     let tables = MemoryTableStore::default();
     tables.load("Source", source_rows());
     let (state, queues) = state_with(tables.clone(), &[]);
@@ -1114,57 +1142,133 @@ async fn poison_queue_function_fails_an_unrecorded_item_once() {
     .await;
     let id = body["id"].as_str().unwrap().to_string();
     let messages = queues
-        .get_messages("tablescan-prefixscan", 1, std::time::Duration::ZERO)
+        .get_messages(
+            "tablescan-prefixscan",
+            1,
+            std::time::Duration::from_secs(3600),
+        )
         .await
         .unwrap();
     let decoded =
         String::from_utf8(MessageEncoding::Base64.decode(&messages[0].text).unwrap()).unwrap();
-    let payload = host_payload("PrefixScanPoison", &decoded, 1, "p1");
-    let settle = || {
-        call(
-            &state,
-            "POST",
-            "/PrefixScanPoison",
-            Some("application/json"),
-            payload.clone(),
-        )
+    let settle = |message_id: &str, dequeue_count: u64| {
+        let payload = host_payload("PrefixScanPoison", &decoded, dequeue_count, message_id);
+        let state = state.clone();
+        async move {
+            let (status, reply) = call(
+                &state,
+                "POST",
+                "/PrefixScanPoison",
+                Some("application/json"),
+                payload,
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            reply.to_string()
+        }
     };
-    let (status, reply) = settle().await;
-    assert_eq!(status, StatusCode::OK, "{reply}");
-    assert!(reply.to_string().contains("ignored"), "{reply}");
-    let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
-    assert_eq!(scan["state"], "running", "a forged message: {scan}");
-    // The root's last delivery marked its row, then died.
+    let scan_state = || async {
+        let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+        scan
+    };
     let work_table = state.config.work_table.clone();
     let root = tables
         .rows(&work_table)
         .into_iter()
         .find(|e| e.row_key != "counter")
         .unwrap();
-    let mut mark = Entity::new(root.partition_key.clone(), root.row_key.clone());
-    mark.properties.insert("LastDelivery", json!(true));
-    tables
-        .submit_batch(
-            &work_table,
-            &root.partition_key,
-            &[BatchOperation::Merge {
-                entity: mark,
-                etag: None,
-            }],
-        )
-        .await
-        .unwrap();
+    let root_row = || {
+        tables
+            .rows(&work_table)
+            .into_iter()
+            .find(|e| e.row_key == root.row_key)
+            .unwrap()
+    };
+    // The root's last delivery marks its row, then dies.
+    let mark = || {
+        let mut mark = Entity::new(root.partition_key.clone(), root.row_key.clone());
+        mark.properties.insert("LastDelivery", json!(true));
+        let tables = tables.clone();
+        let (table, pk) = (work_table.clone(), root.partition_key.clone());
+        async move {
+            tables
+                .submit_batch(
+                    &table,
+                    &pk,
+                    &[BatchOperation::Merge {
+                        entity: mark,
+                        etag: None,
+                    }],
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let queued = || async {
+        queues
+            .approximate_count("tablescan-prefixscan")
+            .await
+            .unwrap()
+    };
+    let before = queued().await;
+
+    // Unmarked (forged, early, or a last delivery that died before marking): round 1, no failure.
+    let reply = settle("f1", 1).await;
+    assert!(
+        reply.contains("re-queued for round 1") && reply.contains("nothing is failed"),
+        "{reply}"
+    );
+    assert_eq!(queued().await, before + 1);
+    // Its redelivery: the round is its own; the row still unmarked, it puts the message again.
+    let reply = settle("f1", 2).await;
+    assert!(reply.contains("re-queued for round 1"), "{reply}");
+    assert_eq!(queued().await, before + 2);
+    // A second delivery of the same message otherwise starts nothing.
+    let reply = settle("f1", 1).await;
+    assert!(reply.contains("already in re-queue round 1"), "{reply}");
+    assert_eq!(queued().await, before + 2);
+    for round in 2..=3u64 {
+        mark().await;
+        let message = format!("p{round}");
+        let reply = settle(&message, 1).await;
+        assert!(
+            reply.contains(&format!("re-queued for round {round}")),
+            "{reply}"
+        );
+        let reply = settle(&message, 1).await;
+        assert!(reply.contains("already in re-queue round"), "{reply}");
+        assert_eq!(
+            queued().await,
+            before + round + 1,
+            "round {round}: no duplicate"
+        );
+        assert_eq!(scan_state().await["state"], "running", "round {round}");
+    }
+    let row = root_row();
+    assert_eq!(row.properties.get_value("Requeues"), Some(json!(3)));
+    assert_eq!(row.properties.get_value("LastDelivery"), Some(json!(false)));
+    assert_eq!(row.properties.get_str("RequeuedBy").as_deref(), Some("p3"));
+    // Rounds used: an unmarked row's poison message is ignored, the scan goes on.
+    let reply = settle("f2", 1).await;
+    assert!(
+        reply.contains("ignored") && reply.contains("not exhausted"),
+        "{reply}"
+    );
+    assert_eq!(scan_state().await["state"], "running", "a forged message");
+    // The fourth round's last delivery dies too: the item fails, once.
+    mark().await;
     for delivery in ["first", "second"] {
-        let (status, reply) = settle().await;
-        assert_eq!(status, StatusCode::OK, "{delivery}: {reply}");
-        let (_, scan) = call(&state, "GET", &format!("/api/scans/{id}"), None, vec![]).await;
+        settle("p4", 1).await;
+        let scan = scan_state().await;
         assert_eq!(scan["state"], "failed", "{delivery}: {scan}");
         assert_eq!(scan["failedWorkItems"], 1, "{delivery}: {scan}");
+        let error = scan["error"].as_str().unwrap();
         assert!(
-            scan["error"].as_str().unwrap().contains("was poisoned"),
+            error.contains("was poisoned") && error.contains("in 4 rounds"),
             "{scan}"
         );
     }
+    assert_eq!(queued().await, before + 4);
     let garbage = host_payload("TableCopyPoison", "not an envelope", 1, "p2");
     let (status, reply) = call(
         &state,

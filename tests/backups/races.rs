@@ -26,7 +26,7 @@ use support::faults::{
     poison_invocations, proxy, recorded_state, seeded_source, source_entities, start_copy,
     unfinished_bookkeeping, verify_copy, wait_recorded_end,
 };
-use support::{queue_store, table_store, unique_name};
+use support::{queue_store, unique_name};
 use tablescan::lab::proxy::FaultPolicy;
 use tablescan::storage::blob::{BlobStore, BlobWrite};
 use tablescan::storage::request_counts::RequestKind;
@@ -41,31 +41,8 @@ async fn app_with(
     function_timeout: &str,
     settings: &[(&str, &str)],
 ) -> TestApp {
-    let dir = tempfile::tempdir().unwrap();
-    // `TABLESCAN_TEST_BIN`: the handler binary to stage instead of Cargo's (when several
-    // checkouts share one target directory, `target/debug/tablescan` is the last one built).
-    let binary = std::env::var("TABLESCAN_TEST_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tablescan").to_string());
-    tablescan::deploy::stage::stage(dir.path(), std::path::Path::new(&binary)).expect("stage");
-    let path = dir.path().join("host.json");
-    let mut host: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let queues = &mut host["extensions"]["queues"];
-    queues["maxPollingInterval"] = "00:00:00.200".into();
-    queues["visibilityTimeout"] = visibility_timeout.into();
-    queues["maxDequeueCount"] = max_dequeue_count.into();
-    host["functionTimeout"] = function_timeout.into();
-    std::fs::write(&path, serde_json::to_string_pretty(&host).unwrap()).unwrap();
-    let max = max_dequeue_count.to_string();
-    let mut all = vec![("TABLESCAN_MAX_DEQUEUE_COUNT", max.as_str())];
-    all.extend_from_slice(settings);
-    TestApp::start_in(
-        dir,
-        1,
-        &[("AzureWebJobsStorage", storage)],
-        table_store().0,
-        &all,
-    )
-    .await
+    let host = (max_dequeue_count, visibility_timeout, function_timeout);
+    TestApp::start_tuned(1, storage, host, settings).await
 }
 
 async fn default_app() -> TestApp {

@@ -73,6 +73,35 @@ impl TestApp {
         TestApp::start_in(dir, instances, storage, store, settings).await
     }
 
+    /// Stages the handler (`TABLESCAN_TEST_BIN` if set, else Cargo's: when several checkouts
+    /// share one target directory, `target/debug/tablescan` is the last one built) with
+    /// host.json's queue `visibilityTimeout`, `maxDequeueCount` (and the handler's
+    /// `TABLESCAN_MAX_DEQUEUE_COUNT`) and `functionTimeout` set, quick polling, and starts
+    /// `instances` host instances on the app storage `storage` with `settings` added.
+    pub async fn start_tuned(
+        instances: usize,
+        storage: &str,
+        (max_dequeue_count, visibility_timeout, function_timeout): (u64, &str, &str),
+        settings: &[(&str, &str)],
+    ) -> TestApp {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = std::env::var("TABLESCAN_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tablescan").to_string());
+        tablescan::deploy::stage::stage(dir.path(), std::path::Path::new(&binary)).expect("stage");
+        tune_host_json(dir.path(), function_timeout);
+        let path = dir.path().join("host.json");
+        let mut host: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        host["extensions"]["queues"]["visibilityTimeout"] = visibility_timeout.into();
+        host["extensions"]["queues"]["maxDequeueCount"] = max_dequeue_count.into();
+        std::fs::write(&path, serde_json::to_string_pretty(&host).unwrap()).unwrap();
+        let max = max_dequeue_count.to_string();
+        let mut all = vec![("TABLESCAN_MAX_DEQUEUE_COUNT", max.as_str())];
+        all.extend_from_slice(settings);
+        let storage = [("AzureWebJobsStorage", storage)];
+        TestApp::start_in(dir, instances, &storage, table_store().0, &all).await
+    }
+
     /// Starts `instances` host instances on an app already in `dir` (staged, or a package
     /// unzipped), on the app storage `storage` (see [`TestApp::start_on`]) with `settings` added.
     /// `dir` is used as it is.

@@ -53,6 +53,9 @@
 //!    finding the mark does not write it again. The poison functions fail only an unfinished item
 //!    so marked: a message in a poison queue is no proof that its item exhausted its deliveries
 //!    (it may be forged), the mark is. The mark costs one request, on last deliveries only.
+//!    Before failing such an item they re-queue it for a few more rounds (`work::poison`):
+//!    each round starts with one merge under the row's ETag that clears the mark and counts
+//!    the round (`Requeues`, `RequeuedBy`); only a marked row past the last round fails.
 //!
 //! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
 //! and the drained check), [`work_rows`] (work items' rows), [`codec`] (how values are stored in
@@ -73,8 +76,8 @@ pub use codec::format_time;
 pub use counters::Counters;
 pub use records::{parse_list_token, ScanPage, ScanRecord, ScanState, COMPLETION_LEASE};
 pub use work_rows::{
-    Completion, RecordError, Recorded, WorkState, LAST_DELIVERY_PROPERTY, MAX_FOLDED_CHILDREN,
-    RESULT_PROPERTY,
+    Completion, RecordError, Recorded, RowMarks, WorkState, LAST_DELIVERY_PROPERTY,
+    MAX_FOLDED_CHILDREN, REQUEUED_BY_PROPERTY, REQUEUES_PROPERTY, RESULT_PROPERTY,
 };
 
 /// Optimistic-concurrency retries on a contended row before giving up (the message retries).

@@ -81,6 +81,20 @@ impl<T: TableStore> Tracker<'_, T> {
         shard: u32,
         work_id: &str,
     ) -> Result<Option<(WorkState, bool)>, StorageError> {
+        Ok(self
+            .work_state_rounds(scan_id, shard, work_id)
+            .await?
+            .map(|(state, marks)| (state, marks.marked)))
+    }
+
+    /// Reads a work item's row and its marks: whether a last delivery marked it, and its
+    /// re-queue rounds ([`Tracker::start_round`]).
+    pub async fn work_state_rounds(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+    ) -> Result<Option<(WorkState, RowMarks)>, StorageError> {
         let pk = shard_partition(scan_id, shard);
         Ok(self
             .store
@@ -89,6 +103,14 @@ impl<T: TableStore> Tracker<'_, T> {
             .map(|(entity, etag)| {
                 let props = &entity.properties;
                 let marked = props.get_value(LAST_DELIVERY_PROPERTY) == Some(json!(true));
+                let marks = RowMarks {
+                    marked,
+                    rounds: props
+                        .get_value(REQUEUES_PROPERTY)
+                        .and_then(|v| v.as_u64())
+                        .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32),
+                    requeued_by: get_str(props, REQUEUED_BY_PROPERTY),
+                };
                 let state = match get_str(props, "State").as_deref() {
                     Some("pending") => WorkState::Pending { etag },
                     Some("expanded") => {
@@ -99,7 +121,7 @@ impl<T: TableStore> Tracker<'_, T> {
                     }
                     _ => WorkState::Finished,
                 };
-                (state, marked)
+                (state, marks)
             }))
     }
 
@@ -114,9 +136,34 @@ impl<T: TableStore> Tracker<'_, T> {
         work_id: &str,
         etag: &str,
     ) -> Result<Option<String>, StorageError> {
-        let pk = shard_partition(scan_id, shard);
-        let mut row = Entity::new(pk.clone(), work_id);
+        let mut row = Entity::new(shard_partition(scan_id, shard), work_id);
         row.properties.insert(LAST_DELIVERY_PROPERTY, json!(true));
+        self.merge_at(row, etag).await
+    }
+
+    /// Starts re-queue round `round` of an unfinished row (at `etag`): clears a last delivery's
+    /// mark (`LastDelivery` false) and records the round ([`REQUEUES_PROPERTY`]) and the poison
+    /// message that started it (`by`, [`REQUEUED_BY_PROPERTY`]) in one merge under the ETag, so
+    /// that of concurrent poison deliveries only one starts it. Returns the row's new ETag, or
+    /// `None` if the row changed (or went) since it was read.
+    pub async fn start_round(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        etag: &str,
+        (round, by): (u32, &str),
+    ) -> Result<Option<String>, StorageError> {
+        let mut row = Entity::new(shard_partition(scan_id, shard), work_id);
+        row.properties.insert(LAST_DELIVERY_PROPERTY, json!(false));
+        row.properties.insert(REQUEUES_PROPERTY, json!(round));
+        put_str(&mut row.properties, REQUEUED_BY_PROPERTY, by);
+        self.merge_at(row, etag).await
+    }
+
+    /// Merges `row` under `etag`: its new ETag, or `None` if it changed or went.
+    async fn merge_at(&self, row: Entity, etag: &str) -> Result<Option<String>, StorageError> {
+        let pk = row.partition_key.clone();
         let ops = [BatchOperation::Merge {
             entity: row,
             etag: Some(etag.to_string()),
@@ -553,6 +600,27 @@ pub const RESULT_PROPERTY: &str = "Result";
 /// deliveries (a message in a poison queue proves nothing: anyone who can write queues can put
 /// one there). Finishing the row replaces it, mark included.
 pub const LAST_DELIVERY_PROPERTY: &str = "LastDelivery";
+
+/// The `Edm.Int32` property counting the times the poison functions re-queued an unfinished
+/// item whose last delivery began and recorded no outcome ([`Tracker::start_round`]). Absent:
+/// never re-queued. Finishing the row replaces it too.
+pub const REQUEUES_PROPERTY: &str = "Requeues";
+
+/// The string property naming the queue message id of the poison message that started the
+/// row's latest re-queue round ([`Tracker::start_round`]): a redelivery of that same message
+/// knows the round is its own.
+pub const REQUEUED_BY_PROPERTY: &str = "RequeuedBy";
+
+/// A work row's marks ([`Tracker::work_state_rounds`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RowMarks {
+    /// A last delivery marked the row (`LastDelivery`) since its latest round started.
+    pub marked: bool,
+    /// Re-queue rounds started (`Requeues`; 0 when never).
+    pub rounds: u32,
+    /// The poison message that started the latest round (`RequeuedBy`).
+    pub requeued_by: Option<String>,
+}
 
 /// What [`Tracker::record_outcome`] wrote: the row's new ETag, and the shard's counter with its
 /// ETag when children were registered with it.

@@ -20,9 +20,12 @@ impl<S: Stores> Runner<'_, S> {
         match self.commit(&begun, result).await {
             Ok(line) => reply(StatusCode::OK, line),
             Err(e) => {
-                if begun.invocation.dequeue_count >= self.app.config.max_dequeue_count
-                    || e.is_permanent()
-                {
+                // A transient storage error on the last delivery is not the item's own failure:
+                // it is left unrecorded (the row keeps its last delivery's mark), the host
+                // poisons the message, and the poison function re-queues it (`poison`).
+                let last = begun.invocation.dequeue_count >= self.app.config.max_dequeue_count;
+                let transient = matches!(&e, WorkError::Storage(s) if s.is_transient());
+                if e.is_permanent() || (last && !transient) {
                     if let Err(record) = self.record_failure(&begun, &e).await {
                         tracing::error!(work = %begun.work_id, scan = %scan_id, error = %record, "could not record the failure of a poisoned work item; the scan will not end by itself");
                     }
