@@ -28,7 +28,8 @@
 //!
 //! [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::app::pace::Meter;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -191,7 +192,7 @@ impl Driver for ImportDriver {
         state: &AppState<T, Q>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
-        let requests = Arc::new(AtomicU64::new(0));
+        let requests = Meter::new();
         let (_, sha256) = read_manifest(state, context, &requests)
             .await
             .map_err(|e| match e {
@@ -269,7 +270,7 @@ impl Driver for ImportDriver {
 async fn read_manifest<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
 ) -> Result<(Manifest, String), WorkError> {
     let options: ImportOptions = scan.options()?;
     let blobs = state.blob_store(&scan.source.connection, requests)?;

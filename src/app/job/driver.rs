@@ -37,8 +37,8 @@
 //!   message), and keeps what it reuses across invocations in its own module
 //!   (`AppState::driver_state`).
 
+use crate::app::pace::Meter;
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -132,7 +132,7 @@ pub trait Driver: Send + Sync + 'static {
     fn work_rows<T: TableStore + Clone, Q: QueueStore + Clone>(
         state: &AppState<T, Q>,
         scan: &ScanContext,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
         rows: Vec<Entity>,
     ) -> impl Future<Output = Result<i64, WorkError>> + Send {
         let _ = (state, scan, requests, rows);

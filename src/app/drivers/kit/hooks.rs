@@ -3,8 +3,8 @@
 //! recording its options, turning segments into work items, counting the rows a step worked
 //! on, re-working an adopted step's ranges, parsing its items.
 
+use crate::app::pace::Meter;
 use std::marker::PhantomData;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -94,7 +94,7 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
         &'a self,
         state: &'a AppState<T, Q>,
         scan: &'a ScanContext,
-        requests: &'a Arc<AtomicU64>,
+        requests: &'a Arc<Meter>,
         rows: Vec<Entity>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
         Box::pin(work_rows::<D, T, Q>(state, scan, requests, rows))
@@ -104,7 +104,7 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
         &'a self,
         state: &'a AppState<T, Q>,
         scan: &'a ScanContext,
-        requests: &'a Arc<AtomicU64>,
+        requests: &'a Arc<Meter>,
         range: &'a RangeWork,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
         Box::pin(rework_range::<D, T, Q>(state, scan, requests, range))
@@ -141,7 +141,7 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
 async fn work_rows<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
     rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
     let matched = rows.len() as i64;
@@ -164,7 +164,7 @@ const MAX_REWORK_ROUNDS: usize = 8;
 async fn rework_range<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
     range: &RangeWork,
 ) -> Result<Counters, WorkError> {
     let source = state.counted_table(&scan.source.connection, requests)?;
