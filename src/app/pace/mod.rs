@@ -35,6 +35,8 @@ pub const MAX_LIMIT: u32 = 20_000;
 pub const MIN_CHUNK: u32 = 64;
 /// A token may be spent up to this long after its slot (then it is dropped).
 pub const GRACE_US: i64 = 20_000;
+/// Most tokens one request gives up for being late ([`Pacer::take`]).
+const MAX_LATE: u32 = 3;
 /// Most scans whose pacer an instance keeps (the map is cleared when it grows past this).
 const MAX_PACERS: usize = 1_000;
 
@@ -189,15 +191,23 @@ impl Pacer {
         Duration::from_micros(ahead.max(0.0) as u64)
     }
 
-    /// Waits for a token; a lease the token needs is counted into `meter`.
+    /// Waits for a token; a lease the token needs is counted into `meter`. A token whose slot
+    /// has passed by more than [`GRACE_US`] when its wait ends (the instance was too busy to
+    /// send on time) is given up and another taken, at most [`MAX_LATE`] times, so that late
+    /// requests do not bunch up with those on time.
     async fn take(&self, meter: &Meter) -> StorageResult<()> {
-        // Bounded: each round either takes a token or leases a chunk of them.
+        let mut late = 0;
+        // Bounded: each round takes a token (at most MAX_LATE + 1 of them) or leases a chunk.
         loop {
             let slot = self.window.lock().unwrap().take(now_us(), self.spacing());
             if let Some(at) = slot {
                 let wait = at - now_us() as f64;
                 if wait > 0.0 {
                     tokio::time::sleep(Duration::from_micros(wait as u64)).await;
+                }
+                if now_us() as f64 - at > GRACE_US as f64 && late < MAX_LATE {
+                    late += 1;
+                    continue;
                 }
                 return Ok(());
             }
