@@ -35,6 +35,9 @@ pub const MAX_LIMIT: u32 = 20_000;
 pub const MIN_CHUNK: u32 = 64;
 /// A token may be spent up to this long after its slot (then it is dropped).
 pub const GRACE_US: i64 = 20_000;
+/// Slots are laid out for this much less than the limit, so that the jitter of sending (a busy
+/// instance, the network) keeps the busiest seconds within the limit.
+pub const MARGIN: f64 = 0.03;
 /// Most tokens one request gives up for being late ([`Pacer::take`]).
 const MAX_LATE: u32 = 3;
 /// Most scans whose pacer an instance keeps (the map is cleared when it grows past this).
@@ -173,8 +176,9 @@ impl Pacer {
         self.limit
     }
 
+    /// Microseconds between two slots: the limit less [`MARGIN`].
     fn spacing(&self) -> f64 {
-        1e6 / f64::from(self.limit)
+        1e6 / (f64::from(self.limit) * (1.0 - MARGIN))
     }
 
     /// Charges `n` requests made without a token.
