@@ -15,9 +15,9 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
-use support::account;
 use support::raw::RawClient;
 use support::router::{call, InProcessApp};
+use support::account;
 use tablescan::app::tracking::retention::started_by_key;
 use tablescan::app::tracking::{NewWork, ScanRecord, ScanState, Tracker};
 use tablescan::storage::request_counts::RequestCounters;

@@ -15,9 +15,9 @@ use axum::http::StatusCode;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use support::account;
 use support::raw::RawClient;
 use support::router::{call, InProcessApp};
+use support::account;
 use tablescan::app::tracking::{Counters, ScanRecord, ScanState, WorkState};
 use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
