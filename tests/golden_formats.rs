@@ -483,6 +483,7 @@ fn contexts() -> Vec<(&'static str, ScanContext, Value)> {
         select: None,
         options: None,
         in_step: true,
+        max_requests_per_second: None,
     };
     let bounded = ScanParameters {
         prefix: "pk".into(),
@@ -574,10 +575,19 @@ fn contexts() -> Vec<(&'static str, ScanContext, Value)> {
                 params: params(),
                 options: Some(serde_json::to_value(import_options()).unwrap()),
                 in_step: false,
-                ..base
+                ..base.clone()
             },
             json!({"driver": "import", "sourceContainer": "backups",
                    "sourcePrefix": "nightly/2026-01-02", "destinationTable": "PackagesCopy"}),
+        ),
+        (
+            "copy: rate-limited (maxRequestsPerSecond)",
+            ScanContext {
+                max_requests_per_second: Some(2_000),
+                ..base
+            },
+            json!({"driver": "copy", "sourceTable": "Packages", "destinationTable": "PackagesCopy",
+                   "maxRequestsPerSecond": 2000}),
         ),
     ]
 }
@@ -2066,4 +2076,52 @@ fn enqueue_messages() {
     assert_eq!(none["rows"][1]["PartitionKey"], "Z\u{FFFF}");
     let target: EnqueueTarget = serde_json::from_str(golden[2].get("o")).unwrap();
     assert_eq!(target, enqueue_target(32, MessageEncoding::Base64));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A rate-limited scan's schedule row (docs/rate-limit.md)
+
+#[tokio::test]
+async fn pace_rows_as_stored() {
+    use tablescan::app::pace::lease::{Schedule, TableSchedule};
+    let work = support::unique_name("GoldenPace");
+    let schedule = TableSchedule {
+        store: Recorder::new(support::table_store().0),
+        table: work.clone(),
+        scan_id: SCAN.into(),
+    };
+    schedule.store.inner.create_table(&work).await.unwrap();
+    // 2027-01-01T00:00:00Z in microseconds; each lease takes 50 ms of the schedule.
+    let t0 = 1_798_761_600_000_000_i64;
+    let first = schedule.grant(t0, 50_000).await.unwrap();
+    assert_eq!(first.start, t0);
+    let inserted = schedule.store.take();
+    let second = schedule.grant(t0 + 10_000, 50_000).await.unwrap();
+    assert_eq!(second.start, t0 + 50_000, "the schedule was ahead of now");
+    let replaced = schedule.store.take();
+    let examples = vec![
+        ops_example(
+            "a scan's first lease inserts its pace row: NextFreeAt = now + the chunk's span",
+            &inserted,
+        ),
+        ops_example(
+            "a later lease replaces it under the ETag it read: NextFreeAt = max(NextFreeAt, now) + span",
+            &replaced,
+        ),
+    ];
+    let header =
+        "Pace rows (work table; PartitionKey `<scan id>-00`, RowKey `pace`): a rate-limited\n\
+                  scan's shared schedule, NextFreeAt in microseconds since the Unix epoch as a\n\
+                  string (docs/rate-limit.md).";
+    let golden = check_examples("pace-rows.txt", header, &examples);
+    // Read back: the rows as stored, written by the test's own client, leased by today's code.
+    let ops: Vec<Op> = golden.iter().flat_map(ops_of).collect();
+    let table = stored(&replay(ops.iter()), "GoldenPaceRead").await;
+    let read = TableSchedule {
+        store: support::table_store().0,
+        table,
+        scan_id: SCAN.into(),
+    };
+    let third = read.grant(t0, 50_000).await.unwrap();
+    assert_eq!(third.start, t0 + 100_000);
 }

@@ -13,6 +13,7 @@ pub mod job;
 pub mod layers;
 pub mod messages;
 pub mod observe;
+pub mod pace;
 pub mod protocol;
 pub mod server;
 pub mod state;

@@ -3,7 +3,6 @@
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +24,8 @@ use super::config::{Config, STORAGE_SETTING};
 use super::job::context::ScanContext;
 use super::job::error::WorkError;
 use super::job::registry::Drivers;
+use super::pace::lease::TableSchedule;
+use super::pace::{Meter, Pacer, Pacers};
 use super::tracking::{ScanState, Tracker};
 
 /// How long a work item trusts a cached `running` state. Cancellation and failure are noticed
@@ -93,6 +94,8 @@ pub struct AppState<S: Stores> {
     /// Per-app state of drivers (e.g. clients they reuse across invocations), one value per
     /// type: see [`AppState::driver_state`].
     driver_states: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// Pacers of the rate-limited scans this instance works on.
+    pacers: Pacers,
 }
 
 impl<S: Stores> AppState<S> {
@@ -130,6 +133,7 @@ impl<S: Stores> AppState<S> {
             scan_states: ScanStateCache::default(),
             drivers,
             driver_states: Mutex::default(),
+            pacers: Pacers::default(),
         })
     }
 
@@ -137,7 +141,7 @@ impl<S: Stores> AppState<S> {
     pub fn counted_table(
         &self,
         connection: &str,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
     ) -> Result<Counted<S::Table>, WorkError> {
         let store = self.tables.get(connection).ok_or_else(|| {
             WorkError::Failed(format!(
@@ -152,7 +156,7 @@ impl<S: Stores> AppState<S> {
     pub fn queue_store(
         &self,
         connection: &str,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
     ) -> StorageResult<Counted<S::Queue>> {
         match self.connection_queues.get(connection) {
             Some(store) => Ok(Counted::new(store.clone(), requests.clone())),
@@ -177,7 +181,7 @@ impl<S: Stores> AppState<S> {
     pub fn blob_store(
         &self,
         connection: &str,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
     ) -> StorageResult<Counted<AnyBlobStore>> {
         match self.blobs.get(connection) {
             Some(Ok(store)) => Ok(Counted::new(store.clone(), requests.clone())),
@@ -186,6 +190,19 @@ impl<S: Stores> AppState<S> {
                 "connection {connection} has no blob store configured on this app"
             ))),
         }
+    }
+
+    /// The pacer of `scan`'s requests if it has a rate limit (`maxRequestsPerSecond`), shared
+    /// by the scan's work items on this instance; `None` for a scan without one.
+    pub fn pacer_for(&self, scan: &ScanContext) -> Option<Arc<Pacer>> {
+        let limit = scan.max_requests_per_second?;
+        Some(self.pacers.get_or_make(&scan.scan_id, limit, || {
+            Box::new(TableSchedule {
+                store: self.bookkeeping().clone(),
+                table: self.config.work_table.clone(),
+                scan_id: scan.scan_id.clone(),
+            })
+        }))
     }
 
     /// The store holding the bookkeeping tables.
@@ -200,26 +217,28 @@ impl<S: Stores> AppState<S> {
 }
 
 /// Wraps a store and counts the requests made through it (one per logical call; the adapter's
-/// own retries are not visible here), so each work item can report its storage requests.
+/// own retries are not visible here), so each work item can report its storage requests; a
+/// rate-limited scan's requests wait for their token here (`pace`).
 #[derive(Clone)]
 pub struct Counted<S> {
     inner: S,
-    count: Arc<AtomicU64>,
+    count: Arc<Meter>,
 }
 
 impl<S> Counted<S> {
-    pub fn new(inner: S, count: Arc<AtomicU64>) -> Self {
+    pub fn new(inner: S, count: Arc<Meter>) -> Self {
         Counted { inner, count }
     }
 
-    fn tick(&self) {
-        self.count.fetch_add(1, Ordering::Relaxed);
+    /// Counts the request about to be sent (waiting for its token if the scan is paced).
+    async fn tick(&self) -> StorageResult<()> {
+        self.count.tick().await
     }
 }
 
 impl<S: TableStore> TableStore for Counted<S> {
     async fn query_page(&self, table: &str, query: &Query) -> StorageResult<Page> {
-        self.tick();
+        self.tick().await?;
         self.inner.query_page(table, query).await
     }
     async fn submit_batch_with_etags(
@@ -228,7 +247,7 @@ impl<S: TableStore> TableStore for Counted<S> {
         pk: &str,
         operations: &[BatchOperation],
     ) -> StorageResult<Vec<Option<String>>> {
-        self.tick();
+        self.tick().await?;
         self.inner
             .submit_batch_with_etags(table, pk, operations)
             .await
@@ -239,34 +258,34 @@ impl<S: TableStore> TableStore for Counted<S> {
         pk: &str,
         rk: &str,
     ) -> StorageResult<Option<(Entity, String)>> {
-        self.tick();
+        self.tick().await?;
         self.inner.get_entity(table, pk, rk).await
     }
     async fn create_table(&self, table: &str) -> StorageResult<bool> {
-        self.tick();
+        self.tick().await?;
         self.inner.create_table(table).await
     }
     async fn delete_table(&self, table: &str) -> StorageResult<bool> {
-        self.tick();
+        self.tick().await?;
         self.inner.delete_table(table).await
     }
 }
 
 impl<S: QueueStore> QueueStore for Counted<S> {
     async fn create_queue(&self, queue: &str) -> StorageResult<()> {
-        self.tick();
+        self.tick().await?;
         self.inner.create_queue(queue).await
     }
     async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
-        self.tick();
+        self.tick().await?;
         self.inner.delete_queue(queue).await
     }
     async fn put_message(&self, queue: &str, text: &str, delay: Duration) -> StorageResult<()> {
-        self.tick();
+        self.tick().await?;
         self.inner.put_message(queue, text, delay).await
     }
     async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
-        self.tick();
+        self.tick().await?;
         self.inner.put_message_never_expiring(queue, text).await
     }
     async fn get_messages(
@@ -275,11 +294,11 @@ impl<S: QueueStore> QueueStore for Counted<S> {
         max: u8,
         visibility: Duration,
     ) -> StorageResult<Vec<ReceivedMessage>> {
-        self.tick();
+        self.tick().await?;
         self.inner.get_messages(queue, max, visibility).await
     }
     async fn delete_message(&self, queue: &str, id: &str, pop_receipt: &str) -> StorageResult<()> {
-        self.tick();
+        self.tick().await?;
         self.inner.delete_message(queue, id, pop_receipt).await
     }
     async fn update_message(
@@ -290,20 +309,20 @@ impl<S: QueueStore> QueueStore for Counted<S> {
         visibility: Duration,
         text: Option<&str>,
     ) -> StorageResult<String> {
-        self.tick();
+        self.tick().await?;
         self.inner
             .update_message(queue, id, pop, visibility, text)
             .await
     }
     async fn approximate_count(&self, queue: &str) -> StorageResult<u64> {
-        self.tick();
+        self.tick().await?;
         self.inner.approximate_count(queue).await
     }
 }
 
 impl<S: BlobStore> BlobStore for Counted<S> {
     async fn create_container(&self, container: &str) -> StorageResult<bool> {
-        self.tick();
+        self.tick().await?;
         self.inner.create_container(container).await
     }
     async fn upload(
@@ -313,7 +332,7 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         body: Bytes,
         write: &BlobWrite,
     ) -> StorageResult<String> {
-        self.tick();
+        self.tick().await?;
         self.inner.upload(container, name, body, write).await
     }
     async fn put_block(
@@ -323,7 +342,7 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         id: &str,
         body: Bytes,
     ) -> StorageResult<()> {
-        self.tick();
+        self.tick().await?;
         self.inner.put_block(container, name, id, body).await
     }
     async fn commit_blocks(
@@ -333,15 +352,15 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         ids: &[String],
         write: &BlobWrite,
     ) -> StorageResult<String> {
-        self.tick();
+        self.tick().await?;
         self.inner.commit_blocks(container, name, ids, write).await
     }
     async fn block_list(&self, container: &str, name: &str) -> StorageResult<BlockListing> {
-        self.tick();
+        self.tick().await?;
         self.inner.block_list(container, name).await
     }
     async fn download(&self, container: &str, name: &str, max: u64) -> StorageResult<Downloaded> {
-        self.tick();
+        self.tick().await?;
         self.inner.download(container, name, max).await
     }
     async fn properties(
@@ -349,7 +368,7 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         container: &str,
         name: &str,
     ) -> StorageResult<Option<BlobProperties>> {
-        self.tick();
+        self.tick().await?;
         self.inner.properties(container, name).await
     }
     async fn list(
@@ -359,7 +378,7 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         max: u32,
         marker: Option<&str>,
     ) -> StorageResult<BlobListPage> {
-        self.tick();
+        self.tick().await?;
         self.inner.list(container, prefix, max, marker).await
     }
 }
@@ -367,8 +386,8 @@ impl<S: BlobStore> BlobStore for Counted<S> {
 #[cfg(all(test, feature = "lab"))]
 mod tests {
     use super::*;
-    use crate::lab::memory::MemoryTableStore;
-    use crate::lab::memory::{MemoryQueueStore, MemoryStores};
+    use crate::lab::memory::{MemoryQueueStore, MemoryStores, MemoryTableStore};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     #[test]
     fn a_driver_state_is_made_once_per_type() {

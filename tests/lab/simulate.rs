@@ -510,3 +510,59 @@ fn flex_defaults_are_the_templates() {
         flex.instance_memory_mb as u64
     );
 }
+
+/// A copy at `maxRequestsPerSecond` on Flex (simulated): the figures, printed.
+fn rate_limited(rows: u64, limit: u32, horizon_minutes: f64) -> (ScenarioResult, ScenarioResult) {
+    let limit_arg = limit.to_string();
+    let limited = args(&["--plan", "flex", "--max-requests-per-second", &limit_arg]);
+    let free = args(&["--plan", "flex"]);
+    let model = Model::default();
+    let run = |a: &SimulateArgs| {
+        let scenario = Scenario::new(rows, Variant::Prefix, a).on(Plan::Flex);
+        run_scenario(&scenario, &model, 11, horizon_minutes).unwrap()
+    };
+    let (free, limited) = (run(&free), run(&limited));
+    for (name, r) in [("unlimited", &free), ("limited", &limited)] {
+        println!(
+            "SIMULATED {rows} rows, Flex, {name}: {:.0} s, {} requests ({:.0}/s on average), peak {}/s, \
+             refused by the account {}, peak instances {:?}, {:.1} requests per 1,000 rows, wall {:.0} s",
+            r.duration_seconds,
+            r.requests,
+            r.requests as f64 / r.duration_seconds,
+            r.peak_requests_per_second,
+            r.account_throttled_requests,
+            r.peak_instances,
+            r.storage_requests_per_1000_rows,
+            r.wall_seconds,
+        );
+    }
+    (free, limited)
+}
+
+#[test]
+fn a_rate_limited_copy_holds_its_limit_on_flex() {
+    let (free, limited) = rate_limited(3_558_594, 2_000, 120.0);
+    assert!(limited.completed && limited.copy_verified, "{limited:?}");
+    assert!(
+        free.peak_requests_per_second > 2_500,
+        "the copy would go faster"
+    );
+    // The account's load, every request (the host's queue polls too, which are not the scan's).
+    assert!(
+        limited.peak_requests_per_second <= 2_200,
+        "{}",
+        limited.peak_requests_per_second
+    );
+    assert_eq!(limited.account_throttled_requests, 0);
+}
+
+/// The issue's scenario: a 35M-row copy at 2,000 requests/s on Flex (simulated; a few minutes
+/// of wall time: `cargo test --test simulate -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn a_35m_row_copy_at_2000_requests_per_second_on_flex() {
+    let (_, limited) = rate_limited(35_000_000, 2_000, 240.0);
+    assert!(limited.completed && limited.copy_verified, "{limited:?}");
+    assert!(limited.peak_requests_per_second <= 2_200);
+    assert_eq!(limited.account_throttled_requests, 0);
+}

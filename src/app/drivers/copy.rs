@@ -11,10 +11,10 @@
 //! key range, become [`RangeWork`] items (up to 2,000 rows) that re-read their range, with the
 //! filter (bounded: see `range::read_item`), and write what they find.
 
+use crate::app::pace::Meter;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -136,7 +136,7 @@ impl Driver for CopyDriver {
     async fn work_rows<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
         rows: Vec<Entity>,
     ) -> Result<i64, WorkError> {
         upsert(state, scan, requests, rows).await
@@ -165,7 +165,7 @@ impl Driver for CopyDriver {
 async fn upsert<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
     mut rows: Vec<Entity>,
 ) -> Result<i64, WorkError> {
     let destination = scan

@@ -20,10 +20,10 @@
 //! - `rowsWritten` counts the rows deleted by the execution that committed each item; a row
 //!   deleted by an execution that died or lost the race is gone but not counted (a lower bound).
 
+use crate::app::pace::Meter;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -106,7 +106,7 @@ impl Driver for DeleteDriver {
     async fn work_rows<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
         rows: Vec<Entity>,
     ) -> Result<i64, WorkError> {
         let source = state.counted_table(&scan.source.connection, requests)?;

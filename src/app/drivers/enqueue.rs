@@ -27,7 +27,7 @@
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use std::sync::atomic::AtomicU64;
+use crate::app::pace::Meter;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -151,7 +151,7 @@ impl Driver for EnqueueDriver {
     async fn work_rows_counters<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
         rows: Vec<Entity>,
     ) -> Result<Counters, WorkError> {
         enqueue(state, scan, requests, rows).await
@@ -213,7 +213,7 @@ fn check_queue(config: &Config, queue: &str) -> Result<(), String> {
 async fn enqueue<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
     mut rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
     let target: EnqueueTarget = scan.options()?;

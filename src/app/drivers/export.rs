@@ -31,9 +31,8 @@
 //!
 //! [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
 
+use crate::app::pace::Meter;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::try_join_all;
@@ -144,7 +143,7 @@ impl Driver for ExportDriver {
         let layout = options
             .layout()
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
-        let blobs = state.blob_store(&options.connection, &Arc::new(AtomicU64::new(0)))?;
+        let blobs = state.blob_store(&options.connection, &Meter::new())?;
         let manifest = layout.manifest_blob();
         blobs.create_container(&options.container).await?;
         if blobs
@@ -260,7 +259,10 @@ async fn write_manifest<S: Stores>(
 ) -> Result<(), WorkError> {
     let options: ExportOptions = context.options()?;
     let layout = options.layout()?;
-    let requests = Arc::new(AtomicU64::new(0));
+    let requests = Meter::new();
+    if let Some(pacer) = state.pacer_for(context) {
+        requests.pace_by(pacer);
+    }
     let blobs = state.blob_store(&options.connection, &requests)?;
     let manifest_blob = layout.manifest_blob();
     if blobs

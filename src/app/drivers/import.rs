@@ -28,7 +28,8 @@
 //!
 //! [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::app::pace::Meter;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -192,7 +193,7 @@ impl Driver for ImportDriver {
         state: &AppState<S>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
-        let requests = Arc::new(AtomicU64::new(0));
+        let requests = Meter::new();
         let (_, sha256) = read_manifest(state, context, &requests)
             .await
             .map_err(|e| match e {
@@ -270,7 +271,7 @@ impl Driver for ImportDriver {
 async fn read_manifest<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
 ) -> Result<(Manifest, String), WorkError> {
     let options: ImportOptions = scan.options()?;
     let blobs = state.blob_store(&scan.source.connection, requests)?;

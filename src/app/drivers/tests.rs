@@ -97,6 +97,7 @@ fn test_context(id: &str) -> ScanContext {
         select: None,
         options: None,
         in_step: false,
+        max_requests_per_second: None,
     }
 }
 

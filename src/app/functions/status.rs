@@ -1,6 +1,7 @@
 //! The scan status document returned by the scan API.
 
 use serde_json::{json, Value};
+use time::OffsetDateTime;
 
 use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState};
 
@@ -11,10 +12,24 @@ use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState};
 /// `droppedWorkItems` counts every item that will never run: those already dropped plus those
 /// whose queued messages drop them as they are delivered, so the figure stays put while that
 /// cleanup goes on (an item already executing when the scan ended may still finish and leave it).
+///
+/// `maxRequestsPerSecond` is the scan's rate limit (`null`: none); `requestsPerSecond` the rate
+/// achieved: `storageRequests` over the time from `startedAt` to `completedAt` (or now).
 pub fn status_json(record: &ScanRecord, counters: &Counters) -> Value {
     let (pending, dropped) = match record.state {
         ScanState::Running => (counters.pending(), counters.dropped),
         _ => (0, counters.dropped + counters.pending()),
+    };
+    let limit = record
+        .context
+        .as_ref()
+        .and_then(|c| c.max_requests_per_second);
+    let end = record.completed_at.unwrap_or_else(OffsetDateTime::now_utc);
+    let elapsed = (end - record.started_at).as_seconds_f64();
+    let rate = if elapsed > 0.0 {
+        (counters.storage_requests as f64 / elapsed * 10.0).round() / 10.0
+    } else {
+        0.0
     };
     json!({
         "id": record.id,
@@ -24,6 +39,8 @@ pub fn status_json(record: &ScanRecord, counters: &Counters) -> Value {
         "rowsWritten": counters.rows_written,
         "rowsMatched": counters.rows_matched,
         "storageRequests": counters.storage_requests,
+        "maxRequestsPerSecond": limit,
+        "requestsPerSecond": rate,
         "messagesProcessed": counters.messages,
         "messagesWritten": counters.messages_written,
         "pendingWorkItems": pending,

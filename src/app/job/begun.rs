@@ -1,7 +1,7 @@
 //! A begun work item ([`Begun`]): its message, its scan's recorded context, and where it stands
 //! (to execute, or with an outcome an earlier delivery recorded).
 
-use std::sync::atomic::AtomicU64;
+use crate::app::pace::Meter;
 use std::sync::Arc;
 
 use crate::app::job::context::ScanContext;
@@ -28,7 +28,7 @@ pub struct Begun<M> {
     /// Set by the runner (`work::Runner::begin`).
     pub progress: Progress,
     /// Storage requests made on behalf of this item.
-    pub requests: Arc<AtomicU64>,
+    pub requests: Arc<Meter>,
 }
 
 impl<M> Begun<M> {

@@ -87,6 +87,10 @@ pub struct ScanContext {
     /// segments become work items.
     #[serde(rename = "is", default, skip_serializing_if = "is_false")]
     pub in_step: bool,
+    /// The request's `maxRequestsPerSecond`: the scan's storage requests, across every
+    /// instance, are paced to this rate (`app::pace`). Absent: not limited.
+    #[serde(rename = "rl", default, skip_serializing_if = "Option::is_none")]
+    pub max_requests_per_second: Option<u32>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -37,8 +37,8 @@
 //!   message), and keeps what it reuses across invocations in its own module
 //!   (`AppState::driver_state`).
 
+use crate::app::pace::Meter;
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -134,7 +134,7 @@ pub trait Driver: Send + Sync + 'static {
     fn work_rows<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
         rows: Vec<Entity>,
     ) -> impl Future<Output = Result<i64, WorkError>> + Send {
         let _ = (state, scan, requests, rows);
@@ -152,7 +152,7 @@ pub trait Driver: Send + Sync + 'static {
     fn work_rows_counters<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
-        requests: &Arc<AtomicU64>,
+        requests: &Arc<Meter>,
         rows: Vec<Entity>,
     ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
         async move {

@@ -9,9 +9,9 @@
 //!
 //! [`Driver`]: crate::app::job::driver::Driver
 
+use crate::app::pace::Meter;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -67,7 +67,7 @@ pub trait DriverHooks<S>: Send + Sync {
         &'a self,
         state: &'a S,
         scan: &'a ScanContext,
-        requests: &'a Arc<AtomicU64>,
+        requests: &'a Arc<Meter>,
         rows: Vec<Entity>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>>;
     /// Reads one key range of a step's rows again and works on it: for a delivery that
@@ -77,7 +77,7 @@ pub trait DriverHooks<S>: Send + Sync {
         &'a self,
         state: &'a S,
         scan: &'a ScanContext,
-        requests: &'a Arc<AtomicU64>,
+        requests: &'a Arc<Meter>,
         range: &'a RangeWork,
     ) -> BoxFuture<'a, Result<Counters, WorkError>>;
     /// Parses the item of `begun` as the driver's and runs it (`Driver::run`).

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use crate::app::config::{Config, STORAGE_SETTING};
 use crate::app::error::ApiError;
 use crate::app::job::context::{DriverName, ScanContext, Setup, StepWork, TableRef};
+use crate::app::pace::{MAX_LIMIT, MIN_LIMIT};
 use crate::app::validate;
 use crate::scan::{ScanParameters, Strategy};
 use crate::storage::{odata, MAX_TAKE};
@@ -73,6 +74,9 @@ pub struct ScanRequest {
     /// Properties a driver's re-read asks for besides the keys (`Accepts::select`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub select: Option<Vec<String>>,
+    /// The scan's storage request rate limit, across every instance working on it (`app::pace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests_per_second: Option<u32>,
     /// The driver's own fields.
     #[serde(flatten)]
     pub fields: Map<String, Value>,
@@ -162,6 +166,7 @@ impl ScanRequest {
         accepts: Accepts,
         config: &Config,
     ) -> Result<ScanParameters, ApiError> {
+        check_rate_limit(self.max_requests_per_second)?;
         self.check_filter_and_select(accepts)?;
         let params = self.params();
         if !accepts.scans_table {
@@ -300,7 +305,20 @@ impl ScanRequest {
             select: self.select.clone(),
             options: setup.options,
             in_step,
+            max_requests_per_second: self.max_requests_per_second,
         }
+    }
+}
+
+/// Refuses a `maxRequestsPerSecond` outside `MIN_LIMIT..=MAX_LIMIT` (serde already refused
+/// anything but a non-negative integer).
+fn check_rate_limit(limit: Option<u32>) -> Result<(), ApiError> {
+    match limit {
+        Some(l) if !(MIN_LIMIT..=MAX_LIMIT).contains(&l) => Err(ApiError::field(
+            "maxRequestsPerSecond",
+            format!("must be {MIN_LIMIT}..={MAX_LIMIT} storage requests per second, got {l}"),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -2,6 +2,7 @@
 //! and decide whether it still has to run (or adopt an earlier delivery's recorded outcome).
 
 use super::*;
+use crate::app::pace::Meter;
 use crate::app::tracking::retention::record_may_appear;
 use time::OffsetDateTime;
 
@@ -68,7 +69,7 @@ impl<S: Stores> Runner<'_, S> {
         let (invocation, message) = decode::<M>(body)?;
         let scan_id = message.scan_id().to_string();
         let work_id = messages::work_id(&message);
-        let requests = Arc::new(AtomicU64::new(0));
+        let requests = Meter::new();
         let store = self
             .app
             .counted_table(STORAGE_SETTING, &requests)
@@ -78,6 +79,8 @@ impl<S: Stores> Runner<'_, S> {
         let hint = message.shard_hint();
         let scan = self
             .running_scan(&tracker, &scan_id, &work_id, hint, last_attempt)
+            .await?;
+        self.admit::<M>(&scan, &requests, &invocation, &work_id)
             .await?;
         let shard = messages::item_shard(hint, &work_id, scan.shards);
         let progress = progress_of(self, &tracker, &scan, &work_id, shard, last_attempt).await?;
@@ -147,6 +150,71 @@ impl<S: Stores> Runner<'_, S> {
         ))
     }
 }
+
+impl<S: Stores> Runner<'_, S> {
+    /// Paces the item's requests by its scan's rate limit, if it has one (`app::pace`): the
+    /// item runs once this instance's backlog of the scan's tokens is at most [`ADMIT_BACKLOG`],
+    /// waiting for that at most [`MAX_ADMIT_WAIT`]; after that its message is queued again,
+    /// visible once the backlog has passed, and this delivery ends (`Err`: the reply).
+    async fn admit<M: WorkMessage>(
+        &self,
+        scan: &ScanContext,
+        requests: &Meter,
+        invocation: &QueueInvocation,
+        work_id: &str,
+    ) -> Result<(), InvocationResponse> {
+        let Some(pacer) = self.app.pacer_for(scan) else {
+            return Ok(());
+        };
+        requests.pace_by(pacer.clone());
+        // The host's delete of this delivery's message.
+        pacer.charge(1);
+        let deadline = tokio::time::Instant::now() + MAX_ADMIT_WAIT;
+        // Bounded by the deadline.
+        loop {
+            let backlog = pacer.backlog();
+            if backlog <= ADMIT_BACKLOG {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep((backlog - ADMIT_BACKLOG).min(Duration::from_secs(1))).await;
+        }
+        let delay = (pacer.backlog() + Duration::from_millis(rand::random::<u64>() % 5_000))
+            .min(MAX_DEFERRAL);
+        let queue = if M::NAME == messages::StepMessage::NAME {
+            &self.app.config.prefix_scan_queue
+        } else {
+            &self.app.config.table_copy_queue
+        };
+        // The put, and the next delivery's share of a receive, are the scan's requests too.
+        pacer.charge(2);
+        self.app
+            .queues
+            .put_message(queue, &invocation.message, delay)
+            .await
+            .map_err(|e| storage_failure(work_id, e))?;
+        Err(reply(
+            StatusCode::OK,
+            format!(
+                "{work_id}: scan {} is at its maxRequestsPerSecond ({}/s): message queued again, visible in {} s",
+                scan.scan_id,
+                pacer.limit(),
+                delay.as_secs()
+            ),
+        ))
+    }
+}
+
+/// A rate-limited item starts once this instance's backlog of its scan's tokens is at most this
+/// long, so each of its requests waits about this long at most.
+const ADMIT_BACKLOG: Duration = Duration::from_secs(5);
+/// How long an item waits to start before its message is queued again (well within host.json's
+/// 10-minute `functionTimeout`, with the item's own work still to do).
+const MAX_ADMIT_WAIT: Duration = Duration::from_secs(120);
+/// Longest delay of a message queued again.
+const MAX_DEFERRAL: Duration = Duration::from_secs(600);
 
 /// The invocation and its decoded message. A message that cannot be decoded never will be: it
 /// is rejected so the host poisons it.

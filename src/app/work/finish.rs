@@ -1,8 +1,6 @@
 //! Finishing a work item: record its outcome, register and queue its children, commit its
 //! completion with its counters, and notice the end of the scan.
 
-use std::sync::atomic::Ordering;
-
 use super::*;
 use crate::app::tracking::MAX_FOLDED_CHILDREN;
 use crate::storage::stores::Stores;
@@ -144,7 +142,7 @@ impl<S: Stores> Runner<'_, S> {
         let mut delta = outcome.delta.plus(&worked);
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
-            begun.requests.load(Ordering::Relaxed) as i64 + if counter.is_some() { 1 } else { 2 };
+            begun.requests.count() as i64 + if counter.is_some() { 1 } else { 2 };
         let completion = tracker
             .complete(
                 &scan.scan_id,

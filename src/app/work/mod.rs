@@ -20,7 +20,6 @@ mod complete;
 mod finish;
 mod poison;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -9,6 +9,7 @@
 
 mod classify;
 mod in_flight;
+mod timeline;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use in_flight::{InFlight, InFlightMark};
+pub use timeline::{Stamp, Timeline};
 
 use classify::{any_kind_name, blob_kind_name, classify, kind_name, Kind, Service};
 
@@ -109,6 +111,8 @@ struct Shared {
     duplicated: AtomicU64,
     /// Table and blob requests in flight (queue requests, mostly the host's polls, are not).
     in_flight: InFlight,
+    /// When each request arrived, once started (rate measurements).
+    timeline: Timeline,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -238,6 +242,12 @@ async fn handle(
     let path = parts.uri.path().to_string();
     let query = parts.uri.query().unwrap_or("").to_string();
     let (kind, resource) = classify(service, &parts.method, &path, &query, &body);
+    shared.timeline.record(
+        any_kind_name(kind),
+        &resource,
+        &format!("{path}?{query}"),
+        &body,
+    );
     *shared
         .counts
         .lock()
@@ -381,6 +391,7 @@ impl StorageProxy {
             injected_by_kind: Mutex::new(BTreeMap::new()),
             duplicated: AtomicU64::new(0),
             in_flight: InFlight::default(),
+            timeline: Timeline::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let (stop, _) = watch::channel(false);
@@ -411,6 +422,10 @@ impl StorageProxy {
     }
 
     /// The gauge of table and blob requests in flight through this proxy.
+    pub fn timeline(&self) -> &Timeline {
+        &self.shared.timeline
+    }
+
     pub fn in_flight(&self) -> &InFlight {
         &self.shared.in_flight
     }

@@ -165,12 +165,15 @@ pub fn run_scenario(
 
 /// Starts tablescan's scan through its real HTTP API; returns the scan id.
 async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String> {
-    let body = json!({
+    let mut body = json!({
         "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
         "strategy": d.strategy, "takeCount": d.take,
         "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
         "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
     });
+    if let Some(limit) = d.max_requests_per_second {
+        body["maxRequestsPerSecond"] = json!(limit);
+    }
     let response = router
         .clone()
         .oneshot(

@@ -173,6 +173,9 @@ pub struct PlatformArgs {
     /// Model override: mean rows per partition key of the generated table.
     #[arg(long)]
     pub mean_rows_per_key: Option<f64>,
+    /// The scan's `maxRequestsPerSecond` (tablescan's design only; default: none).
+    #[arg(long)]
+    pub max_requests_per_second: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -203,6 +206,9 @@ pub struct Design {
     pub new_batch_threshold: usize,
     pub max_polling_ms: f64,
     pub visibility_timeout_ms: f64,
+    /// The scan request's `maxRequestsPerSecond`, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_requests_per_second: Option<u32>,
 }
 
 /// One scenario to run.
@@ -285,6 +291,7 @@ impl Scenario {
             new_batch_threshold: model.new_batch_threshold,
             max_polling_ms: model.max_polling_ms,
             visibility_timeout_ms: model.failed_visibility_ms,
+            max_requests_per_second: None,
         };
         let design = match variant {
             Variant::Serial => Design {
@@ -357,6 +364,7 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
         visibility_timeout_ms: args
             .visibility_timeout
             .map_or(shipped.visibility_timeout_ms, |s| s * 1000.0),
+        max_requests_per_second: args.platform.max_requests_per_second,
     }
 }
 

@@ -3,8 +3,8 @@
 //! recording its options, turning segments into work items, counting the rows a step worked
 //! on, re-working an adopted step's ranges, parsing its items.
 
+use crate::app::pace::Meter;
 use std::marker::PhantomData;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -92,7 +92,7 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         &'a self,
         state: &'a AppState<S>,
         scan: &'a ScanContext,
-        requests: &'a Arc<AtomicU64>,
+        requests: &'a Arc<Meter>,
         rows: Vec<Entity>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
         Box::pin(work_rows::<D, S>(state, scan, requests, rows))
@@ -102,7 +102,7 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         &'a self,
         state: &'a AppState<S>,
         scan: &'a ScanContext,
-        requests: &'a Arc<AtomicU64>,
+        requests: &'a Arc<Meter>,
         range: &'a RangeWork,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
         Box::pin(rework_range::<D, S>(state, scan, requests, range))
@@ -139,7 +139,7 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
 async fn work_rows<D: Driver, S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
     rows: Vec<Entity>,
 ) -> Result<Counters, WorkError> {
     let matched = rows.len() as i64;
@@ -161,7 +161,7 @@ const MAX_REWORK_ROUNDS: usize = 8;
 async fn rework_range<D: Driver, S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
-    requests: &Arc<AtomicU64>,
+    requests: &Arc<Meter>,
     range: &RangeWork,
 ) -> Result<Counters, WorkError> {
     let source = state.counted_table(&scan.source.connection, requests)?;
