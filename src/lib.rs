@@ -2,6 +2,8 @@
 //!
 //! What ships to Azure (`cargo build --release --no-default-features`), from the inside out:
 //! - [`scan`]: the pure scan algorithm (prefix discovery and serial paging) over a table interface;
+//! - [`index`]: the secondary index's pure parts (typed values, hash, aligned cuckoo filters,
+//!   segment and staging files);
 //! - [`storage`]: that interface and its Azure adapters;
 //! - [`app`]: the function app (custom-handler protocol, scan API, queue functions);
 //! - [`deploy`]: `stage` and `package`, which turn this binary into a function app;
@@ -17,6 +19,7 @@
 pub mod app;
 pub mod cli;
 pub mod deploy;
+pub mod index;
 #[cfg(feature = "lab")]
 pub mod lab;
 pub mod redact;

@@ -1840,3 +1840,112 @@ async fn a_copy_continues_across_a_redeployment_mid_scan() {
     summary.report(&[&verdict]);
     app.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The secondary index's files (docs/index-format.md)
+
+/// The values of the index examples: every EDM type, tricky ones included, as filter literals.
+const INDEX_LITERALS: [&str; 16] = [
+    "'alice'",
+    "''",
+    "'it''s 日本 🎉'",
+    "42",
+    "42L",
+    "-9223372036854775808L",
+    "3.0",
+    "-0.0",
+    "2.5E-3",
+    "true",
+    "datetime'2024-01-01T00:00:00Z'",
+    "datetime'1601-01-01T00:00:00.0000001Z'",
+    "guid'c56a4180-65aa-42ec-a945-5fd21dec0538'",
+    "X'000AFF'",
+    "X''",
+    "false",
+];
+
+fn index_ranges() -> Vec<tablescan::index::StagedRange> {
+    use tablescan::index::{IndexValue, KeyBounds, StagedRange};
+    let values: Vec<IndexValue> = INDEX_LITERALS
+        .iter()
+        .map(|l| IndexValue::from_literal(l).unwrap())
+        .collect();
+    vec![
+        StagedRange::from_values(KeyBounds::new(("p1", "a"), ("p1", "z")), &values[..6]),
+        StagedRange::from_values(KeyBounds::new(("p2", ""), ("p3", "r'9")), &values[4..]),
+        StagedRange::new(KeyBounds::new(("q", "1"), ("q", "1")), 0, vec![]),
+        StagedRange::from_values(
+            KeyBounds::new(("\u{1F600}", "é"), ("\u{1F600}", "ü")),
+            &values,
+        ),
+    ]
+}
+
+/// Values as the index keys them: canonical bytes, hash, fingerprint, and buckets among 1,000
+/// (test vectors for another reader of the format).
+#[test]
+fn index_values() {
+    use tablescan::index::hash::Placement;
+    use tablescan::index::IndexValue;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let examples: Vec<Example> = INDEX_LITERALS
+        .iter()
+        .map(|literal| {
+            let value = IndexValue::from_literal(literal).unwrap();
+            let hash = value.index_hash();
+            let p = Placement::of(hash, 1000);
+            Example::new(*literal)
+                .line("type", value.edm_name())
+                .line("canonical bytes", hex(&value.canonical_bytes()))
+                .line("hash", format!("{hash:016x}"))
+                .line("fingerprint", p.fingerprint.to_string())
+                .line("buckets of 1000", format!("{} {}", p.bucket1, p.bucket2))
+        })
+        .collect();
+    let header = "Index values (docs/index-format.md): each literal's type, canonical bytes (hex), hash\n\
+                  (XXH3-64, seed 0, of the canonical bytes), fingerprint and two buckets when B = 1000.";
+    let golden = check_examples("index-values.txt", header, &examples);
+    for g in &golden {
+        let value = IndexValue::from_literal(&g.name).unwrap();
+        assert_eq!(hex(&value.canonical_bytes()), g.get("canonical bytes"));
+        let hash = u64::from_str_radix(g.get("hash"), 16).unwrap();
+        assert_eq!(value.index_hash(), hash, "{}", g.name);
+        let p = Placement::of(hash, 1000);
+        assert_eq!(p.fingerprint.to_string(), g.get("fingerprint"));
+    }
+}
+
+/// A staging record and the segment built from it: exact bytes, and read back, every staged
+/// value a candidate of its ranges.
+#[test]
+fn index_staging_record_and_segment() {
+    use tablescan::index::{
+        build_segment, decode_staging, encode_staging, IndexValue, SegmentDirectory,
+        DIRECTORY_FIXED_LEN,
+    };
+    let ranges = index_ranges();
+    check("index-staging.bin", &encode_staging(&ranges).unwrap());
+    check("index-segment.bin", &build_segment(&ranges).unwrap());
+
+    let staged = decode_staging(&harness::read("index-staging.bin")).unwrap();
+    assert_eq!(staged, ranges);
+    let segment = harness::read("index-segment.bin");
+    let len = SegmentDirectory::directory_len(&segment[..DIRECTORY_FIXED_LEN]).unwrap();
+    let directory = SegmentDirectory::parse(&segment[..len]).unwrap();
+    assert_eq!(directory.segment_len(), segment.len() as u64);
+    assert_eq!(directory.ranges().len(), ranges.len());
+    for literal in INDEX_LITERALS {
+        let value = IndexValue::from_literal(literal).unwrap();
+        let [(o1, l1), (o2, l2)] = directory.bucket_spans(&value);
+        let span = |o: u64, l: u64| &segment[o as usize..(o + l) as usize];
+        let found = directory
+            .candidates(&value, span(o1, l1), span(o2, l2))
+            .unwrap();
+        for (i, range) in ranges.iter().enumerate() {
+            assert_eq!(directory.ranges()[i].keys, range.keys);
+            if range.hashes.contains(&value.index_hash()) {
+                assert!(found.contains(&i), "{literal} in range {i}");
+            }
+        }
+    }
+}
