@@ -18,7 +18,9 @@ use crate::storage::{QueueStore, TableStore};
 
 use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
-use super::functions::{cancel_scan, get_scan, list_scans, poisoned, scan_cleanup, start_scan};
+use super::functions::{
+    cancel_scan, get_scan, list_scans, lookup, poisoned, scan_cleanup, start_scan,
+};
 use super::layers;
 use super::messages::{ItemMessage, StepMessage};
 use super::state::AppState;
@@ -64,6 +66,7 @@ fn route<T: TableStore + Clone, Q: QueueStore + Clone>(
         Handler::ListScans => on(filter, list_scans::handle::<T, Q>),
         Handler::GetScan => on(filter, get_scan::handle::<T, Q>),
         Handler::CancelScan => on(filter, cancel_scan::handle::<T, Q>),
+        Handler::Lookup => on(filter, lookup::handle::<T, Q>),
         Handler::Work(WorkKind::Step) => on(filter, work::run::<StepMessage, T, Q>),
         Handler::Work(WorkKind::Copy) => on(filter, work::run::<ItemMessage, T, Q>),
         Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, T, Q>),

@@ -9,6 +9,7 @@ pub mod count;
 pub mod delete;
 pub mod export;
 pub mod import;
+pub mod index;
 pub mod kit;
 #[cfg(all(test, feature = "lab"))]
 mod tests;
@@ -28,5 +29,6 @@ pub fn registry<T: TableStore + Clone, Q: QueueStore + Clone>() -> Drivers<AppSt
         hooks::<delete::DeleteDriver, T, Q>(),
         hooks::<export::ExportDriver, T, Q>(),
         hooks::<import::ImportDriver, T, Q>(),
+        hooks::<index::IndexDriver, T, Q>(),
     ])
 }

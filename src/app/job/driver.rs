@@ -81,6 +81,10 @@ pub trait Driver: Send + Sync + 'static {
     /// records what it read before working on it, so that a duplicate delivery reading after
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
     const CHANGES_SOURCE: bool = false;
+    /// Whether [`Driver::work_rows`] is called once per contiguous run of a step's rows (no row
+    /// of the table lies between a run's first and last row but its own) instead of once with
+    /// all of them: for a driver that records key ranges (the index).
+    const ROWS_PER_RUN: bool = false;
 
     /// The driver's own request fields; `#[serde(rename_all = "camelCase",
     /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.

@@ -220,6 +220,27 @@ impl<T: TableStore + Clone, Q: QueueStore + Clone> Runner<'_, T, Q> {
         }
         let (scan, requests) = (&*begun.scan, &begun.requests);
         let driver = self.app.drivers.of(scan)?;
+        if !rows.is_empty() && driver.rows_per_run() {
+            let mut total = Counters::default();
+            let mut rest = rows.into_iter();
+            for range in &outcome.in_step {
+                // Runs are in order and every row is in one: a run ends at its last row.
+                let crate::app::job::RangeWork::Range { to, .. } = range else {
+                    continue;
+                };
+                let mut run = Vec::new();
+                for row in rest.by_ref() {
+                    let last = (&row.partition_key, &row.row_key) == (&to.0, &to.1);
+                    run.push(row);
+                    if last {
+                        break;
+                    }
+                }
+                let worked = driver.work_rows(self.app, scan, requests, run).await?;
+                total = total.plus(&worked);
+            }
+            return Ok(total);
+        }
         if !rows.is_empty() {
             return driver.work_rows(self.app, scan, requests, rows).await;
         }

@@ -55,6 +55,10 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
         D::CHANGES_SOURCE
     }
 
+    fn rows_per_run(&self) -> bool {
+        D::ROWS_PER_RUN
+    }
+
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError> {
         let fields: D::Fields = request.driver_fields(D::NAME)?;
         request.validate(accepts::<D>(), config)?;
