@@ -563,3 +563,47 @@ async fn a_rebuild_switches_atomically_and_a_failed_build_leaves_the_index() {
     build(&app, &body).await;
     app.shutdown().await;
 }
+
+/// The build's storage requests beside a count scan of the same table (the scan's own requests:
+/// the build adds the property's `$select`, one staging write per run of rows, and phase 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_costs_about_what_a_count_scan_costs() {
+    use tablescan::storage::Entity;
+    let app = TestApp::start(1, &[]).await;
+    let table = unique_name("Costed");
+    let rows: Vec<Entity> = (0..6000)
+        .map(|i| {
+            let mut e = Entity::new(format!("p{:03}", i % 40), format!("r{i:05}"));
+            e.properties.insert("V", json!(format!("v{}", i % 97)));
+            e
+        })
+        .collect();
+    support::e2e::seed(&app.store, &table, rows).await;
+    let count = build(&app, &json!({"driver": "count", "sourceTable": table})).await;
+    let container = unique_name("costs");
+    let index = build(
+        &app,
+        &json!({"driver": "index", "sourceTable": table, "property": "V",
+        "destinationContainer": container}),
+    )
+    .await;
+    let (c, i) = (
+        count["storageRequests"].as_f64().unwrap(),
+        index["storageRequests"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "build cost: count scan {c} requests, index build {i} ({:.2}x)",
+        i / c
+    );
+    assert_eq!(index["rowsWritten"].as_i64(), Some(6000), "{index}");
+    let (rows, answers) = lookup_all(&app, &container, "", "'v5'").await;
+    assert_eq!(rows.len(), 6000 / 97 + 1, "{}", answers[0]);
+    eprintln!(
+        "lookup of a value in {} rows: {} of {} ranges, {} storage requests",
+        rows.len(),
+        answers[0]["candidateRanges"],
+        answers[0]["ranges"],
+        answers[0]["storageRequests"]
+    );
+    app.shutdown().await;
+}
