@@ -607,3 +607,30 @@ async fn a_build_costs_about_what_a_count_scan_costs() {
     );
     app.shutdown().await;
 }
+
+/// Handlers killed while a build runs (redelivered steps and items, a completion step run
+/// again): the build still completes, and every row holding a value is found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_with_killed_handlers_has_no_false_negatives() {
+    let app = TestApp::start(2, &[]).await;
+    let client = RawClient::azurite();
+    let table = unique_name("Killed");
+    let written = seed(&client, &table, 300, "k").await;
+    let raw_rows = client.rows(&table).await;
+    let container = unique_name("kills");
+    let id = start(
+        &app,
+        &json!({"driver": "index", "sourceTable": table, "property": "V",
+        "takeCount": 3, "destinationContainer": container}),
+    )
+    .await;
+    let kills = support::faults::kill_while_running(&app, &id, 2, 2).await;
+    let status = app.wait_for_end(&id, SCAN_TIMEOUT).await;
+    eprintln!("kills during the build: {kills:?}; {status}");
+    assert_eq!(status["state"], "completed", "{status}");
+    for typed in VALUES {
+        let (rows, _) = lookup_all(&app, &container, "", typed.literal).await;
+        check_rows(typed.literal, &rows, &written, &raw_rows);
+    }
+    app.shutdown().await;
+}
