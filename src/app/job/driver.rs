@@ -81,10 +81,6 @@ pub trait Driver: Send + Sync + 'static {
     /// records what it read before working on it, so that a duplicate delivery reading after
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
     const CHANGES_SOURCE: bool = false;
-    /// Whether [`Driver::work_rows`] is called once per contiguous run of a step's rows (no row
-    /// of the table lies between a run's first and last row but its own) instead of once with
-    /// all of them: for a driver that records key ranges (the index).
-    const ROWS_PER_RUN: bool = false;
 
     /// The driver's own request fields; `#[serde(rename_all = "camelCase",
     /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.
@@ -146,6 +142,18 @@ pub trait Driver: Send + Sync + 'static {
                 Self::NAME
             )))
         }
+    }
+
+    /// [`Driver::work_rows`] on a step's rows given as its contiguous runs (no row of the table
+    /// lies between a run's first and last row but the run's own; runs in key order), for a
+    /// driver that records key ranges (the index). By default, the runs joined.
+    fn work_runs<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
+        runs: Vec<Vec<Entity>>,
+    ) -> impl Future<Output = Result<i64, WorkError>> + Send {
+        Self::work_rows(state, scan, requests, runs.concat())
     }
 
     /// Runs one work item of this driver (bounded; hands the rest on as children).

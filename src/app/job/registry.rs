@@ -44,10 +44,6 @@ pub trait DriverHooks<S>: Send + Sync {
     fn phase(&self, context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError>;
     /// `Driver::CHANGES_SOURCE`.
     fn changes_source(&self) -> bool;
-    /// `Driver::ROWS_PER_RUN`.
-    fn rows_per_run(&self) -> bool {
-        false
-    }
     /// Reads and checks the driver's fields and the common ones it accepts (a 4xx names the
     /// field), records the fields as read in `request`, and gives what the scan records.
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError>;
@@ -66,13 +62,14 @@ pub trait DriverHooks<S>: Send + Sync {
         rows: &[Entity],
         outcome: &mut WorkOutcome,
     ) -> Result<(), WorkError>;
-    /// `Driver::work_rows` on rows a step read, as counters (every row matched).
+    /// `Driver::work_runs` on rows a step read, as its contiguous runs, as counters (every row
+    /// matched).
     fn work_rows<'a>(
         &'a self,
         state: &'a S,
         scan: &'a ScanContext,
         requests: &'a Arc<AtomicU64>,
-        rows: Vec<Entity>,
+        runs: Vec<Vec<Entity>>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>>;
     /// Reads one key range of a step's rows again and works on it: for a delivery that
     /// adopted a step's recorded outcome, whose rows the recording delivery may not have

@@ -8,8 +8,8 @@
 //! - **Phase 0, staging** ([`stage`]): the scan reads only the property (`$select`). A prefix
 //!   scan's steps stage the rows they read themselves (`work_rows`, no re-read); a partition too
 //!   big for one step (and a serial scan) becomes range items that re-read it with the same
-//!   `$select`. Each call (one per contiguous run of a step's rows: `ROWS_PER_RUN`, so a range
-//!   never spans rows another step read) writes ONE staging record: its rows cut into key
+//!   `$select`. Each step or item writes ONE staging record: its rows, as their contiguous
+//!   runs (`Driver::work_runs`: a range never spans rows another step read), cut into key
 //!   ranges of at most [`RANGE_ROWS`] rows, each with its bounds and the distinct hashes of its
 //!   values.
 //! - **Phase 1, assembly** ([`assemble`]): started once every phase-0 item finished and none
@@ -149,7 +149,6 @@ impl Driver for IndexDriver {
     const NAME: &'static str = "index";
     const COMPLETES: bool = true;
     const PHASES: u32 = 1;
-    const ROWS_PER_RUN: bool = true;
     type Fields = IndexFields;
     type Options = IndexOptions;
     type Item = IndexWork;
@@ -219,7 +218,17 @@ impl Driver for IndexDriver {
         requests: &Arc<AtomicU64>,
         rows: Vec<Entity>,
     ) -> Result<i64, WorkError> {
-        stage::stage(state, scan, requests, &rows).await
+        stage::stage(state, scan, requests, &[rows]).await
+    }
+
+    /// One staging record for all of a step's runs (ranges never span two runs).
+    async fn work_runs<T: TableStore + Clone, Q: QueueStore + Clone>(
+        state: &AppState<T, Q>,
+        scan: &ScanContext,
+        requests: &Arc<AtomicU64>,
+        runs: Vec<Vec<Entity>>,
+    ) -> Result<i64, WorkError> {
+        stage::stage(state, scan, requests, &runs).await
     }
 
     async fn run<T: TableStore + Clone, Q: QueueStore + Clone>(

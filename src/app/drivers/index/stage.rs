@@ -67,19 +67,22 @@ pub fn staged_ranges(property: &str, rows: &[Entity]) -> Result<Vec<StagedRange>
     Ok(ranges)
 }
 
-/// Writes the staging record of `rows` (nothing if none holds the property); returns how many
-/// rows it indexed.
+/// Writes the staging record of `runs` (contiguous runs of rows, in key order; nothing if no
+/// row holds the property); returns how many rows it indexed.
 pub async fn stage<T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
-    rows: &[Entity],
+    runs: &[Vec<Entity>],
 ) -> Result<i64, WorkError> {
     let options: IndexOptions = scan.options()?;
-    let Some(first) = rows.first() else {
+    let Some(first) = runs.iter().find_map(|run| run.first()) else {
         return Ok(0);
     };
-    let ranges = staged_ranges(&options.property, rows)?;
+    let mut ranges = Vec::new();
+    for run in runs {
+        ranges.extend(staged_ranges(&options.property, run)?);
+    }
     if ranges.is_empty() {
         return Ok(0);
     }
@@ -120,8 +123,9 @@ pub async fn stage_item<T: TableStore + Clone, Q: QueueStore + Clone>(
             .children
             .push(item_child::<IndexDriver>(&IndexWork::Range(next))?);
     }
-    outcome.delta.rows_matched = read.rows.len() as i64;
-    outcome.delta.rows_written = stage(state, scan, &begun.requests, &read.rows).await?;
+    let rows = read.rows.len();
+    outcome.delta.rows_written = stage(state, scan, &begun.requests, &[read.rows]).await?;
+    outcome.delta.rows_matched = rows as i64;
     if let Some(e) = unaddressable_error("indexed", &read.unaddressable) {
         return Err(e);
     }

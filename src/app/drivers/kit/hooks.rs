@@ -55,10 +55,6 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
         D::CHANGES_SOURCE
     }
 
-    fn rows_per_run(&self) -> bool {
-        D::ROWS_PER_RUN
-    }
-
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError> {
         let fields: D::Fields = request.driver_fields(D::NAME)?;
         request.validate(accepts::<D>(), config)?;
@@ -99,9 +95,9 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
         state: &'a AppState<T, Q>,
         scan: &'a ScanContext,
         requests: &'a Arc<AtomicU64>,
-        rows: Vec<Entity>,
+        runs: Vec<Vec<Entity>>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
-        Box::pin(work_rows::<D, T, Q>(state, scan, requests, rows))
+        Box::pin(work_rows::<D, T, Q>(state, scan, requests, runs))
     }
 
     fn rework<'a>(
@@ -140,16 +136,17 @@ impl<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone> DriverHooks<AppSta
     }
 }
 
-/// Does `D`'s work on the rows one of a scan's steps read ([`Driver::work_rows`]); every row
-/// counts as matched (scans with a filter do not work in steps).
+/// Does `D`'s work on the rows one of a scan's steps read, as its contiguous runs
+/// ([`Driver::work_runs`]); every row counts as matched (scans with a filter do not work in
+/// steps).
 async fn work_rows<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
     state: &AppState<T, Q>,
     scan: &ScanContext,
     requests: &Arc<AtomicU64>,
-    rows: Vec<Entity>,
+    runs: Vec<Vec<Entity>>,
 ) -> Result<Counters, WorkError> {
-    let matched = rows.len() as i64;
-    let written = D::work_rows(state, scan, requests, rows).await?;
+    let matched = runs.iter().map(Vec::len).sum::<usize>() as i64;
+    let written = D::work_runs(state, scan, requests, runs).await?;
     Ok(Counters {
         rows_matched: matched,
         rows_written: written,
@@ -187,7 +184,7 @@ async fn rework_range<D: Driver, T: TableStore + Clone, Q: QueueStore + Clone>(
         if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
             return Err(e);
         }
-        total = total.plus(&work_rows::<D, T, Q>(state, scan, requests, read.rows).await?);
+        total = total.plus(&work_rows::<D, T, Q>(state, scan, requests, vec![read.rows]).await?);
         next = read.next;
     }
     match next {
