@@ -28,6 +28,8 @@ pub enum Handler {
     ListScans,
     GetScan,
     CancelScan,
+    /// Finds rows through a secondary index (`functions::lookup`).
+    Lookup,
     /// Runs queue work of this kind (`work::run`).
     Work(WorkKind),
     /// Settles poisoned queue work of this kind (`AppState::settle_poisoned`).
@@ -114,6 +116,14 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             route: "scans/{id}",
         },
         handler: Handler::CancelScan,
+    },
+    FunctionSpec {
+        name: "Lookup",
+        trigger: Trigger::Http {
+            method: "POST",
+            route: "lookups",
+        },
+        handler: Handler::Lookup,
     },
     FunctionSpec {
         name: "PrefixScan",

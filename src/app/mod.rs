@@ -9,6 +9,7 @@ pub mod drivers;
 pub mod error;
 pub mod functions;
 pub mod handler;
+pub mod index_files;
 pub mod job;
 pub mod layers;
 pub mod messages;

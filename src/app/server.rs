@@ -18,7 +18,9 @@ use crate::storage::stores::Stores;
 
 use super::catalog::{Handler, WorkKind, FUNCTIONS};
 use super::error::ApiError;
-use super::functions::{cancel_scan, get_scan, list_scans, poisoned, scan_cleanup, start_scan};
+use super::functions::{
+    cancel_scan, get_scan, list_scans, lookup, poisoned, scan_cleanup, start_scan,
+};
 use super::layers;
 use super::messages::{ItemMessage, StepMessage};
 use super::state::AppState;
@@ -61,6 +63,7 @@ fn route<S: Stores>(handler: Handler, filter: MethodFilter) -> MethodRouter<Arc<
         Handler::ListScans => on(filter, list_scans::handle::<S>),
         Handler::GetScan => on(filter, get_scan::handle::<S>),
         Handler::CancelScan => on(filter, cancel_scan::handle::<S>),
+        Handler::Lookup => on(filter, lookup::handle::<S>),
         Handler::Work(WorkKind::Step) => on(filter, work::run::<StepMessage, S>),
         Handler::Work(WorkKind::Copy) => on(filter, work::run::<ItemMessage, S>),
         Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, S>),

@@ -363,6 +363,10 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         self.tick().await?;
         self.inner.download(container, name, max).await
     }
+    async fn download_range(&self, c: &str, name: &str, at: u64, len: u64) -> StorageResult<Bytes> {
+        self.tick().await?;
+        self.inner.download_range(c, name, at, len).await
+    }
     async fn properties(
         &self,
         container: &str,

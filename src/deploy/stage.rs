@@ -49,6 +49,7 @@ pub const FUNCTION_DEFINITIONS: &[(&str, &str)] = &[
     function_def!("ListScans"),
     function_def!("GetScan"),
     function_def!("CancelScan"),
+    function_def!("Lookup"),
     function_def!("PrefixScan"),
     function_def!("TableCopy"),
     function_def!("PrefixScanPoison"),

@@ -76,6 +76,16 @@ impl BlobStore for AnyBlobStore {
         delegate!(self, s => s.download(container, name, max_bytes))
     }
 
+    async fn download_range(
+        &self,
+        container: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> StorageResult<Bytes> {
+        delegate!(self, s => s.download_range(container, name, offset, len))
+    }
+
     async fn properties(
         &self,
         container: &str,

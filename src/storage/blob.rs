@@ -180,6 +180,17 @@ pub trait BlobStore: Send + Sync + 'static {
         max_bytes: u64,
     ) -> impl Future<Output = StorageResult<Downloaded>> + Send;
 
+    /// Bytes `offset..offset + len` of the blob (at most [`MAX_REQUEST_BODY_BYTES`]), fewer if
+    /// the blob ends first; nothing, without a request, for `len` 0. A missing blob is a
+    /// not-found error.
+    fn download_range(
+        &self,
+        container: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = StorageResult<Bytes>> + Send;
+
     /// The blob's properties, or `None` if it does not exist.
     fn properties(
         &self,
@@ -389,6 +400,17 @@ pub fn check_put_block(
 pub fn check_commit(container: &str, name: &str, block_ids: &[String]) -> StorageResult<()> {
     check_blob(container, name)?;
     check_block_list(block_ids)
+}
+
+/// What [`BlobStore::download_range`] checks before sending.
+pub fn check_range(container: &str, name: &str, len: u64) -> StorageResult<()> {
+    check_blob(container, name)?;
+    if len > MAX_REQUEST_BODY_BYTES as u64 {
+        return Err(StorageError::invalid_input(format!(
+            "a range of {len} bytes of {container}/{name} is over the {MAX_REQUEST_BODY_BYTES}-byte bound of one request"
+        )));
+    }
+    Ok(())
 }
 
 /// What [`BlobStore::list`] checks before sending.

@@ -148,13 +148,13 @@ impl Driver for EnqueueDriver {
         }
     }
 
-    async fn work_rows_counters<S: Stores>(
+    async fn work_runs<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
         requests: &Arc<Meter>,
-        rows: Vec<Entity>,
+        runs: Vec<Vec<Entity>>,
     ) -> Result<Counters, WorkError> {
-        enqueue(state, scan, requests, rows).await
+        enqueue(state, scan, requests, runs.concat()).await
     }
 
     async fn run<S: Stores>(

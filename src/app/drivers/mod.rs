@@ -10,6 +10,7 @@ pub mod delete;
 pub mod enqueue;
 pub mod export;
 pub mod import;
+pub mod index;
 pub mod kit;
 #[cfg(all(test, feature = "lab"))]
 mod tests;
@@ -30,5 +31,6 @@ pub fn registry<S: Stores>() -> Drivers<AppState<S>> {
         hooks::<enqueue::EnqueueDriver, S>(),
         hooks::<export::ExportDriver, S>(),
         hooks::<import::ImportDriver, S>(),
+        hooks::<index::IndexDriver, S>(),
     ])
 }

@@ -3,6 +3,7 @@
 pub mod cancel_scan;
 pub mod get_scan;
 pub mod list_scans;
+pub mod lookup;
 pub mod poisoned;
 pub mod prefix_scan;
 pub mod scan_cleanup;

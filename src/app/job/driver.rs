@@ -146,17 +146,20 @@ pub trait Driver: Send + Sync + 'static {
         }
     }
 
-    /// The counters [`Driver::work_rows`] adds (`rowsMatched` aside, which the adapter counts):
-    /// by default its rows written. A driver that writes more than rows (the enqueue driver's
-    /// queue messages) implements this one instead, with the same contract.
-    fn work_rows_counters<S: Stores>(
+    /// The counters a step's work on its rows adds (`rowsMatched` aside, which the adapter
+    /// counts), the rows given as the step's contiguous runs (no row of the table lies between a
+    /// run's first and last row but the run's own; runs in key order). By default,
+    /// [`Driver::work_rows`] on the runs joined, counting its rows written. A driver that
+    /// records key ranges (the index) or writes more than rows (the enqueue driver's messages)
+    /// implements this one instead, with the same contract.
+    fn work_runs<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
         requests: &Arc<Meter>,
-        rows: Vec<Entity>,
+        runs: Vec<Vec<Entity>>,
     ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
         async move {
-            let rows_written = Self::work_rows(state, scan, requests, rows).await?;
+            let rows_written = Self::work_rows(state, scan, requests, runs.concat()).await?;
             Ok(Counters {
                 rows_written,
                 ..Counters::default()

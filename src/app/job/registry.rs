@@ -62,13 +62,14 @@ pub trait DriverHooks<S>: Send + Sync {
         rows: &[Entity],
         outcome: &mut WorkOutcome,
     ) -> Result<(), WorkError>;
-    /// `Driver::work_rows` on rows a step read, as counters (every row matched).
+    /// `Driver::work_runs` on rows a step read, as its contiguous runs, as counters (every row
+    /// matched).
     fn work_rows<'a>(
         &'a self,
         state: &'a S,
         scan: &'a ScanContext,
         requests: &'a Arc<Meter>,
-        rows: Vec<Entity>,
+        runs: Vec<Vec<Entity>>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>>;
     /// Reads one key range of a step's rows again and works on it: for a delivery that
     /// adopted a step's recorded outcome, whose rows the recording delivery may not have

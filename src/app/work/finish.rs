@@ -223,7 +223,8 @@ impl<S: Stores> Runner<'_, S> {
         let (scan, requests) = (&*begun.scan, &begun.requests);
         let driver = self.app.drivers.of(scan)?;
         if !rows.is_empty() {
-            return driver.work_rows(self.app, scan, requests, rows).await;
+            let runs = runs_of(rows, &outcome.in_step);
+            return driver.work_rows(self.app, scan, requests, runs).await;
         }
         let mut total = Counters::default();
         for range in &outcome.in_step {
@@ -297,4 +298,30 @@ fn changed_under(work_id: &str) -> WorkError {
         crate::storage::StorageErrorKind::Transient,
         format!("{work_id}: its work row changed under this delivery; trying again"),
     ))
+}
+
+/// A step's rows (in key order) cut into its contiguous runs, as its outcome records them (one
+/// range per run, in order); rows past the last run's end, if any, form one more run.
+fn runs_of(rows: Vec<Entity>, ranges: &[crate::app::job::RangeWork]) -> Vec<Vec<Entity>> {
+    let mut runs = Vec::with_capacity(ranges.len());
+    let mut rest = rows.into_iter().peekable();
+    for range in ranges {
+        let crate::app::job::RangeWork::Range { to, .. } = range else {
+            continue;
+        };
+        let mut run = Vec::new();
+        for row in rest.by_ref() {
+            let last = (&row.partition_key, &row.row_key) == (&to.0, &to.1);
+            run.push(row);
+            if last {
+                break;
+            }
+        }
+        runs.push(run);
+    }
+    if rest.peek().is_some() {
+        runs.push(rest.collect());
+    }
+    runs.retain(|run| !run.is_empty());
+    runs
 }

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 
 use crate::storage::blob::{
-    check_blob, check_commit, check_container, check_list, check_put_block, check_upload,
-    too_large, BlobListPage, BlobProperties, BlobRequestCounters, BlobRequestKind, BlobStore,
-    BlobWrite, BlockListing, Downloaded, WriteCondition,
+    check_blob, check_commit, check_container, check_list, check_put_block, check_range,
+    check_upload, too_large, BlobListPage, BlobProperties, BlobRequestCounters, BlobRequestKind,
+    BlobStore, BlobWrite, BlockListing, Downloaded, WriteCondition,
 };
 use crate::storage::{StorageError, StorageResult};
 
@@ -242,13 +242,11 @@ impl BlobStore for MemoryBlobStore {
     ) -> StorageResult<Downloaded> {
         check_blob(container, name)?;
         let mut state = self.request(BlobRequestKind::Read);
-        let blob = state.container(container)?.blobs.get(name).ok_or_else(|| {
-            StorageError::from_status(
-                404,
-                Some("BlobNotFound".into()),
-                format!("download blob {container}/{name} failed: not found"),
-            )
-        })?;
+        let blob = state
+            .container(container)?
+            .blobs
+            .get(name)
+            .ok_or_else(|| blob_not_found(container, name))?;
         if blob.bytes.len() as u64 > max_bytes {
             return Err(too_large(container, name, max_bytes));
         }
@@ -256,6 +254,29 @@ impl BlobStore for MemoryBlobStore {
             bytes: blob.bytes.clone(),
             properties: properties_of(name, blob),
         })
+    }
+
+    async fn download_range(
+        &self,
+        container: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> StorageResult<Bytes> {
+        check_range(container, name, len)?;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let mut state = self.request(BlobRequestKind::Read);
+        let blob = state
+            .container(container)?
+            .blobs
+            .get(name)
+            .ok_or_else(|| blob_not_found(container, name))?;
+        let size = blob.bytes.len() as u64;
+        let start = offset.min(size) as usize;
+        let end = offset.saturating_add(len).min(size) as usize;
+        Ok(blob.bytes.slice(start..end))
     }
 
     async fn properties(
@@ -296,6 +317,15 @@ impl BlobStore for MemoryBlobStore {
         let next_marker = names.next().map(|(name, _)| name.clone());
         Ok(BlobListPage { blobs, next_marker })
     }
+}
+
+/// The error of a download of a blob that does not exist.
+fn blob_not_found(container: &str, name: &str) -> StorageError {
+    StorageError::from_status(
+        404,
+        Some("BlobNotFound".into()),
+        format!("download blob {container}/{name} failed: not found"),
+    )
 }
 
 #[cfg(test)]

@@ -93,9 +93,9 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         state: &'a AppState<S>,
         scan: &'a ScanContext,
         requests: &'a Arc<Meter>,
-        rows: Vec<Entity>,
+        runs: Vec<Vec<Entity>>,
     ) -> BoxFuture<'a, Result<Counters, WorkError>> {
-        Box::pin(work_rows::<D, S>(state, scan, requests, rows))
+        Box::pin(work_rows::<D, S>(state, scan, requests, runs))
     }
 
     fn rework<'a>(
@@ -134,16 +134,17 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
     }
 }
 
-/// Does `D`'s work on the rows one of a scan's steps read ([`Driver::work_rows`]); every row
-/// counts as matched (scans with a filter do not work in steps).
+/// Does `D`'s work on the rows one of a scan's steps read, as its contiguous runs
+/// ([`Driver::work_runs`]); every row counts as matched (scans with a filter do not work in
+/// steps).
 async fn work_rows<D: Driver, S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<Meter>,
-    rows: Vec<Entity>,
+    runs: Vec<Vec<Entity>>,
 ) -> Result<Counters, WorkError> {
-    let matched = rows.len() as i64;
-    let worked = D::work_rows_counters(state, scan, requests, rows).await?;
+    let matched = runs.iter().map(Vec::len).sum::<usize>() as i64;
+    let worked = D::work_runs(state, scan, requests, runs).await?;
     Ok(Counters {
         rows_matched: matched,
         ..worked
@@ -180,7 +181,7 @@ async fn rework_range<D: Driver, S: Stores>(
         if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
             return Err(e);
         }
-        total = total.plus(&work_rows::<D, S>(state, scan, requests, read.rows).await?);
+        total = total.plus(&work_rows::<D, S>(state, scan, requests, vec![read.rows]).await?);
         next = read.next;
     }
     match next {
