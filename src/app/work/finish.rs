@@ -74,64 +74,15 @@ impl<S: Stores> Runner<'_, S> {
         let store = self.app.counted_table(STORAGE_SETTING, &begun.requests)?;
         let tracker = self.app.tracker_on(&store);
         let own = begun.shard;
-        // `folded`: how many of the first own-shard children the record registered.
-        let (etag, outcome, counter, children, folded) = match (&begun.progress, result) {
-            (Progress::Recorded { etag, outcome }, _) => {
-                let children = self.children_of(scan, own, outcome)?;
-                (etag.clone(), outcome.clone(), None, children, 0)
-            }
-            // Without children there is nothing two executions could disagree on but counters,
-            // and only one completion can commit: no need to record the outcome first — unless
-            // the step's own work changes what it read (a delete): a duplicate delivery reading
-            // after it would count fewer rows, so the first reading is recorded before working.
-            (Progress::Fresh { etag }, Ok(outcome))
-                if outcome.children.is_empty()
-                    && (outcome.in_step.is_empty()
-                        || !self.app.drivers.of(scan)?.changes_source()) =>
-            {
-                (etag.clone(), outcome, None, Vec::new(), 0)
-            }
-            (Progress::Fresh { etag }, Ok(mut outcome)) => {
-                outcome.first_grouped = true;
-                let children = self.children_of(scan, own, &outcome)?;
-                // The children in the item's own shard are registered with the outcome.
-                let folded: Vec<&NewWork> = children
-                    .iter()
-                    .map(|c| &c.work)
-                    .filter(|w| w.shard == own)
-                    .take(MAX_FOLDED_CHILDREN)
-                    .collect();
-                let json = serde_json::to_string(&outcome).expect("outcomes serialize");
-                match tracker
-                    .record_outcome(&scan.scan_id, own, &begun.work_id, etag, &json, &folded)
-                    .await
-                {
-                    Ok(recorded) => {
-                        let n = folded.len();
-                        (recorded.etag, outcome, recorded.counter, children, n)
-                    }
-                    // Another execution got there first: its outcome is the one that counts.
-                    // Its step rows are its to work on: this delivery's are dropped, and its
-                    // ranges read again (`work_in_step`).
-                    Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
-                        rows.clear();
-                        let outcome = parse_outcome(&begun.work_id, &outcome)?;
-                        let children = self.children_of(scan, own, &outcome)?;
-                        (etag, outcome, None, children, 0)
-                    }
-                    // Still pending under another ETag than the one this delivery read (it
-                    // changed in between without being recorded). Try again, reading the row.
-                    Err(RecordError::Lost(Some(WorkState::Pending { .. }))) => {
-                        return Err(changed_under(&begun.work_id))
-                    }
-                    Err(RecordError::Lost(_)) => {
-                        return Ok(format!("{}: finished by another delivery", begun.work_id))
-                    }
-                    Err(RecordError::Storage(e)) => return Err(e.into()),
-                }
-            }
-            // On the last delivery `finish` records the failure (see `record_failure`).
-            (Progress::Fresh { .. }, Err(e)) => return Err(e),
+        let Settled {
+            etag,
+            outcome,
+            counter,
+            children,
+            folded,
+        } = match self.settle(&tracker, begun, result, &mut rows).await? {
+            Ok(settled) => settled,
+            Err(answer) => return Ok(answer),
         };
 
         // With a counter, the record registered the first `folded` own-shard children.
@@ -183,6 +134,89 @@ impl<S: Stores> Runner<'_, S> {
                 delta.rows_written
             )),
         }
+    }
+
+    /// Settles which outcome of this item counts: a recorded one (this delivery adopts it), this
+    /// delivery's own (recorded first when it has children or its step work changes what it
+    /// read), or another delivery's that got there first (this delivery's step rows are then
+    /// dropped). `Err(answer)`: nothing is left for this delivery to do.
+    async fn settle<M: WorkMessage, T: TableStore>(
+        &self,
+        tracker: &Tracker<'_, T>,
+        begun: &Begun<M>,
+        result: Result<WorkOutcome, WorkError>,
+        rows: &mut Vec<Entity>,
+    ) -> Result<Result<Settled, String>, WorkError> {
+        let scan = &*begun.scan;
+        let own = begun.shard;
+        let (etag, outcome, counter, children, folded) = match (&begun.progress, result) {
+            (Progress::Recorded { etag, outcome }, _) => {
+                let children = self.children_of(scan, own, outcome)?;
+                (etag.clone(), outcome.clone(), None, children, 0)
+            }
+            // Without children there is nothing two executions could disagree on but counters,
+            // and only one completion can commit: no need to record the outcome first — unless
+            // the step's own work changes what it read (a delete): a duplicate delivery reading
+            // after it would count fewer rows, so the first reading is recorded before working.
+            (Progress::Fresh { etag }, Ok(outcome))
+                if outcome.children.is_empty()
+                    && (outcome.in_step.is_empty()
+                        || !self.app.drivers.of(scan)?.changes_source()) =>
+            {
+                (etag.clone(), outcome, None, Vec::new(), 0)
+            }
+            (Progress::Fresh { etag }, Ok(mut outcome)) => {
+                outcome.first_grouped = true;
+                let children = self.children_of(scan, own, &outcome)?;
+                // The children in the item's own shard are registered with the outcome.
+                let folded: Vec<&NewWork> = children
+                    .iter()
+                    .map(|c| &c.work)
+                    .filter(|w| w.shard == own)
+                    .take(MAX_FOLDED_CHILDREN)
+                    .collect();
+                let json = serde_json::to_string(&outcome).expect("outcomes serialize");
+                match tracker
+                    .record_outcome(&scan.scan_id, own, &begun.work_id, etag, &json, &folded)
+                    .await
+                {
+                    Ok(recorded) => {
+                        let n = folded.len();
+                        (recorded.etag, outcome, recorded.counter, children, n)
+                    }
+                    // Another execution got there first: its outcome is the one that counts.
+                    // Its step rows are its to work on: this delivery's are dropped, and its
+                    // ranges read again (`work_in_step`).
+                    Err(RecordError::Lost(Some(WorkState::Expanded { etag, outcome }))) => {
+                        rows.clear();
+                        let outcome = parse_outcome(&begun.work_id, &outcome)?;
+                        let children = self.children_of(scan, own, &outcome)?;
+                        (etag, outcome, None, children, 0)
+                    }
+                    // Still pending under another ETag than the one this delivery read (it
+                    // changed in between without being recorded). Try again, reading the row.
+                    Err(RecordError::Lost(Some(WorkState::Pending { .. }))) => {
+                        return Err(changed_under(&begun.work_id))
+                    }
+                    Err(RecordError::Lost(_)) => {
+                        return Ok(Err(format!(
+                            "{}: finished by another delivery",
+                            begun.work_id
+                        )))
+                    }
+                    Err(RecordError::Storage(e)) => return Err(e.into()),
+                }
+            }
+            // On the last delivery `finish` records the failure (see `record_failure`).
+            (Progress::Fresh { .. }, Err(e)) => return Err(e),
+        };
+        Ok(Ok(Settled {
+            etag,
+            outcome,
+            counter,
+            children,
+            folded,
+        }))
     }
 
     /// Ends the scan if this completion drained it. Checked also after a duplicate completion:
@@ -324,4 +358,16 @@ fn runs_of(rows: Vec<Entity>, ranges: &[crate::app::job::RangeWork]) -> Vec<Vec<
     }
     runs.retain(|run| !run.is_empty());
     runs
+}
+
+/// The outcome of an item that counts, as `commit` goes on with it.
+struct Settled {
+    /// The work row's ETag.
+    etag: String,
+    outcome: WorkOutcome,
+    /// The counter row the outcome's record read (its counters and ETag), if it did.
+    counter: Option<(Counters, String)>,
+    children: Vec<ChildMessage>,
+    /// How many of the first own-shard children the record registered.
+    folded: usize,
 }
