@@ -336,6 +336,15 @@ fn goals(report: &BenchReport) -> String {
             );
         }
     }
+    if let Some(e) = find("prefix-enqueue") {
+        let _ = writeln!(
+            s,
+            "  {} prefix-enqueue total requests ≤ 1.10 × minimum (a query per 1,000 rows, a put per {} rows): {:.3} ×",
+            mark(e.ratio_to_minimum <= 1.10),
+            super::variant::ENQUEUE_ROWS_PER_MESSAGE,
+            e.ratio_to_minimum
+        );
+    }
     for v in &report.variants {
         s.push_str(&cpu_goal(report, v));
     }
