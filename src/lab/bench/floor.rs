@@ -95,7 +95,7 @@ impl FloorJob {
         match job {
             // An enqueue's puts have no floor of their own yet: judged like a count, against the
             // copy floor's CPU per request (queries and batches).
-            Job::Copy | Job::Count | Job::Enqueue => FloorJob::Copy,
+            Job::Copy | Job::Count | Job::Enqueue | Job::Index => FloorJob::Copy,
             Job::Export => FloorJob::Export,
             Job::Import => FloorJob::Import,
             Job::Delete => FloorJob::Delete,

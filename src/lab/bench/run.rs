@@ -298,6 +298,22 @@ async fn verify(run: &RunSpec<'_>, status: &Value) -> Result<(), String> {
             let manifest: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
             export_verdict(&manifest, status, run.source_rows)
         }
+        Job::Index => {
+            let pointer = run
+                .blobs
+                .download(&t.container, "index/index.json", 1 << 20)
+                .await
+                .map_err(|e| format!("{}/index/index.json: {e}", t.container))?;
+            let written = status["rowsWritten"].as_i64().unwrap_or(-1);
+            (
+                written == run.source_rows as i64,
+                format!(
+                    "pointer index/index.json ({} bytes) published; rowsWritten {written}; source {} rows",
+                    pointer.bytes.len(),
+                    run.source_rows
+                ),
+            )
+        }
         Job::Enqueue => {
             let sent = status["messagesWritten"].as_u64().unwrap_or(0);
             let found = read_queue(run.queues, &t.queue, sent).await?;

@@ -27,11 +27,16 @@ pub enum Variant {
     PrefixDelete,
     /// Put every row of the source on a queue ([`ENQUEUE_ROWS_PER_MESSAGE`] rows a message).
     PrefixEnqueue,
+    /// Build an index of the source's `Authors` property (issue 29) into the export's container.
+    PrefixIndex,
 }
 
 /// `rowsPerMessage` of `prefix-enqueue`: the batching a consumer of a big table would choose
 /// (docs/enqueue.md); its minimum is one put per this many rows.
 pub const ENQUEUE_ROWS_PER_MESSAGE: u64 = 32;
+
+/// The property `prefix-index` indexes: every generated row has one, ~1,000 distinct values.
+pub const INDEXED_PROPERTY: &str = "Authors";
 
 /// What a variant does with the rows, which sets its minimum and how it is verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +47,7 @@ pub enum Job {
     Import,
     Delete,
     Enqueue,
+    Index,
 }
 
 /// The names a variant's request refers to.
@@ -59,7 +65,7 @@ pub struct Targets {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::SerialCopy,
         Variant::ReferenceCopy,
         Variant::PrefixCopy,
@@ -69,6 +75,7 @@ impl Variant {
         Variant::PrefixImport,
         Variant::PrefixDelete,
         Variant::PrefixEnqueue,
+        Variant::PrefixIndex,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +89,7 @@ impl Variant {
             Variant::PrefixImport => "prefix-import",
             Variant::PrefixDelete => "prefix-delete",
             Variant::PrefixEnqueue => "prefix-enqueue",
+            Variant::PrefixIndex => "prefix-index",
         }
     }
 
@@ -93,6 +101,7 @@ impl Variant {
             Variant::PrefixImport => Job::Import,
             Variant::PrefixDelete => Job::Delete,
             Variant::PrefixEnqueue => Job::Enqueue,
+            Variant::PrefixIndex => Job::Index,
         }
     }
 
@@ -135,6 +144,9 @@ impl Variant {
             Job::Enqueue => json!({"driver": "enqueue", "sourceTable": t.source,
                 "strategy": strategy, "destinationQueue": t.queue,
                 "rowsPerMessage": ENQUEUE_ROWS_PER_MESSAGE}),
+            Job::Index => json!({"driver": "index", "sourceTable": t.source,
+                "strategy": strategy, "property": INDEXED_PROPERTY,
+                "destinationContainer": t.container, "destinationPrefix": "index"}),
         }
     }
 }
@@ -197,7 +209,12 @@ mod tests {
             (&q["destinationQueue"], &q["rowsPerMessage"]),
             (&json!("q"), &json!(32))
         );
-        assert_eq!(names.len(), 9);
+        let x = Variant::PrefixIndex.request(&t);
+        assert_eq!(
+            (&x["property"], &x["destinationContainer"]),
+            (&json!("Authors"), &json!("c"))
+        );
+        assert_eq!(names.len(), 10);
         assert!(
             Variant::PrefixExport < Variant::PrefixImport,
             "an import runs after its export"
