@@ -93,7 +93,9 @@ impl FloorJob {
     /// The floor a variant of `job` is judged against.
     pub fn of(job: Job) -> FloorJob {
         match job {
-            Job::Copy | Job::Count => FloorJob::Copy,
+            // An enqueue's puts have no floor of their own yet: judged like a count, against the
+            // copy floor's CPU per request (queries and batches).
+            Job::Copy | Job::Count | Job::Enqueue | Job::Index => FloorJob::Copy,
             Job::Export => FloorJob::Export,
             Job::Import => FloorJob::Import,
             Job::Delete => FloorJob::Delete,

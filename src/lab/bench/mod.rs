@@ -13,6 +13,7 @@
 
 mod floor;
 mod passes;
+mod queue_check;
 mod report;
 mod requests;
 mod run;

@@ -336,6 +336,25 @@ fn goals(report: &BenchReport) -> String {
             );
         }
     }
+    if let Some(e) = find("prefix-enqueue") {
+        let _ = writeln!(
+            s,
+            "  {} prefix-enqueue total requests ≤ 1.10 × minimum (a query per 1,000 rows, a put per {} rows): {:.3} ×",
+            mark(e.ratio_to_minimum <= 1.10),
+            super::variant::ENQUEUE_ROWS_PER_MESSAGE,
+            e.ratio_to_minimum
+        );
+    }
+    if let (Some(x), Some(c)) = (find("prefix-index"), find("prefix-count")) {
+        let r = x.requests_per_1000_rows / c.requests_per_1000_rows;
+        let _ = writeln!(
+            s,
+            "  {} prefix-index build requests ≤ 1.2 × prefix-count's: {r:.3} × ({:.1} vs {:.1} per 1,000 rows)",
+            mark(r <= 1.2),
+            x.requests_per_1000_rows,
+            c.requests_per_1000_rows
+        );
+    }
     for v in &report.variants {
         s.push_str(&cpu_goal(report, v));
     }

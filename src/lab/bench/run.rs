@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::passes::{floor_jobs, FloorRuns};
+use super::queue_check::{enqueue_verdict, read_queue};
 use super::report::{BenchReport, VariantResult};
 use super::requests::{delta, per_1000, Minimum, Requests};
 use super::sampler::HandlerSampler;
@@ -25,6 +26,7 @@ use crate::lab::host::stats::FunctionStats;
 use crate::lab::host::RunningHost;
 use crate::lab::proxy::{Counts, StorageProxy};
 use crate::storage::azure_blob::AzureBlobStore;
+use crate::storage::azure_queue::AzureQueueStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore};
 use crate::storage::request_counts::RequestCounters;
@@ -61,6 +63,9 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
         .account
         .blob_store(std::sync::Arc::new(BlobRequestCounters::new()))
         .map_err(|e| e.to_string())?;
+    let queues = storage
+        .account
+        .queue_store(std::sync::Arc::new(RequestCounters::new()));
     let variants = selected_variants(args);
     if variants.contains(&Variant::PrefixImport) && !variants.contains(&Variant::PrefixExport) {
         return Err("prefix-import restores prefix-export's backup: select both".into());
@@ -86,12 +91,14 @@ pub async fn measure(args: &BenchArgs) -> Result<BenchReport, String> {
             container: format!("bench{}", source.suffix),
             prefix: "export".into(),
             doomed: doomed.clone(),
+            queue: names.enqueue_queue.clone(),
         };
         let run = RunSpec {
             variant,
             binary: &binary,
             store: &store,
             blobs: &blobs,
+            queues: &queues,
             targets,
             source_rows: source.rows,
             source_sum: &source.checksum,
@@ -204,6 +211,8 @@ struct Names {
     scans_table: String,
     work_table: String,
     destination: String,
+    /// The queue `prefix-enqueue` puts the rows on.
+    enqueue_queue: String,
 }
 
 impl Names {
@@ -214,6 +223,7 @@ impl Names {
             scans_table: format!("BenchScans{suffix}x{index}"),
             work_table: format!("BenchWork{suffix}x{index}"),
             destination: format!("BenchCopy{suffix}x{index}"),
+            enqueue_queue: format!("bench{suffix}-{index}-rows"),
         }
     }
 }
@@ -223,6 +233,7 @@ struct RunSpec<'a> {
     binary: &'a std::path::Path,
     store: &'a AzureTableStore,
     blobs: &'a AzureBlobStore,
+    queues: &'a AzureQueueStore,
     targets: Targets,
     source_rows: u64,
     source_sum: &'a str,
@@ -261,7 +272,7 @@ async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantR
 /// Copies and imports: the destination holds the source's rows and checksum and the scan wrote
 /// them all; counts: the scan counted the source's rows; exports: the manifest and the scan say
 /// every row was written (prefix-import then checks the rows themselves); deletes: the table is
-/// empty and the scan deleted every row.
+/// empty and the scan deleted every row; enqueues: every row is on the queue (read back).
 async fn verify(run: &RunSpec<'_>, status: &Value) -> Result<(), String> {
     let t = &run.targets;
     let (verified, why) = match run.variant.job() {
@@ -286,6 +297,27 @@ async fn verify(run: &RunSpec<'_>, status: &Value) -> Result<(), String> {
                 .bytes;
             let manifest: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
             export_verdict(&manifest, status, run.source_rows)
+        }
+        Job::Index => {
+            let pointer = run
+                .blobs
+                .download(&t.container, "index/index.json", 1 << 20)
+                .await
+                .map_err(|e| format!("{}/index/index.json: {e}", t.container))?;
+            let written = status["rowsWritten"].as_i64().unwrap_or(-1);
+            (
+                written == run.source_rows as i64,
+                format!(
+                    "pointer index/index.json ({} bytes) published; rowsWritten {written}; source {} rows",
+                    pointer.bytes.len(),
+                    run.source_rows
+                ),
+            )
+        }
+        Job::Enqueue => {
+            let sent = status["messagesWritten"].as_u64().unwrap_or(0);
+            let found = read_queue(run.queues, &t.queue, sent).await?;
+            enqueue_verdict(&found, status, run.source_rows)
         }
         Job::Delete => {
             let (left, _) = fingerprint(run.store, &t.doomed).await?;

@@ -25,7 +25,18 @@ pub enum Variant {
     PrefixImport,
     /// Delete every row of a copy of the source (the floor's), with the prefix strategy.
     PrefixDelete,
+    /// Put every row of the source on a queue ([`ENQUEUE_ROWS_PER_MESSAGE`] rows a message).
+    PrefixEnqueue,
+    /// Build an index of the source's `Authors` property (issue 29) into the export's container.
+    PrefixIndex,
 }
+
+/// `rowsPerMessage` of `prefix-enqueue`: the batching a consumer of a big table would choose
+/// (docs/enqueue.md); its minimum is one put per this many rows.
+pub const ENQUEUE_ROWS_PER_MESSAGE: u64 = 32;
+
+/// The property `prefix-index` indexes: every generated row has one, ~1,000 distinct values.
+pub const INDEXED_PROPERTY: &str = "Authors";
 
 /// What a variant does with the rows, which sets its minimum and how it is verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +46,8 @@ pub enum Job {
     Export,
     Import,
     Delete,
+    Enqueue,
+    Index,
 }
 
 /// The names a variant's request refers to.
@@ -47,10 +60,12 @@ pub struct Targets {
     pub prefix: String,
     /// The table `prefix-delete` empties.
     pub doomed: String,
+    /// The queue `prefix-enqueue` fills.
+    pub queue: String,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 10] = [
         Variant::SerialCopy,
         Variant::ReferenceCopy,
         Variant::PrefixCopy,
@@ -59,6 +74,8 @@ impl Variant {
         Variant::PrefixExport,
         Variant::PrefixImport,
         Variant::PrefixDelete,
+        Variant::PrefixEnqueue,
+        Variant::PrefixIndex,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +88,8 @@ impl Variant {
             Variant::PrefixExport => "prefix-export",
             Variant::PrefixImport => "prefix-import",
             Variant::PrefixDelete => "prefix-delete",
+            Variant::PrefixEnqueue => "prefix-enqueue",
+            Variant::PrefixIndex => "prefix-index",
         }
     }
 
@@ -81,6 +100,8 @@ impl Variant {
             Variant::PrefixExport => Job::Export,
             Variant::PrefixImport => Job::Import,
             Variant::PrefixDelete => Job::Delete,
+            Variant::PrefixEnqueue => Job::Enqueue,
+            Variant::PrefixIndex => Job::Index,
         }
     }
 
@@ -120,6 +141,12 @@ impl Variant {
                 "sourcePrefix": t.prefix, "destinationTable": t.destination}),
             Job::Delete => json!({"driver": "delete", "sourceTable": t.doomed,
                 "confirm": t.doomed, "strategy": strategy}),
+            Job::Enqueue => json!({"driver": "enqueue", "sourceTable": t.source,
+                "strategy": strategy, "destinationQueue": t.queue,
+                "rowsPerMessage": ENQUEUE_ROWS_PER_MESSAGE}),
+            Job::Index => json!({"driver": "index", "sourceTable": t.source,
+                "strategy": strategy, "property": INDEXED_PROPERTY,
+                "destinationContainer": t.container, "destinationPrefix": "index"}),
         }
     }
 }
@@ -135,6 +162,7 @@ mod tests {
             container: "c".into(),
             prefix: "p".into(),
             doomed: "X".into(),
+            queue: "q".into(),
         }
     }
 
@@ -176,7 +204,17 @@ mod tests {
                 "CLI and JSON names agree"
             );
         }
-        assert_eq!(names.len(), 8);
+        let q = Variant::PrefixEnqueue.request(&t);
+        assert_eq!(
+            (&q["destinationQueue"], &q["rowsPerMessage"]),
+            (&json!("q"), &json!(32))
+        );
+        let x = Variant::PrefixIndex.request(&t);
+        assert_eq!(
+            (&x["property"], &x["destinationContainer"]),
+            (&json!("Authors"), &json!("c"))
+        );
+        assert_eq!(names.len(), 10);
         assert!(
             Variant::PrefixExport < Variant::PrefixImport,
             "an import runs after its export"
