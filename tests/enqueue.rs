@@ -268,12 +268,7 @@ fn big_row(pk: &str, rk: &str, bytes: usize) -> Entity {
 /// Rows written as JSON text by the raw client: doubles that need all 17 digits, a whole
 /// double, an Int64, a Guid and a string with U+FFFF, which XML cannot carry.
 fn raw_rows() -> Vec<String> {
-    let doubles = [
-        "0.46464804158416084",
-        "-1.5e-300",
-        "6.0380076462132985e+97",
-        "3.0",
-    ];
+    let doubles = support::raw::HARD_DOUBLES;
     doubles
         .iter()
         .enumerate()
@@ -487,12 +482,7 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
         Fault::Duplicates => Some(duplicating_proxy(71).await),
         Fault::Storage => Some(proxy(storage_faults(0.04), 73).await),
     };
-    let connection = proxy.as_ref().map(|p| p.connection_string());
-    let settings: Vec<(&str, &str)> = connection
-        .iter()
-        .map(|c| ("AzureWebJobsStorage", c.as_str()))
-        .collect();
-    let app = TestApp::start(instances, &settings).await;
+    let app = TestApp::start_through(instances, proxy.as_ref()).await;
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 91)).await;
     let extra = json!({"rowsPerMessage": per_message, "takeCount": take});
     let (id, queue) = start_enqueue(&app, &source, extra).await;

@@ -177,12 +177,7 @@ async fn delete_fault_run(fault: DeleteFault, rows: u64, take: u32) {
         ),
         DeleteFault::Storage => Some(proxy(storage_faults(0.04), 19).await),
     };
-    let connection = proxy.as_ref().map(|p| p.connection_string());
-    let settings: Vec<(&str, &str)> = connection
-        .iter()
-        .map(|c| ("AzureWebJobsStorage", c.as_str()))
-        .collect();
-    let app = TestApp::start(instances, &settings).await;
+    let app = TestApp::start_through(instances, proxy.as_ref()).await;
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 81)).await;
     // Bounds that are partition keys of the table, so rows equal to each (exclusive) bound and
     // right next to it exist.

@@ -98,12 +98,7 @@ async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
     let _alone = support::alone().await;
     let instances = if matches!(fault, Fault::Crash) { 3 } else { 2 };
     let proxy = fault.proxy().await;
-    let connection = proxy.as_ref().map(|p| p.connection_string());
-    let settings: Vec<(&str, &str)> = connection
-        .iter()
-        .map(|c| ("AzureWebJobsStorage", c.as_str()))
-        .collect();
-    let app = TestApp::start(instances, &settings).await;
+    let app = TestApp::start_through(instances, proxy.as_ref()).await;
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 91)).await;
     let target = Target::new(fault.label());
     let mut kills = vec![0usize; instances];

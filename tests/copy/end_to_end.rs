@@ -28,12 +28,7 @@ fn source_entities() -> Vec<Entity> {
 /// parser that is not correctly rounded changes them in the last bit), a whole double and an
 /// Int64 that must keep their types.
 fn raw_rows() -> Vec<String> {
-    let doubles = [
-        "0.46464804158416084",
-        "-1.5e-300",
-        "6.0380076462132985e+97",
-        "3.0",
-    ];
+    let doubles = support::raw::HARD_DOUBLES;
     (0..4)
         .map(|i| {
             format!(

@@ -55,6 +55,20 @@ impl TestApp {
         .await
     }
 
+    /// [`TestApp::start`] with the app's storage reached through `proxy` when there is one (a
+    /// fault run), straight otherwise.
+    pub async fn start_through(
+        instances: usize,
+        proxy: Option<&tablescan::lab::proxy::StorageProxy>,
+    ) -> TestApp {
+        let connection = proxy.map(|p| p.connection_string());
+        let settings: Vec<(&str, &str)> = connection
+            .iter()
+            .map(|c| ("AzureWebJobsStorage", c.as_str()))
+            .collect();
+        Self::start(instances, &settings).await
+    }
+
     /// [`TestApp::start`] with the app's own storage given as `storage` settings (a connection
     /// string, or identity-based `AzureWebJobsStorage__*`), and `store` to seed and read tables.
     pub async fn start_on(

@@ -531,6 +531,15 @@ pub fn diff_entity(expected: &RawEntity, got: &RawEntity) -> Vec<String> {
     problems
 }
 
+/// Doubles written as JSON text that need all 17 significant digits (a parser that is not
+/// correctly rounded changes them in the last bit), and a whole double that must stay a Double.
+pub const HARD_DOUBLES: [&str; 4] = [
+    "0.46464804158416084",
+    "-1.5e-300",
+    "6.0380076462132985e+97",
+    "3.0",
+];
+
 /// At most 80 characters of a text, for messages.
 pub fn short(text: &str) -> String {
     if text.chars().count() <= 80 {
