@@ -32,8 +32,8 @@ use tablescan::app::job::request::parse_request;
 use tablescan::app::job::WorkOutcome;
 use tablescan::app::job::{DriverName, RangeWork, ScanContext, TableRef, WorkSplit};
 use tablescan::app::messages::{
-    decode, encode, shard_for, work_id, ChildSpec, ItemJson, ItemMessage, MessageError,
-    StepMessage, WorkMessage,
+    decode, encode, round_of, shard_for, with_round, work_id, ChildSpec, ItemJson, ItemMessage,
+    MessageError, StepMessage, WorkMessage,
 };
 use tablescan::app::tracking::{
     Completion, Counters, NewWork, ScanRecord, ScanState, Tracker, WorkState,
@@ -380,6 +380,36 @@ fn queue_messages() {
         };
         assert_eq!(&read, typed, "{}", g.name);
     }
+}
+
+/// A work message a poison function re-queued (issue 27, part 8): the same envelope with its
+/// re-queue round in `r`; `d` kept byte for byte, so the same work id and shard. A reader that
+/// does not know `r` ignores it (an unknown field), and reads the same work.
+#[test]
+fn requeued_messages() {
+    let (name, step) = step_messages().remove(0);
+    let (item_name, item, _) = item_messages().remove(0);
+    let requeued = |example: Example, round: u32| {
+        let json = with_round(example.get("json"), round).unwrap();
+        Example::new(format!("{} (re-queued for round {round})", example.name))
+            .line("queue", MessageEncoding::Base64.encode(json.as_bytes()))
+            .line("json", json)
+            .line("work id", example.get("work id").to_string())
+            .line("row shard of 4", example.get("row shard of 4").to_string())
+    };
+    let examples = vec![
+        requeued(message_example(name, &step), 1),
+        requeued(message_example(item_name, &item), 3),
+    ];
+    let header =
+        "Work queue messages a poison function put back on their live queue for a re-queue\n\
+                  round: the envelope's `r` is the round (absent on a driver's message: round 0).\n\
+                  Lines as in messages-scan-step.txt. See docs/compatibility.md.";
+    let golden = check_examples("messages-requeued.txt", header, &examples);
+    read_message(&golden[0], &step);
+    read_message(&golden[1], &item);
+    assert_eq!(round_of(golden[0].get("json")), 1);
+    assert_eq!(round_of(golden[1].get("json")), 3);
 }
 
 /// Messages of the first version (v1: the whole scan context in every message) are refused,

@@ -10,6 +10,9 @@
 //! A driver's work item (the `w` of a `table-copy` message, a [`ChildSpec::Item`]) is opaque
 //! here: [`ItemJson`], the JSON text its driver wrote, kept byte for byte, because that text is
 //! the item's identity ([`work_id`]). Only the scan's driver (from the recorded context) reads it.
+//!
+//! A poison function's re-queued copy carries its re-queue round in the envelope (`r`, absent
+//! on a driver's message: round 0); the round never changes `d`, so never the item's id.
 
 use std::fmt;
 
@@ -147,7 +150,16 @@ impl WorkMessage for ItemMessage {
 struct Envelope<T> {
     n: String,
     v: u32,
+    /// The re-queue round a poison function put this message back on its live queue for
+    /// (`app::work::poison`); absent (0) on a message its driver queued. Not part of the item's
+    /// identity (that is `d` alone), and a reader that does not know it ignores it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    r: u32,
     d: T,
+}
+
+fn is_zero(round: &u32) -> bool {
+    *round == 0
 }
 
 /// Why a message could not be used.
@@ -199,6 +211,7 @@ pub fn encode<M: WorkMessage>(message: &M) -> Result<String, MessageError> {
     let json = serde_json::to_vec(&Envelope {
         n: M::NAME.to_string(),
         v: M::VERSION,
+        r: 0,
         d: message,
     })
     .map_err(|e| MessageError::Malformed(e.to_string()))?;
@@ -229,9 +242,49 @@ pub fn decode<M: WorkMessage>(json: &str) -> Result<M, MessageError> {
     serde_json::from_str(header.d.get()).map_err(|e| MessageError::Malformed(e.to_string()))
 }
 
+/// The re-queue round (`r`) of a message's envelope JSON: 0 when absent, or when the text is
+/// not an envelope (such a message is refused by [`decode`] anyway).
+pub fn round_of(json: &str) -> u32 {
+    serde_json::from_str::<Envelope<&RawValue>>(json).map_or(0, |envelope| envelope.r)
+}
+
+/// The same message's envelope JSON for re-queue round `round`: `n`, `v` and the data `d` kept
+/// byte for byte (the item's identity), only `r` set.
+pub fn with_round(json: &str, round: u32) -> Result<String, MessageError> {
+    let mut envelope: Envelope<&RawValue> =
+        serde_json::from_str(json).map_err(|e| MessageError::Malformed(e.to_string()))?;
+    envelope.r = round;
+    serde_json::to_string(&envelope).map_err(|e| MessageError::Malformed(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_is_in_the_envelope_and_never_in_the_identity() {
+        let m = StepMessage {
+            scan_id: "s1".into(),
+            step: Step::Start,
+            shard: Some(3),
+        };
+        let json = String::from_utf8(
+            MessageEncoding::Base64
+                .decode(&encode(&m).unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(round_of(&json), 0);
+        assert!(!json.contains("\"r\""), "round 0 is not written: {json}");
+        let again = with_round(&json, 2).unwrap();
+        assert_eq!(round_of(&again), 2);
+        assert_eq!(round_of(&with_round(&again, 3).unwrap()), 3);
+        let decoded = decode::<StepMessage>(&again).unwrap();
+        assert_eq!(decoded, m);
+        assert_eq!(work_id(&decoded), work_id(&m));
+        assert_eq!(round_of("not json"), 0);
+        assert!(with_round("not json", 1).is_err());
+    }
 
     #[test]
     fn round_trip_and_rejections() {

@@ -1151,8 +1151,14 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
         .unwrap();
     let decoded =
         String::from_utf8(MessageEncoding::Base64.decode(&messages[0].text).unwrap()).unwrap();
-    let settle = |message_id: &str, dequeue_count: u64| {
-        let payload = host_payload("PrefixScanPoison", &decoded, dequeue_count, message_id);
+    // A copy re-queued for round `round` carries it in its envelope (`r`; absent: round 0).
+    let settle = |message_id: &str, dequeue_count: u64, round: u64| {
+        let text = if round == 0 {
+            decoded.clone()
+        } else {
+            decoded.replacen("\"v\":2,", &format!("\"v\":2,\"r\":{round},"), 1)
+        };
+        let payload = host_payload("PrefixScanPoison", &text, dequeue_count, message_id);
         let state = state.clone();
         async move {
             let (status, reply) = call(
@@ -1213,30 +1219,39 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
     let before = queued().await;
 
     // Unmarked (forged, early, or a last delivery that died before marking): round 1, no failure.
-    let reply = settle("f1", 1).await;
+    let reply = settle("f1", 1, 0).await;
     assert!(
         reply.contains("re-queued for round 1") && reply.contains("nothing is failed"),
         "{reply}"
     );
     assert_eq!(queued().await, before + 1);
     // Its redelivery: the round is its own; the row still unmarked, it puts the message again.
-    let reply = settle("f1", 2).await;
+    let reply = settle("f1", 2, 0).await;
     assert!(reply.contains("re-queued for round 1"), "{reply}");
     assert_eq!(queued().await, before + 2);
     // A second delivery of the same message otherwise starts nothing.
-    let reply = settle("f1", 1).await;
-    assert!(reply.contains("already in re-queue round 1"), "{reply}");
+    let reply = settle("f1", 1, 0).await;
+    assert!(
+        reply.contains("already started re-queue round 1"),
+        "{reply}"
+    );
+    // Another copy of round 0 (a duplicate live copy, poisoned too) starts no round.
+    let reply = settle("d1", 1, 0).await;
+    assert!(
+        reply.contains("a poisoned copy of re-queue round 0"),
+        "{reply}"
+    );
     assert_eq!(queued().await, before + 2);
     for round in 2..=3u64 {
         mark().await;
         let message = format!("p{round}");
-        let reply = settle(&message, 1).await;
+        let reply = settle(&message, 1, round - 1).await;
         assert!(
             reply.contains(&format!("re-queued for round {round}")),
             "{reply}"
         );
-        let reply = settle(&message, 1).await;
-        assert!(reply.contains("already in re-queue round"), "{reply}");
+        let reply = settle(&message, 1, round - 1).await;
+        assert!(reply.contains("already started re-queue round"), "{reply}");
         assert_eq!(
             queued().await,
             before + round + 1,
@@ -1249,7 +1264,7 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
     assert_eq!(row.properties.get_value("LastDelivery"), Some(json!(false)));
     assert_eq!(row.properties.get_str("RequeuedBy").as_deref(), Some("p3"));
     // Rounds used: an unmarked row's poison message is ignored, the scan goes on.
-    let reply = settle("f2", 1).await;
+    let reply = settle("f2", 1, 3).await;
     assert!(
         reply.contains("ignored") && reply.contains("not exhausted"),
         "{reply}"
@@ -1258,7 +1273,7 @@ async fn poison_queue_function_re_queues_an_unrecorded_item_then_fails_it_once()
     // The fourth round's last delivery dies too: the item fails, once.
     mark().await;
     for delivery in ["first", "second"] {
-        settle("p4", 1).await;
+        settle("p4", 1, 3).await;
         let scan = scan_state().await;
         assert_eq!(scan["state"], "failed", "{delivery}: {scan}");
         assert_eq!(scan["failedWorkItems"], 1, "{delivery}: {scan}");

@@ -23,6 +23,11 @@
 //!    other; if that redelivery finds the row still unmarked, its earlier attempt may have died
 //!    between merge and put, and it puts the message again (at worst a duplicate live copy of an
 //!    unfinished item, which completion's ETag counts once, as any duplicate delivery).
+//! 4. The re-queued copy carries its round in its envelope (`r`, `messages::with_round`; 0 on
+//!    its driver's message), and only a poison message of the row's current round (`Requeues`)
+//!    can start the next. So duplicate live copies of one item, poisoned in the same round (a
+//!    parent delivered twice, or invariant 3's second put), start one round between them, not
+//!    one each; a copy of an earlier round, or of a round never started (forged), does nothing.
 
 use super::*;
 use crate::app::tracking::RowMarks;
@@ -192,8 +197,9 @@ impl<S: Stores> Runner<'_, S> {
         let read_row = || patiently(true, || tracker.work_state_rounds(scan_id, shard, work_id));
         // This poison message's id ("" if the host gave none: then never recognised as such).
         let me = invocation.id.clone().unwrap_or_default();
+        // The round this copy was delivered in (0: its driver's message; module invariant 4).
+        let of_round = messages::round_of(&invocation.message);
         let mut read = read_row().await;
-        let mut lost_a_race = false;
         for _ in 0..MAX_ROUND_ATTEMPTS {
             let (etag, marks) = match read {
                 Err(e) => {
@@ -215,12 +221,24 @@ impl<S: Stores> Runner<'_, S> {
                     marks,
                 ))) => (etag, marks),
             };
-            let mine = !me.is_empty() && marks.requeued_by.as_deref() == Some(me.as_str());
-            // This message started the round already, or another delivery just did.
-            if mine || (lost_a_race && !marks.marked) {
+            // This message started the round already.
+            if !me.is_empty() && marks.requeued_by.as_deref() == Some(me.as_str()) {
                 return self
-                    .already_requeued::<M>(invocation, work_id, &marks, mine)
+                    .already_requeued::<M>(invocation, work_id, &marks)
                     .await;
+            }
+            // A copy of an earlier round (a duplicate, or another delivery just started the
+            // next round) or of a round never started (forged): only the current round's
+            // message starts the next.
+            if marks.rounds != of_round {
+                return reply(
+                    StatusCode::OK,
+                    format!(
+                        "{work_id}: nothing to do: a poisoned copy of re-queue round {of_round}, \
+                         its work item is in round {}",
+                        marks.rounds
+                    ),
+                );
             }
             if marks.rounds >= REQUEUE_ROUNDS {
                 if marks.marked {
@@ -241,10 +259,7 @@ impl<S: Stores> Runner<'_, S> {
                 }
                 // Changed since read: another delivery started a round, or a live delivery
                 // recorded an outcome or marked the row.
-                Ok(None) => {
-                    lost_a_race = true;
-                    read = read_row().await;
-                }
+                Ok(None) => read = read_row().await,
                 Err(e) => {
                     return reply(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -294,39 +309,31 @@ impl<S: Stores> Runner<'_, S> {
         }
     }
 
-    /// A poisoned message whose item is in a round that this message (`mine`) or another
-    /// delivery started. A redelivery of the message that started it, the row still unmarked,
-    /// puts the message again: its earlier attempt may have died before its put (module
-    /// invariant 3). Otherwise nothing is done.
+    /// A poisoned message whose item is in the round this message started. A redelivery of it,
+    /// the row still unmarked, puts the message again: its earlier attempt may have died before
+    /// its put (module invariant 3). Otherwise nothing is done.
     async fn already_requeued<M: WorkMessage>(
         &self,
         invocation: &QueueInvocation,
         work_id: &str,
         marks: &RowMarks,
-        mine: bool,
     ) -> InvocationResponse {
-        if mine && !marks.marked && invocation.dequeue_count > 1 {
+        if !marks.marked && invocation.dequeue_count > 1 {
             return self
                 .requeue::<M>(invocation, work_id, marks.rounds, true)
                 .await;
         }
-        let by = if mine {
-            "this message"
-        } else {
-            "another delivery"
-        };
         reply(
             StatusCode::OK,
             format!(
-                "{work_id}: nothing to do: its work item is already in re-queue round {} \
-                 (started by {by})",
+                "{work_id}: nothing to do: this message already started re-queue round {}",
                 marks.rounds
             ),
         )
     }
 
     /// Puts the poisoned message back on its live queue for re-queue round `round`, as the host
-    /// delivered it (the same text: the same work item, a fresh dequeue count).
+    /// delivered it with the round in its envelope (the same work item, a fresh dequeue count).
     async fn requeue<M: WorkMessage>(
         &self,
         invocation: &QueueInvocation,
@@ -339,7 +346,16 @@ impl<S: Stores> Runner<'_, S> {
         } else {
             &self.app.config.table_copy_queue
         };
-        let text = MessageEncoding::Base64.encode(invocation.message.as_bytes());
+        let text = match messages::with_round(&invocation.message, round) {
+            Ok(json) => MessageEncoding::Base64.encode(json.as_bytes()),
+            // Unreachable: the message was decoded from this text.
+            Err(e) => {
+                return reply(
+                    StatusCode::OK,
+                    format!("dropped an undecodable poisoned {} message: {e}", M::NAME),
+                )
+            }
+        };
         let delay = round_delay(round);
         match self.app.queues.put_message(queue, &text, delay).await {
             Ok(()) => {
