@@ -39,7 +39,9 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "prefix-count",
             "prefix-export",
             "prefix-import",
-            "prefix-delete"
+            "prefix-delete",
+            "prefix-enqueue",
+            "prefix-index"
         ]
     );
     // The floors, before and after the variants: each job's data requests by a bare client;
@@ -126,6 +128,14 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             assert!(x > 0.0, "{name}.{field} = {x}");
         }
         assert_eq!(v["verified"], true, "{name}");
+        if matches!(name, "prefix-enqueue" | "prefix-index") {
+            // The new drivers (docs/bench.md): verified above; no table batches; the index
+            // writes blobs, the enqueue driver none.
+            assert_eq!(v["requests"]["batch"].as_u64().unwrap(), 0, "{name}");
+            let blob_writes = v["requests"]["blob_write"].as_u64().unwrap();
+            assert_eq!(blob_writes > 0, name == "prefix-index", "{name}");
+            continue;
+        }
         let writes = ["-copy", "-import", "-delete"]
             .iter()
             .any(|s| name.ends_with(s));
@@ -194,7 +204,7 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
 
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg"));
-    assert_eq!(chart.matches("<polyline").count(), 8);
+    assert_eq!(chart.matches("<polyline").count(), variants.len());
     for name in names {
         assert!(chart.contains(name), "{name} in the legend");
     }
