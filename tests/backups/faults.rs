@@ -27,8 +27,8 @@ use support::backup::{
 };
 use support::e2e::TestApp;
 use support::faults::{
-    check_kills, kill_more_while_running, proxy, seeded_source, source_entities, storage_faults,
-    Summary,
+    check_kills, explain, kill_more_while_running, proxy, seeded_source, source_entities,
+    storage_faults, Summary,
 };
 use support::raw::{self, RawClient};
 use support::unique_name;
@@ -113,6 +113,7 @@ async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
     let mut summary = Summary::new(format!("export-{}", fault.label()));
     summary.faults = export_faults;
     summary.add(&export_verdict);
+    explain(&app, &export_verdict);
     summary.report(&[&export_verdict]);
     let manifest_rows = manifest.as_ref().and_then(|m| m["rows"].as_i64()).unwrap();
 
@@ -145,6 +146,7 @@ async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
             p.faults_by_kind()
         );
     }
+    explain(&app, &import_verdict);
     summary.report(&[&import_verdict]);
     match fault {
         Fault::Crash => {

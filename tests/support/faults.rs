@@ -258,6 +258,35 @@ pub async fn verify_copy_with(
     v
 }
 
+/// Prints what the host's log says about the work items a failed verdict names (their lines,
+/// at most 30, and how many function timeouts and handler restarts the run had), so that a
+/// failure seen only in CI's output can be explained. Prints nothing for a clean verdict.
+pub fn explain(app: &TestApp, verdict: &Verdict) {
+    if verdict.problems.is_empty() {
+        return;
+    }
+    let items: Vec<&str> = verdict
+        .problems
+        .iter()
+        .filter_map(|p| p.split("work item ").nth(1)?.split_whitespace().next())
+        .collect();
+    let lines = app.host().log_lines();
+    let count = |needle: &str| lines.iter().filter(|l| l.contains(needle)).count();
+    eprintln!(
+        "host log: {} lines, {} function timeouts, {} handler exits; lines naming {items:?}:",
+        lines.len(),
+        count("function timeout"),
+        count("restarting it")
+    );
+    let naming = lines
+        .iter()
+        .filter(|l| items.iter().any(|i| l.contains(i)))
+        .take(30);
+    for line in naming {
+        eprintln!("  {}", line.chars().take(400).collect::<String>());
+    }
+}
+
 /// One line of the suite's report.
 pub struct Summary {
     pub kind: String,
