@@ -13,7 +13,7 @@ pub mod import;
 pub mod index;
 pub mod kit;
 #[cfg(all(test, feature = "lab"))]
-mod tests;
+pub(crate) mod tests;
 
 use crate::app::job::Drivers;
 use crate::app::state::AppState;

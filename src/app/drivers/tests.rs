@@ -80,7 +80,8 @@ impl<const SCANS: bool> Driver for Probe<SCANS> {
     }
 }
 
-fn test_context(id: &str) -> ScanContext {
+/// A prefix scan of table `Source` by driver `probe` (no limit, no options).
+pub(crate) fn test_context(id: &str) -> ScanContext {
     ScanContext {
         scan_id: id.into(),
         shards: 2,

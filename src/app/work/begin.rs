@@ -156,7 +156,7 @@ impl<S: Stores> Runner<'_, S> {
     /// item runs once this instance's backlog of the scan's tokens is at most [`ADMIT_BACKLOG`],
     /// waiting for that at most [`MAX_ADMIT_WAIT`]; after that its message is queued again,
     /// visible once the backlog has passed, and this delivery ends (`Err`: the reply).
-    async fn admit<M: WorkMessage>(
+    pub(super) async fn admit<M: WorkMessage>(
         &self,
         scan: &ScanContext,
         requests: &Meter,
@@ -209,10 +209,10 @@ impl<S: Stores> Runner<'_, S> {
 
 /// A rate-limited item starts once this instance's backlog of its scan's tokens is at most this
 /// long, so each of its requests waits about this long at most.
-const ADMIT_BACKLOG: Duration = Duration::from_secs(5);
+pub(super) const ADMIT_BACKLOG: Duration = Duration::from_secs(5);
 /// How long an item waits to start before its message is queued again (well within host.json's
 /// 10-minute `functionTimeout`, with the item's own work still to do).
-const MAX_ADMIT_WAIT: Duration = Duration::from_secs(120);
+pub(super) const MAX_ADMIT_WAIT: Duration = Duration::from_secs(120);
 /// Longest delay of a message queued again.
 const MAX_DEFERRAL: Duration = Duration::from_secs(600);
 

@@ -15,6 +15,8 @@
 //! [`begin`] (decode, check, adopt), the work's own [`Work::execute`], [`finish`] (commit);
 //! [`poison`] fails items for good; [`complete`] ends a drained scan.
 
+#[cfg(all(test, feature = "lab"))]
+mod admit_tests;
 mod begin;
 mod complete;
 mod finish;
