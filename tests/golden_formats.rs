@@ -28,6 +28,10 @@ use tablescan::app::drivers::enqueue::{pack, EnqueueTarget};
 use tablescan::app::drivers::export::ExportOptions;
 use tablescan::app::drivers::import::{ImportOptions, ImportWork, PartRef};
 use tablescan::app::drivers::kit::range::page_items;
+use tablescan::app::export_format::{
+    decode_part, encode_part, part_name, sha256_hex, DecodeLimits, ExportLayout, Manifest,
+    ManifestPart,
+};
 use tablescan::app::job::request::parse_request;
 use tablescan::app::job::WorkOutcome;
 use tablescan::app::job::{DriverName, RangeWork, ScanContext, TableRef, WorkSplit};
@@ -39,10 +43,6 @@ use tablescan::app::tracking::{
     Completion, Counters, NewWork, ScanRecord, ScanState, Tracker, WorkState,
 };
 use tablescan::scan::{LowerBound, ScanParameters, Step, Strategy};
-use tablescan::storage::export_format::{
-    decode_part, encode_part, part_name, sha256_hex, DecodeLimits, ExportLayout, Manifest,
-    ManifestPart,
-};
 use tablescan::storage::{odata, Entity, MessageEncoding, QueueStore, TableStore};
 use time::macros::datetime;
 use time::OffsetDateTime;

@@ -19,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::storage::export_format::{ExportFormatError, ExportLayout};
+use crate::app::export_format::{ExportFormatError, ExportLayout};
 
 /// The pointer's `format`.
 pub const POINTER_FORMAT: &str = "tablescan-index-pointer/1";

@@ -19,8 +19,8 @@
 //!   `blob_store`).
 //!
 //! Blob Storage (export and import): [`blob`] is the [`blob::BlobStore`] interface and its
-//! checks, [`export_format`] the part files and manifest (pure: no I/O), [`any_blob`] the store
-//! the app holds.
+//! checks, [`any_blob`] the store the app holds. (The export file format is the export and
+//! import drivers', in `app::export_format`.)
 //!
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
@@ -36,7 +36,6 @@ pub mod blob;
 pub mod connection;
 mod connection_string;
 pub mod entity;
-pub mod export_format;
 pub mod keys;
 pub mod odata;
 pub mod request_counts;

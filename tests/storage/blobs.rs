@@ -17,15 +17,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tablescan::app::export_format::{
+    decode_part, encode_part, part_name, DecodeLimits, ExportLayout, Manifest, ManifestPart,
+    MANIFEST_CONTENT_TYPE, MAX_MANIFEST_BYTES, PART_CONTENT_TYPE,
+};
 use tablescan::storage::azure_blob::AzureBlobStore;
 use tablescan::storage::blob::{
     BlobRequestCounters, BlobStore, BlobWrite, BlockListing, WriteCondition,
 };
 use tablescan::storage::connection::StorageAccount;
-use tablescan::storage::export_format::{
-    decode_part, encode_part, part_name, DecodeLimits, ExportLayout, Manifest, ManifestPart,
-    MANIFEST_CONTENT_TYPE, MAX_MANIFEST_BYTES, PART_CONTENT_TYPE,
-};
 use tablescan::storage::{Entity, StorageErrorKind};
 
 /// A blob store with a key on the shared (plain http) Azurite.

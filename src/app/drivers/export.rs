@@ -41,6 +41,10 @@ use time::OffsetDateTime;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
+use crate::app::export_format::{
+    part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
+    MAX_MANIFEST_BYTES, PART_CONTENT_TYPE, PART_SPLIT_BYTES,
+};
 use crate::app::job::request::default_connection;
 use crate::app::job::{
     Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, WorkError, WorkOutcome,
@@ -51,10 +55,6 @@ use crate::app::state::AppState;
 use crate::app::tracking::retention::record_may_appear;
 use crate::app::tracking::ScanState;
 use crate::storage::blob::{BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS};
-use crate::storage::export_format::{
-    part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
-    MAX_MANIFEST_BYTES, PART_CONTENT_TYPE, PART_SPLIT_BYTES,
-};
 use crate::storage::stores::Stores;
 use crate::storage::{Entity, StorageError, StorageErrorKind};
 
@@ -217,7 +217,7 @@ fn encode_parts(
     work_id: &str,
     rows: &[Entity],
 ) -> Result<Vec<(ManifestPart, Bytes)>, WorkError> {
-    let permanent = |e: crate::storage::export_format::ExportFormatError| {
+    let permanent = |e: crate::app::export_format::ExportFormatError| {
         WorkError::Permanent(format!("exporting {work_id}: {e}"))
     };
     let mut parts = Vec::new();
@@ -380,7 +380,7 @@ async fn reserve<S: Stores, B: BlobStore>(
     };
     let body = Bytes::from(
         serde_json::to_vec(&Reservation {
-            format: crate::storage::export_format::FORMAT.to_string(),
+            format: crate::app::export_format::FORMAT.to_string(),
             scan_id: scan_id.to_string(),
             reserved_at: OffsetDateTime::now_utc(),
         })

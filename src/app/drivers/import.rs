@@ -39,6 +39,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
+use crate::app::export_format::{
+    sha256_hex, ExportFormatError, ExportLayout, Manifest, ManifestPart, MAX_MANIFEST_BYTES,
+    MAX_PART_BYTES,
+};
 use crate::app::job::request::{check_destination, default_connection};
 use crate::app::job::{
     item_child, Begun, Driver, ScanContext, ScanRequest, Segment, Setup, TableRef, WorkError,
@@ -47,10 +51,6 @@ use crate::app::job::{
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::state::AppState;
 use crate::storage::blob::BlobStore;
-use crate::storage::export_format::{
-    sha256_hex, ExportFormatError, ExportLayout, Manifest, ManifestPart, MAX_MANIFEST_BYTES,
-    MAX_PART_BYTES,
-};
 use crate::storage::stores::Stores;
 use crate::storage::{BatchOperation, Entity, StorageError, TableStore};
 

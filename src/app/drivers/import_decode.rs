@@ -2,7 +2,7 @@
 //! thread by the driver (`import.rs`). A part is read as a stream ([`PartLines`]): memory is
 //! one line and the rows an item keeps, whatever the part holds.
 
-use crate::storage::export_format::{
+use crate::app::export_format::{
     check_sha256, decode_line, DecodeLimits, ExportFormatError, PartLines,
 };
 use crate::storage::Entity;

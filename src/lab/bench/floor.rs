@@ -38,12 +38,12 @@ use serde::Serialize;
 
 use super::variant::Job;
 use crate::app::drivers::kit::range::{batches, batches_of};
+use crate::app::export_format::{decode_part, encode_part, DecodeLimits, PART_CONTENT_TYPE};
 use crate::lab::proxy::InFlight;
 use crate::storage::azure_blob::AzureBlobStore;
 use crate::storage::azure_table::AzureTableStore;
 use crate::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite};
 use crate::storage::connection::{ConnectionSettings, StorageAccount};
-use crate::storage::export_format::{decode_part, encode_part, DecodeLimits, PART_CONTENT_TYPE};
 use crate::storage::request_counts::RequestCounters;
 use crate::storage::{BatchOperation, Entity, Query, TableStore, MAX_TAKE};
 

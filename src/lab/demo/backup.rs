@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::json;
 use time::OffsetDateTime;
 
+use crate::app::export_format::{ExportLayout, Manifest, MAX_MANIFEST_BYTES};
 use crate::storage::blob::{BlobRequestCounters, BlobStore};
-use crate::storage::export_format::{ExportLayout, Manifest, MAX_MANIFEST_BYTES};
 
 use super::{announce, run_scan, table_fingerprint, RunSummary, Session};
 

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::app::export_format::sha256_hex;
 use crate::app::job::{item_child, Begun, RangeWork, ScanContext, WorkError, WorkOutcome};
 use crate::app::messages::ItemMessage;
 use crate::app::pace::Meter;
 use crate::app::state::AppState;
 use crate::index::{encode_staging, IndexValue, KeyBounds, StagedRange};
 use crate::storage::blob::{BlobStore, BlobWrite};
-use crate::storage::export_format::sha256_hex;
 use crate::storage::stores::Stores;
 use crate::storage::Entity;
 

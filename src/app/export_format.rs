@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::blob::check_blob_name;
-use super::entity::{parse_service_entity, EdmType, Entity, ServiceEntity};
+use crate::storage::blob::check_blob_name;
+use crate::storage::entity::{parse_service_entity, EdmType, Entity, ServiceEntity};
 
 /// The manifest's `format`.
 pub const FORMAT: &str = "tablescan-export/1";
