@@ -158,6 +158,66 @@ fn retention_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Retention,
     Ok(Retention { work, scan })
 }
 
+/// The app's own storage connection and every one named in `TABLESCAN_CONNECTIONS`.
+fn connections(
+    lookup: &impl Fn(&str) -> Option<String>,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, ConnectionSettings>, ConfigError> {
+    let connection = |name: &str| {
+        ConnectionSettings::from_app_settings(name, lookup).map_err(|e| ConfigError {
+            name: e.setting,
+            message: e.message,
+        })
+    };
+    let mut connections = BTreeMap::new();
+    connections.insert(STORAGE_SETTING.to_string(), connection(STORAGE_SETTING)?);
+    if let Some(names) = get("TABLESCAN_CONNECTIONS") {
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let settings = connection(name).map_err(|e| {
+                match e.name == name && e.message.starts_with("is not set") {
+                    // Say where the name came from.
+                    true => err(
+                        "TABLESCAN_CONNECTIONS",
+                        format!("names {name}, but app setting {name} {}", e.message),
+                    ),
+                    false => e,
+                }
+            })?;
+            connections.insert(name.to_string(), settings);
+        }
+    }
+    Ok(connections)
+}
+
+/// An account identity by connection name.
+type AccountsByConnection = BTreeMap<String, AccountIdentity>;
+
+/// The table and the blob account of every connection, by connection name (a connection
+/// without Blob Storage has no blob account).
+fn accounts(
+    connections: &BTreeMap<String, ConnectionSettings>,
+) -> Result<(AccountsByConnection, AccountsByConnection), ConfigError> {
+    let table_accounts = connections
+        .iter()
+        .map(|(name, settings)| {
+            Ok((
+                name.clone(),
+                table_account_of(settings).map_err(|m| err(name, m))?,
+            ))
+        })
+        .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+    let blob_accounts = connections
+        .iter()
+        .filter_map(|(name, settings)| Some((name, settings.blob_endpoint().ok()?)))
+        .map(|(name, endpoint)| {
+            let account = AccountIdentity::of_endpoint(endpoint)
+                .map_err(|m| err(name, format!("the blob endpoint: {m}")))?;
+            Ok((name.clone(), account))
+        })
+        .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+    Ok((table_accounts, blob_accounts))
+}
+
 impl Config {
     /// Reads the configuration from the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -189,47 +249,8 @@ impl Config {
                 .parse()
                 .map_err(|_| err("FUNCTIONS_CUSTOMHANDLER_PORT", format!("not a port: {v:?}")))?,
         };
-        let connection = |name: &str| {
-            ConnectionSettings::from_app_settings(name, &lookup).map_err(|e| ConfigError {
-                name: e.setting,
-                message: e.message,
-            })
-        };
-        let mut connections = BTreeMap::new();
-        connections.insert(STORAGE_SETTING.to_string(), connection(STORAGE_SETTING)?);
-        if let Some(names) = get("TABLESCAN_CONNECTIONS") {
-            for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let settings = connection(name).map_err(|e| {
-                    match e.name == name && e.message.starts_with("is not set") {
-                        // Say where the name came from.
-                        true => err(
-                            "TABLESCAN_CONNECTIONS",
-                            format!("names {name}, but app setting {name} {}", e.message),
-                        ),
-                        false => e,
-                    }
-                })?;
-                connections.insert(name.to_string(), settings);
-            }
-        }
-        let table_accounts = connections
-            .iter()
-            .map(|(name, settings)| {
-                Ok((
-                    name.clone(),
-                    table_account_of(settings).map_err(|m| err(name, m))?,
-                ))
-            })
-            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
-        let blob_accounts = connections
-            .iter()
-            .filter_map(|(name, settings)| Some((name, settings.blob_endpoint().ok()?)))
-            .map(|(name, endpoint)| {
-                let account = AccountIdentity::of_endpoint(endpoint)
-                    .map_err(|m| err(name, format!("the blob endpoint: {m}")))?;
-                Ok((name.clone(), account))
-            })
-            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+        let connections = connections(&lookup, &get)?;
+        let (table_accounts, blob_accounts) = accounts(&connections)?;
         let queue = |name: &str, default: &str| -> Result<String, ConfigError> {
             let value = get(name).unwrap_or_else(|| default.to_string());
             crate::app::validate::queue_name(&value).map_err(|m| err(name, m))?;

@@ -243,25 +243,9 @@ impl<'a, T: TableStore> Scanner<'a, T> {
                 });
                 return Ok(());
             }
-            let filter = Self::range_filter(&lower, &upper);
-            let mut rows: Vec<Entity> = Vec::new();
-            let mut non_empty = 0usize;
-            let mut continuation = None;
-            let has_more = loop {
-                let page = self.page(Some(&filter), continuation.take(), out).await?;
-                if !page.entities.is_empty() {
-                    for e in &page.entities {
-                        check_in_prefix_range(&e.partition_key, prefix, &lower, &upper)?;
-                    }
-                    rows.extend(page.entities);
-                    non_empty += 1;
-                }
-                match page.continuation {
-                    None => break false,
-                    Some(_) if non_empty >= wanted || !self.pages_left(out) => break true,
-                    Some(c) => continuation = Some(c),
-                }
-            };
+            let (rows, has_more) = self
+                .prefix_pages(prefix, &lower, &upper, wanted, out)
+                .await?;
             let Some(last) = rows.last() else {
                 if has_more {
                     // The budget went on empty pages.
@@ -287,43 +271,9 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             if !has_more {
                 return Ok(());
             }
-            // The child prefix: ours plus the next character of the last partition key (which
-            // `check_in_prefix_range` found to extend the prefix).
-            let next_char = last_pk
-                .strip_prefix(prefix)
-                .and_then(|rest| rest.chars().next())
-                .ok_or_else(|| {
-                    ScanError::StoreMisbehaved(format!(
-                        "partition key {last_pk:?} does not extend prefix {prefix:?}"
-                    ))
-                })?;
-            let child_prefix = format!("{prefix}{next_char}");
-            let child_successor = key_successor(&child_prefix);
-            let child_upper = tighter_upper(child_successor.clone(), &upper);
-            let rest_of_partition = Region::Partition {
-                pk: last_pk.clone(),
-                skip: Some(last_rk),
-                through: None,
-            };
-            if self.params.expand_partition_keys && !self.params.inline_first_partition_page {
-                out.steps.push(rest_of_partition.step(depth + 1));
-            } else if self.params.expand_partition_keys {
-                // Its first page inline (most partitions end there, and the rows join this
-                // segment's work: no step and no tiny work item of their own); what is left of a
-                // bigger partition fans out as its own step.
-                self.paged(rest_of_partition, depth + 1, Some(1), out)
-                    .await?;
-            } else {
-                // Inline, sharing this step's query budget.
-                self.paged(rest_of_partition, depth, Some(self.budget.max_pages), out)
-                    .await?;
-            }
-            out.steps.push(Step::PrefixQuery {
-                prefix: child_prefix,
-                lower: LowerBound::After(last_pk),
-                upper: child_upper,
-                depth: depth + 1,
-            });
+            let child_successor = self
+                .fan_out_child(prefix, last_pk, last_rk, &upper, depth, out)
+                .await?;
             // Jump past every key with the child prefix; stop if nothing can remain in range.
             let Some(successor) = child_successor else {
                 return Ok(());
@@ -338,6 +288,90 @@ impl<'a, T: TableStore> Scanner<'a, T> {
             wanted = self.params.segments_per_subsequent_prefix.max(1) as usize;
             advanced = true;
         }
+    }
+
+    /// One round of the prefix query loop: up to `wanted` non-empty pages of the range from
+    /// `lower` (every key checked to lie in it), and whether more rows remain.
+    async fn prefix_pages(
+        &self,
+        prefix: &str,
+        lower: &LowerBound,
+        upper: &Option<String>,
+        wanted: usize,
+        out: &mut StepOutput,
+    ) -> Result<(Vec<Entity>, bool), ScanError> {
+        let filter = Self::range_filter(lower, upper);
+        let mut rows: Vec<Entity> = Vec::new();
+        let mut non_empty = 0usize;
+        let mut continuation = None;
+        let has_more = loop {
+            let page = self.page(Some(&filter), continuation.take(), out).await?;
+            if !page.entities.is_empty() {
+                for e in &page.entities {
+                    check_in_prefix_range(&e.partition_key, prefix, lower, upper)?;
+                }
+                rows.extend(page.entities);
+                non_empty += 1;
+            }
+            match page.continuation {
+                None => break false,
+                Some(_) if non_empty >= wanted || !self.pages_left(out) => break true,
+                Some(c) => continuation = Some(c),
+            }
+        };
+        Ok((rows, has_more))
+    }
+
+    /// After a round that left rows unread: the rest of the last partition (`last_pk` after
+    /// `last_rk`) and a step for the rest of the child prefix (ours plus the last partition key's
+    /// next character). Returns the child prefix's successor, where the loop jumps to.
+    async fn fan_out_child(
+        &self,
+        prefix: &str,
+        last_pk: String,
+        last_rk: String,
+        upper: &Option<String>,
+        depth: u32,
+        out: &mut StepOutput,
+    ) -> Result<Option<String>, ScanError> {
+        // The child prefix: ours plus the next character of the last partition key (which
+        // `check_in_prefix_range` found to extend the prefix).
+        let next_char = last_pk
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.chars().next())
+            .ok_or_else(|| {
+                ScanError::StoreMisbehaved(format!(
+                    "partition key {last_pk:?} does not extend prefix {prefix:?}"
+                ))
+            })?;
+        let child_prefix = format!("{prefix}{next_char}");
+        let child_successor = key_successor(&child_prefix);
+        let child_upper = tighter_upper(child_successor.clone(), upper);
+        let rest_of_partition = Region::Partition {
+            pk: last_pk.clone(),
+            skip: Some(last_rk),
+            through: None,
+        };
+        if self.params.expand_partition_keys && !self.params.inline_first_partition_page {
+            out.steps.push(rest_of_partition.step(depth + 1));
+        } else if self.params.expand_partition_keys {
+            // Its first page inline (most partitions end there, and the rows join this
+            // segment's work: no step and no tiny work item of their own); what is left of a
+            // bigger partition fans out as its own step.
+            self.paged(rest_of_partition, depth + 1, Some(1), out)
+                .await?;
+        } else {
+            // Inline, sharing this step's query budget.
+            self.paged(rest_of_partition, depth, Some(self.budget.max_pages), out)
+                .await?;
+        }
+        out.steps.push(Step::PrefixQuery {
+            prefix: child_prefix,
+            lower: LowerBound::After(last_pk),
+            upper: child_upper,
+            depth: depth + 1,
+        });
+        Ok(child_successor)
     }
 
     /// Reads a partition-key or serial region, a segment per non-empty page, following

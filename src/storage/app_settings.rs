@@ -99,22 +99,7 @@ impl ConnectionSettings {
             .filter(|k| get(k).is_some())
             .collect();
         if let Some(connection_string) = get(name) {
-            if let Some(first) = identity_keys.first() {
-                return Err(err(
-                    name,
-                    format!(
-                        "holds a connection string and {first} is also set; use one form: the \
-                         connection string, or the identity-based {name}__* settings"
-                    ),
-                ));
-            }
-            let mut settings = ConnectionSettings::parse(&connection_string).map_err(
-                |ConnectionStringError(m)| err(name, format!("storage connection string: {m}")),
-            )?;
-            if let Err(missing) = &mut settings.blob_endpoint {
-                *missing = format!("app setting {name}: {missing}");
-            }
-            return Ok(settings);
+            return from_connection_string(name, &connection_string, identity_keys.first());
         }
         let account = get(&key(ACCOUNT_NAME));
         let table = get(&key(TABLE_SERVICE_URI));
@@ -130,82 +115,10 @@ impl ConnectionSettings {
                 ),
             ));
         }
-        let (account_name, table_endpoint, queue_endpoint) = match (account, table, queue) {
-            (None, None, None) => {
-                let detail = match identity_keys.first() {
-                    Some(k) => format!(" ({k} is set, but says nothing about which account)"),
-                    None => String::new(),
-                };
-                return Err(err(
-                    name,
-                    format!(
-                        "is not set: give a storage connection string, or the identity-based \
-                         {} or {} + {}{detail}",
-                        key(ACCOUNT_NAME),
-                        key(TABLE_SERVICE_URI),
-                        key(QUEUE_SERVICE_URI)
-                    ),
-                ));
-            }
-            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                return Err(err(
-                    key(ACCOUNT_NAME),
-                    format!(
-                        "give either {} or the service URIs ({}, {}), not both",
-                        key(ACCOUNT_NAME),
-                        key(TABLE_SERVICE_URI),
-                        key(QUEUE_SERVICE_URI)
-                    ),
-                ))
-            }
-            (Some(account), None, None) => {
-                if !(3..=24).contains(&account.len())
-                    || !account
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-                {
-                    return Err(err(
-                        key(ACCOUNT_NAME),
-                        format!("`{account}` is not a storage account name (3 to 24 lowercase letters and digits)"),
-                    ));
-                }
-                (
-                    account.clone(),
-                    format!("https://{account}.table.core.windows.net"),
-                    format!("https://{account}.queue.core.windows.net"),
-                )
-            }
-            (None, table, queue) => {
-                let table_key = key(TABLE_SERVICE_URI);
-                let queue_key = key(QUEUE_SERVICE_URI);
-                let table = table
-                    .ok_or_else(|| err(&table_key, format!("is required with {queue_key}")))?;
-                let queue = queue
-                    .ok_or_else(|| err(&queue_key, format!("is required with {table_key}")))?;
-                let table = service_uri(&table_key, &table)?;
-                let queue = service_uri(&queue_key, &queue)?;
-                let account = account_from_endpoint(&table).ok_or_else(|| {
-                    err(
-                        &table_key,
-                        "names no storage account (neither in its host nor its path)",
-                    )
-                })?;
-                (account, table, queue)
-            }
-        };
-        let blob_endpoint = match blob {
-            Some(blob) => Ok(service_uri(&key(BLOB_SERVICE_URI), &blob)?),
-            None if get(&key(ACCOUNT_NAME)).is_some() => {
-                Ok(format!("https://{account_name}.blob.core.windows.net"))
-            }
-            None => Err(format!(
-                "app setting {}: is not set, and connection {name} needs it to use Blob Storage \
-                 (it gives {} and {} only)",
-                key(BLOB_SERVICE_URI),
-                key(TABLE_SERVICE_URI),
-                key(QUEUE_SERVICE_URI)
-            )),
-        };
+        let by_account = account.is_some();
+        let (account_name, table_endpoint, queue_endpoint) =
+            identity_endpoints(name, account, table, queue, identity_keys.first())?;
+        let blob_endpoint = blob_endpoint(name, &account_name, blob, by_account)?;
         let source = token_source(name, &get)?;
         Ok(ConnectionSettings {
             account_name,
@@ -219,6 +132,141 @@ impl ConnectionSettings {
             development: false,
         })
     }
+}
+
+/// The connection string in the setting `name`; `identity_key` is the first identity-based
+/// setting also set, if any (both forms at once is an error).
+fn from_connection_string(
+    name: &str,
+    connection_string: &str,
+    identity_key: Option<&String>,
+) -> Result<ConnectionSettings, ConnectionSettingError> {
+    if let Some(first) = identity_key {
+        return Err(err(
+            name,
+            format!(
+                "holds a connection string and {first} is also set; use one form: the \
+                 connection string, or the identity-based {name}__* settings"
+            ),
+        ));
+    }
+    let mut settings = ConnectionSettings::parse(connection_string)
+        .map_err(|ConnectionStringError(m)| err(name, format!("storage connection string: {m}")))?;
+    if let Err(missing) = &mut settings.blob_endpoint {
+        *missing = format!("app setting {name}: {missing}");
+    }
+    Ok(settings)
+}
+
+/// The account name and the table and queue endpoints of an identity-based connection: from
+/// `<name>__accountName`, or from `<name>__tableServiceUri` + `<name>__queueServiceUri`.
+fn identity_endpoints(
+    name: &str,
+    account: Option<String>,
+    table: Option<String>,
+    queue: Option<String>,
+    identity_key: Option<&String>,
+) -> Result<(String, String, String), ConnectionSettingError> {
+    let key = |suffix: &str| format!("{name}__{suffix}");
+    match (account, table, queue) {
+        (None, None, None) => {
+            let detail = match identity_key {
+                Some(k) => format!(" ({k} is set, but says nothing about which account)"),
+                None => String::new(),
+            };
+            Err(err(
+                name,
+                format!(
+                    "is not set: give a storage connection string, or the identity-based \
+                     {} or {} + {}{detail}",
+                    key(ACCOUNT_NAME),
+                    key(TABLE_SERVICE_URI),
+                    key(QUEUE_SERVICE_URI)
+                ),
+            ))
+        }
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(err(
+            key(ACCOUNT_NAME),
+            format!(
+                "give either {} or the service URIs ({}, {}), not both",
+                key(ACCOUNT_NAME),
+                key(TABLE_SERVICE_URI),
+                key(QUEUE_SERVICE_URI)
+            ),
+        )),
+        (Some(account), None, None) => account_endpoints(&key(ACCOUNT_NAME), account),
+        (None, table, queue) => service_uri_endpoints(
+            &key(TABLE_SERVICE_URI),
+            &key(QUEUE_SERVICE_URI),
+            table,
+            queue,
+        ),
+    }
+}
+
+/// The public-cloud endpoints of the account named in `setting` (`<name>__accountName`).
+fn account_endpoints(
+    setting: &str,
+    account: String,
+) -> Result<(String, String, String), ConnectionSettingError> {
+    if !(3..=24).contains(&account.len())
+        || !account
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(err(
+            setting,
+            format!(
+                "`{account}` is not a storage account name (3 to 24 lowercase letters and digits)"
+            ),
+        ));
+    }
+    let table = format!("https://{account}.table.core.windows.net");
+    let queue = format!("https://{account}.queue.core.windows.net");
+    Ok((account, table, queue))
+}
+
+/// The account and endpoints from the table and queue service URIs (both required).
+fn service_uri_endpoints(
+    table_key: &str,
+    queue_key: &str,
+    table: Option<String>,
+    queue: Option<String>,
+) -> Result<(String, String, String), ConnectionSettingError> {
+    let table = table.ok_or_else(|| err(table_key, format!("is required with {queue_key}")))?;
+    let queue = queue.ok_or_else(|| err(queue_key, format!("is required with {table_key}")))?;
+    let table = service_uri(table_key, &table)?;
+    let queue = service_uri(queue_key, &queue)?;
+    let account = account_from_endpoint(&table).ok_or_else(|| {
+        err(
+            table_key,
+            "names no storage account (neither in its host nor its path)",
+        )
+    })?;
+    Ok((account, table, queue))
+}
+
+/// The blob endpoint of an identity-based connection: `<name>__blobServiceUri`, the account's
+/// public-cloud endpoint when the connection names an account (`by_account`), or else the error
+/// a blob operation will report (a connection without Blob Storage is still usable).
+fn blob_endpoint(
+    name: &str,
+    account_name: &str,
+    blob: Option<String>,
+    by_account: bool,
+) -> Result<Result<String, String>, ConnectionSettingError> {
+    let key = |suffix: &str| format!("{name}__{suffix}");
+    Ok(match blob {
+        Some(blob) => Ok(service_uri(&key(BLOB_SERVICE_URI), &blob)?),
+        None if by_account => Ok(format!("https://{account_name}.blob.core.windows.net")),
+        None => Err(format!(
+            "app setting {}: is not set, and connection {name} needs it to use Blob Storage \
+             (it gives {} and {} only)",
+            key(BLOB_SERVICE_URI),
+            key(TABLE_SERVICE_URI),
+            key(QUEUE_SERVICE_URI)
+        )),
+    })
 }
 
 /// An identity-based service URI: an https URL with a host, normalized like a connection string's
@@ -236,125 +284,149 @@ fn service_uri(setting: &str, value: &str) -> Result<String, ConnectionSettingEr
     Ok(normalized)
 }
 
+/// The companions of `<name>__credential`, each read once; `get` reads any other setting.
+struct CredentialSettings<'a, G> {
+    name: &'a str,
+    get: &'a G,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+    tenant_id: Option<String>,
+    resource_id: Option<String>,
+}
+
+impl<G: Fn(&str) -> Option<String>> CredentialSettings<'_, G> {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}__{suffix}", self.name)
+    }
+
+    /// `suffix` is set, but the `kind` credential does not use it.
+    fn unexpected(&self, suffix: &str, kind: &str) -> ConnectionSettingError {
+        err(
+            self.key(suffix),
+            format!(
+                "is not used with the {kind} credential; remove it or change {}",
+                self.key(CREDENTIAL)
+            ),
+        )
+    }
+
+    fn managed_identity(&self) -> Result<TokenSource, ConnectionSettingError> {
+        if self.client_secret.is_some() {
+            return Err(self.unexpected(CLIENT_SECRET, "managedidentity"));
+        }
+        if self.tenant_id.is_some() {
+            return Err(self.unexpected(TENANT_ID, "managedidentity"));
+        }
+        let id = match (&self.client_id, &self.resource_id) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    self.key(RESOURCE_ID),
+                    format!(
+                        "give {} or {}, not both",
+                        self.key(CLIENT_ID),
+                        self.key(RESOURCE_ID)
+                    ),
+                ))
+            }
+            (Some(id), None) => ManagedIdentityId::ClientId(id.clone()),
+            (None, Some(id)) => ManagedIdentityId::ResourceId(id.clone()),
+            (None, None) => ManagedIdentityId::System,
+        };
+        let endpoint = managed_identity_endpoint(self.name, self.get)?;
+        Ok(TokenSource::ManagedIdentity { endpoint, id })
+    }
+
+    fn client_secret(&self) -> Result<TokenSource, ConnectionSettingError> {
+        if self.resource_id.is_some() {
+            return Err(self.unexpected(RESOURCE_ID, "clientsecret"));
+        }
+        let why = "for the clientsecret credential";
+        Ok(TokenSource::ClientSecret {
+            tenant_id: required(self.tenant_id.clone(), self.key(TENANT_ID), why)?,
+            client_id: required(self.client_id.clone(), self.key(CLIENT_ID), why)?,
+            client_secret: required(self.client_secret.clone(), self.key(CLIENT_SECRET), why)?,
+        })
+    }
+
+    fn workload_identity(&self) -> Result<TokenSource, ConnectionSettingError> {
+        if self.client_secret.is_some() {
+            return Err(self.unexpected(CLIENT_SECRET, "workloadidentity"));
+        }
+        if self.resource_id.is_some() {
+            return Err(self.unexpected(RESOURCE_ID, "workloadidentity"));
+        }
+        let why = "for the workloadidentity credential";
+        let get = self.get;
+        let tenant_id = self.tenant_id.clone().or_else(|| get(AZURE_TENANT_ID));
+        let client_id = self.client_id.clone().or_else(|| get(AZURE_CLIENT_ID));
+        Ok(TokenSource::WorkloadIdentity {
+            tenant_id: required(
+                tenant_id,
+                self.key(TENANT_ID),
+                &format!("(or {AZURE_TENANT_ID}) {why}"),
+            )?,
+            client_id: required(
+                client_id,
+                self.key(CLIENT_ID),
+                &format!("(or {AZURE_CLIENT_ID}) {why}"),
+            )?,
+            token_file: required(
+                get(AZURE_FEDERATED_TOKEN_FILE),
+                AZURE_FEDERATED_TOKEN_FILE.to_string(),
+                &format!("{why} of connection {}", self.name),
+            )?,
+        })
+    }
+
+    fn azure_cli(&self) -> Result<TokenSource, ConnectionSettingError> {
+        for (value, setting) in [
+            (&self.client_id, CLIENT_ID),
+            (&self.client_secret, CLIENT_SECRET),
+            (&self.tenant_id, TENANT_ID),
+            (&self.resource_id, RESOURCE_ID),
+        ] {
+            if value.is_some() {
+                return Err(self.unexpected(setting, "azurecli"));
+            }
+        }
+        Ok(TokenSource::AzureCli)
+    }
+}
+
+/// `value`, or an error saying `setting` is required (`why`).
+fn required(
+    value: Option<String>,
+    setting: String,
+    why: &str,
+) -> Result<String, ConnectionSettingError> {
+    value.ok_or_else(|| err(setting, format!("is required {why}")))
+}
+
 /// The connection's [`TokenSource`] from `<name>__credential` and its companions.
 fn token_source(
     name: &str,
     get: &impl Fn(&str) -> Option<String>,
 ) -> Result<TokenSource, ConnectionSettingError> {
     let key = |suffix: &str| format!("{name}__{suffix}");
-    let client_id = get(&key(CLIENT_ID));
-    let client_secret = get(&key(CLIENT_SECRET));
-    let tenant_id = get(&key(TENANT_ID));
-    let resource_id = get(&key(RESOURCE_ID));
+    let settings = CredentialSettings {
+        name,
+        get,
+        client_id: get(&key(CLIENT_ID)),
+        client_secret: get(&key(CLIENT_SECRET)),
+        tenant_id: get(&key(TENANT_ID)),
+        resource_id: get(&key(RESOURCE_ID)),
+    };
     let kind = match get(&key(CREDENTIAL)) {
         Some(value) => value.to_ascii_lowercase(),
-        None if client_secret.is_some() => "clientsecret".into(),
+        None if settings.client_secret.is_some() => "clientsecret".into(),
         None if get(AZURE_FEDERATED_TOKEN_FILE).is_some() => "workloadidentity".into(),
         None => "managedidentity".into(),
     };
-    let unexpected = |setting: String, kind: &str| {
-        err(
-            setting,
-            format!(
-                "is not used with the {kind} credential; remove it or change {}",
-                key(CREDENTIAL)
-            ),
-        )
-    };
-    let required = |value: Option<String>, setting: String, why: &str| {
-        value.ok_or_else(|| err(setting, format!("is required {why}")))
-    };
     match kind.as_str() {
-        "managedidentity" => {
-            if client_secret.is_some() {
-                return Err(unexpected(key(CLIENT_SECRET), "managedidentity"));
-            }
-            if tenant_id.is_some() {
-                return Err(unexpected(key(TENANT_ID), "managedidentity"));
-            }
-            let id = match (client_id, resource_id) {
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        key(RESOURCE_ID),
-                        format!("give {} or {}, not both", key(CLIENT_ID), key(RESOURCE_ID)),
-                    ))
-                }
-                (Some(id), None) => ManagedIdentityId::ClientId(id),
-                (None, Some(id)) => ManagedIdentityId::ResourceId(id),
-                (None, None) => ManagedIdentityId::System,
-            };
-            let endpoint = match (get(IDENTITY_ENDPOINT), get(IDENTITY_HEADER)) {
-                (Some(endpoint), Some(header)) => {
-                    let url = Url::parse(&endpoint).map_err(|e| {
-                        err(IDENTITY_ENDPOINT, format!("is not a URL ({e})"))
-                    })?;
-                    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-                        return Err(err(IDENTITY_ENDPOINT, "must be an http(s) URL with a host"));
-                    }
-                    ManagedIdentityEndpoint::AppService { endpoint, header }
-                }
-                (Some(_), None) => {
-                    return Err(err(
-                        IDENTITY_HEADER,
-                        format!("is required with {IDENTITY_ENDPOINT} (the managed identity of connection {name})"),
-                    ))
-                }
-                (None, _) => ManagedIdentityEndpoint::Imds,
-            };
-            Ok(TokenSource::ManagedIdentity { endpoint, id })
-        }
-        "clientsecret" => {
-            if resource_id.is_some() {
-                return Err(unexpected(key(RESOURCE_ID), "clientsecret"));
-            }
-            let why = "for the clientsecret credential";
-            Ok(TokenSource::ClientSecret {
-                tenant_id: required(tenant_id, key(TENANT_ID), why)?,
-                client_id: required(client_id, key(CLIENT_ID), why)?,
-                client_secret: required(client_secret, key(CLIENT_SECRET), why)?,
-            })
-        }
-        "workloadidentity" => {
-            if client_secret.is_some() {
-                return Err(unexpected(key(CLIENT_SECRET), "workloadidentity"));
-            }
-            if resource_id.is_some() {
-                return Err(unexpected(key(RESOURCE_ID), "workloadidentity"));
-            }
-            let why = "for the workloadidentity credential";
-            let tenant_id = tenant_id.or_else(|| get(AZURE_TENANT_ID));
-            let client_id = client_id.or_else(|| get(AZURE_CLIENT_ID));
-            Ok(TokenSource::WorkloadIdentity {
-                tenant_id: required(
-                    tenant_id,
-                    key(TENANT_ID),
-                    &format!("(or {AZURE_TENANT_ID}) {why}"),
-                )?,
-                client_id: required(
-                    client_id,
-                    key(CLIENT_ID),
-                    &format!("(or {AZURE_CLIENT_ID}) {why}"),
-                )?,
-                token_file: required(
-                    get(AZURE_FEDERATED_TOKEN_FILE),
-                    AZURE_FEDERATED_TOKEN_FILE.to_string(),
-                    &format!("{why} of connection {name}"),
-                )?,
-            })
-        }
-        "azurecli" => {
-            for (value, setting) in [
-                (&client_id, CLIENT_ID),
-                (&client_secret, CLIENT_SECRET),
-                (&tenant_id, TENANT_ID),
-                (&resource_id, RESOURCE_ID),
-            ] {
-                if value.is_some() {
-                    return Err(unexpected(key(setting), "azurecli"));
-                }
-            }
-            Ok(TokenSource::AzureCli)
-        }
+        "managedidentity" => settings.managed_identity(),
+        "clientsecret" => settings.client_secret(),
+        "workloadidentity" => settings.workload_identity(),
+        "azurecli" => settings.azure_cli(),
         other => Err(err(
             key(CREDENTIAL),
             format!(
@@ -365,430 +437,31 @@ fn token_source(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-    use crate::storage::connection_string::DEVELOPMENT_ACCOUNT_KEY;
-
-    const SECRET: &str = "c2VjcmV0LWNsaWVudC1zZWNyZXQ";
-    const HEADER: &str = "aWRlbnRpdHktaGVhZGVyLXNlY3JldA";
-
-    fn read(
-        name: &str,
-        pairs: &[(&str, &str)],
-    ) -> Result<ConnectionSettings, ConnectionSettingError> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        ConnectionSettings::from_app_settings(name, |k| map.get(k).cloned())
-    }
-
-    fn token(settings: &ConnectionSettings) -> &TokenSource {
-        match &settings.credential {
-            Credential::Token { source, .. } => source,
-            other => panic!("expected a token credential, got {other:?}"),
+/// Where the managed identity's tokens come from: the App Service/Functions endpoint when
+/// `IDENTITY_ENDPOINT` is set (with its header), IMDS otherwise.
+fn managed_identity_endpoint(
+    name: &str,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<ManagedIdentityEndpoint, ConnectionSettingError> {
+    match (get(IDENTITY_ENDPOINT), get(IDENTITY_HEADER)) {
+        (Some(endpoint), Some(header)) => {
+            let url = Url::parse(&endpoint)
+                .map_err(|e| err(IDENTITY_ENDPOINT, format!("is not a URL ({e})")))?;
+            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                return Err(err(IDENTITY_ENDPOINT, "must be an http(s) URL with a host"));
+            }
+            Ok(ManagedIdentityEndpoint::AppService { endpoint, header })
         }
-    }
-
-    #[test]
-    fn a_connection_string_reads_as_before() {
-        let settings = read("Src", &[("Src", "UseDevelopmentStorage=true")]).unwrap();
-        assert_eq!(settings, ConnectionSettings::development());
-        // Without a blob endpoint it is still a connection; using blobs names the app setting.
-        let no_blobs = read(
-            "Src",
-            &[(
-                "Src",
-                "TableEndpoint=https://a.table.core.windows.net;\
-                 QueueEndpoint=https://a.queue.core.windows.net;SharedAccessSignature=sv=1&sig=x",
-            )],
-        )
-        .unwrap();
-        let missing = no_blobs.blob_endpoint().unwrap_err();
-        assert!(
-            missing.starts_with("app setting Src: ") && missing.contains("add BlobEndpoint="),
-            "{missing}"
-        );
-        let e = read("Src", &[("Src", "AccountName=a")]).unwrap_err();
-        assert_eq!(e.setting, "Src");
-        assert!(
-            e.message.contains("AccountKey or SharedAccessSignature"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn account_name_gives_public_endpoints_and_managed_identity_by_default() {
-        let settings = read(
-            "AzureWebJobsStorage",
-            &[("AzureWebJobsStorage__accountName", "prod1")],
-        )
-        .unwrap();
-        assert_eq!(settings.account_name, "prod1");
-        assert_eq!(
-            settings.table_endpoint,
-            "https://prod1.table.core.windows.net"
-        );
-        assert_eq!(
-            settings.queue_endpoint,
-            "https://prod1.queue.core.windows.net"
-        );
-        assert_eq!(
-            settings.blob_endpoint(),
-            Ok("https://prod1.blob.core.windows.net")
-        );
-        assert_eq!(settings.credential.kind(), "token");
-        assert_eq!(
-            token(&settings),
-            &TokenSource::ManagedIdentity {
-                endpoint: ManagedIdentityEndpoint::Imds,
-                id: ManagedIdentityId::System
-            }
-        );
-    }
-
-    #[test]
-    fn service_uris_for_other_clouds_and_local_tests() {
-        let settings = read(
-            "Dst",
-            &[
-                (
-                    "Dst__tableServiceUri",
-                    "https://127.0.0.1:10102/devstoreaccount1/",
-                ),
-                (
-                    "Dst__queueServiceUri",
-                    "https://127.0.0.1:10101/devstoreaccount1",
-                ),
-                (
-                    "Dst__blobServiceUri",
-                    "https://127.0.0.1:10100/devstoreaccount1",
-                ),
-                ("Dst__credential", "ManagedIdentity"),
-                ("Dst__clientId", "00000000-0000-0000-0000-000000000001"),
-                ("IDENTITY_ENDPOINT", "http://127.0.0.1:4141/msi/token"),
-                ("IDENTITY_HEADER", HEADER),
-            ],
-        )
-        .unwrap();
-        assert_eq!(settings.account_name, "devstoreaccount1");
-        assert_eq!(
-            settings.table_endpoint,
-            "https://127.0.0.1:10102/devstoreaccount1"
-        );
-        assert_eq!(
-            settings.queue_endpoint,
-            "https://127.0.0.1:10101/devstoreaccount1"
-        );
-        assert_eq!(
-            settings.blob_endpoint(),
-            Ok("https://127.0.0.1:10100/devstoreaccount1")
-        );
-        assert_eq!(
-            token(&settings),
-            &TokenSource::ManagedIdentity {
-                endpoint: ManagedIdentityEndpoint::AppService {
-                    endpoint: "http://127.0.0.1:4141/msi/token".into(),
-                    header: HEADER.into()
-                },
-                id: ManagedIdentityId::ClientId("00000000-0000-0000-0000-000000000001".into())
-            }
-        );
-        let gov = read(
-            "G",
-            &[
-                (
-                    "G__tableServiceUri",
-                    "https://acct7.table.core.usgovcloudapi.net",
-                ),
-                (
-                    "G__queueServiceUri",
-                    "https://acct7.queue.core.usgovcloudapi.net",
-                ),
-                ("G__managedIdentityResourceId", "/subscriptions/s/rg/r/id"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(gov.account_name, "acct7");
-        // Table and queue URIs only: a connection, until blobs are used.
-        let missing = gov.blob_endpoint().unwrap_err();
-        assert!(
-            missing.starts_with("app setting G__blobServiceUri: is not set")
-                && missing.contains("connection G needs it to use Blob Storage"),
-            "{missing}"
-        );
-        assert_eq!(
-            token(&gov),
-            &TokenSource::ManagedIdentity {
-                endpoint: ManagedIdentityEndpoint::Imds,
-                id: ManagedIdentityId::ResourceId("/subscriptions/s/rg/r/id".into())
-            }
-        );
-    }
-
-    #[test]
-    fn other_credentials() {
-        let sp = read(
-            "C",
-            &[
-                ("C__accountName", "acct"),
-                ("C__tenantId", "t1"),
-                ("C__clientId", "c1"),
-                ("C__clientSecret", SECRET),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            token(&sp),
-            &TokenSource::ClientSecret {
-                tenant_id: "t1".into(),
-                client_id: "c1".into(),
-                client_secret: SECRET.into()
-            }
-        );
-        let wi = read(
-            "C",
-            &[
-                ("C__accountName", "acct"),
-                ("AZURE_FEDERATED_TOKEN_FILE", "/var/run/token"),
-                ("AZURE_TENANT_ID", "t2"),
-                ("C__clientId", "c2"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            token(&wi),
-            &TokenSource::WorkloadIdentity {
-                tenant_id: "t2".into(),
-                client_id: "c2".into(),
-                token_file: "/var/run/token".into()
-            }
-        );
-        let cli = read(
-            "C",
-            &[("C__accountName", "acct"), ("C__credential", "AzureCLI")],
-        )
-        .unwrap();
-        assert_eq!(token(&cli), &TokenSource::AzureCli);
-    }
-
-    #[test]
-    fn start_up_errors_name_the_setting() {
-        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
-        let cases: &[Case] = &[
-            (&[], "C", "is not set"),
-            (
-                &[("C__credential", "managedidentity")],
-                "C",
-                "says nothing about which account",
+        (Some(_), None) => Err(err(
+            IDENTITY_HEADER,
+            format!(
+                "is required with {IDENTITY_ENDPOINT} (the managed identity of connection {name})"
             ),
-            (
-                &[
-                    ("C", "UseDevelopmentStorage=true"),
-                    ("C__accountName", "acct"),
-                ],
-                "C",
-                "C__accountName is also set",
-            ),
-            (
-                &[("C__accountName", "acct"), ("C__credential", "magic")],
-                "C__credential",
-                "`magic` is not a credential",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__tableServiceUri", "https://h/acct"),
-                ],
-                "C__accountName",
-                "not both",
-            ),
-            (
-                &[("C__tableServiceUri", "https://h/acct")],
-                "C__queueServiceUri",
-                "is required",
-            ),
-            (
-                &[("C__queueServiceUri", "https://h/acct")],
-                "C__tableServiceUri",
-                "is required",
-            ),
-            (
-                &[
-                    ("C__tableServiceUri", "http://h/acct"),
-                    ("C__queueServiceUri", "https://h/acct"),
-                ],
-                "C__tableServiceUri",
-                "https",
-            ),
-            (
-                &[
-                    ("C__tableServiceUri", "https://h/a"),
-                    ("C__queueServiceUri", "nope"),
-                ],
-                "C__queueServiceUri",
-                "not a URL",
-            ),
-            (
-                &[
-                    ("C__tableServiceUri", "https://h/a"),
-                    ("C__queueServiceUri", "https://h/a"),
-                    ("C__blobServiceUri", "https://h/a?sv=1"),
-                ],
-                "C__blobServiceUri",
-                "query",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__blobServiceUri", "https://acct.blob.core.windows.net"),
-                ],
-                "C__accountName",
-                "not both",
-            ),
-            (
-                &[
-                    ("C__tableServiceUri", "https://h/a"),
-                    ("C__queueServiceUri", "https://h/a"),
-                    ("C__blobServiceUri", "http://h/a"),
-                ],
-                "C__blobServiceUri",
-                "https",
-            ),
-            (
-                &[("C__accountName", "Not_An_Account")],
-                "C__accountName",
-                "not a storage account name",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__credential", "clientsecret"),
-                    ("C__clientId", "c"),
-                ],
-                "C__tenantId",
-                "is required for the clientsecret credential",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__clientSecret", SECRET),
-                    ("C__tenantId", "t"),
-                ],
-                "C__clientId",
-                "is required",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__credential", "workloadidentity"),
-                    ("AZURE_TENANT_ID", "t"),
-                    ("AZURE_CLIENT_ID", "c"),
-                ],
-                "AZURE_FEDERATED_TOKEN_FILE",
-                "of connection C",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__clientId", "a"),
-                    ("C__managedIdentityResourceId", "b"),
-                ],
-                "C__managedIdentityResourceId",
-                "not both",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__credential", "managedidentity"),
-                    ("C__clientSecret", SECRET),
-                ],
-                "C__clientSecret",
-                "not used with the managedidentity credential",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("C__credential", "azurecli"),
-                    ("C__clientId", "c"),
-                ],
-                "C__clientId",
-                "not used with the azurecli credential",
-            ),
-            (
-                &[
-                    ("C__accountName", "acct"),
-                    ("IDENTITY_ENDPOINT", "http://127.0.0.1:1/t"),
-                ],
-                "IDENTITY_HEADER",
-                "is required with IDENTITY_ENDPOINT",
-            ),
-        ];
-        for (pairs, setting, message) in cases {
-            let e = read("C", pairs).unwrap_err();
-            assert_eq!(&e.setting, setting, "{pairs:?}: {e}");
-            assert!(
-                e.message.contains(message),
-                "{pairs:?}: {e} should mention {message:?}"
-            );
-            let text = e.to_string();
-            assert!(
-                text.starts_with(&format!("app setting {setting}: ")),
-                "{text}"
-            );
-            assert!(!text.contains(SECRET), "{text}");
-        }
-    }
-
-    #[test]
-    fn secrets_never_appear_in_debug_or_errors() {
-        let sp = read(
-            "C",
-            &[
-                ("C__accountName", "acct"),
-                ("C__tenantId", "t1"),
-                ("C__clientId", "c1"),
-                ("C__clientSecret", SECRET),
-            ],
-        )
-        .unwrap();
-        let mi = read(
-            "C",
-            &[
-                ("C__accountName", "acct"),
-                ("IDENTITY_ENDPOINT", "http://127.0.0.1:4141/msi/token"),
-                ("IDENTITY_HEADER", HEADER),
-            ],
-        )
-        .unwrap();
-        for text in [
-            format!("{sp:?}"),
-            format!("{mi:?}"),
-            format!("{:?}", token(&sp)),
-            format!("{:?}", token(&mi)),
-        ] {
-            assert!(!text.contains(SECRET) && !text.contains(HEADER), "{text}");
-            assert!(text.contains("redacted"), "{text}");
-        }
-        // A connection string next to identity settings: neither value is echoed.
-        let e = read(
-            "C",
-            &[
-                (
-                    "C",
-                    &format!("AccountName=a;AccountKey={DEVELOPMENT_ACCOUNT_KEY}"),
-                ),
-                ("C__clientSecret", SECRET),
-            ],
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            !e.contains(SECRET) && !e.contains(DEVELOPMENT_ACCOUNT_KEY),
-            "{e}"
-        );
+        )),
+        (None, _) => Ok(ManagedIdentityEndpoint::Imds),
     }
 }
+
+#[cfg(test)]
+#[path = "app_settings_tests.rs"]
+mod tests;

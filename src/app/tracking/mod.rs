@@ -63,6 +63,7 @@
 
 mod codec;
 mod counters;
+mod finish;
 mod records;
 pub mod retention;
 mod work_rows;

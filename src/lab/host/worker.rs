@@ -329,6 +329,33 @@ fn forward_lines<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
     });
 }
 
+/// Sends the handler's stdout and stderr to the log, line by line.
+fn forward_output(child: &mut Child, spec: &WorkerSpec, prefix: &str, worker_id: &str) {
+    let (log, prefix, id) = (&spec.log, prefix.to_string(), worker_id.to_string());
+    if let Some(out) = child.stdout.take() {
+        forward_lines(out, log.clone(), prefix.clone(), id.clone(), false);
+    }
+    if let Some(err) = child.stderr.take() {
+        forward_lines(err, log.clone(), prefix, id, true);
+    }
+}
+
+/// Whether the handler on `port` answers `GET /` before the initialization timeout (counted
+/// from `started`). Any HTTP answer means ready; only connection failures keep waiting.
+async fn answers_get(client: &reqwest::Client, port: u16, started: Instant) -> bool {
+    loop {
+        let url = format!("http://127.0.0.1:{port}/");
+        let remaining = INITIALIZATION_TIMEOUT.saturating_sub(started.elapsed());
+        if remaining.is_zero() {
+            return false;
+        }
+        if client.get(&url).timeout(remaining).send().await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(READY_POLL_INTERVAL).await;
+    }
+}
+
 async fn run_once(
     spec: &WorkerSpec,
     generation: u64,
@@ -352,24 +379,7 @@ async fn run_once(
     };
     let pid = child.id();
     let prefix = format!("{} [handler pid {}]", spec.label, pid.unwrap_or(0));
-    if let Some(out) = child.stdout.take() {
-        forward_lines(
-            out,
-            spec.log.clone(),
-            prefix.clone(),
-            worker_id.clone(),
-            false,
-        );
-    }
-    if let Some(err) = child.stderr.take() {
-        forward_lines(
-            err,
-            spec.log.clone(),
-            prefix.clone(),
-            worker_id.clone(),
-            true,
-        );
-    }
+    forward_output(&mut child, spec, &prefix, &worker_id);
     state.send_replace(WorkerState {
         generation,
         status: WorkerStatus::Starting,
@@ -380,20 +390,7 @@ async fn run_once(
     ));
 
     let started = Instant::now();
-    let ready = async {
-        loop {
-            let url = format!("http://127.0.0.1:{port}/");
-            let remaining = INITIALIZATION_TIMEOUT.saturating_sub(started.elapsed());
-            if remaining.is_zero() {
-                return false;
-            }
-            // Any HTTP answer means ready; only connection failures keep waiting.
-            if client.get(&url).timeout(remaining).send().await.is_ok() {
-                return true;
-            }
-            tokio::time::sleep(READY_POLL_INTERVAL).await;
-        }
-    };
+    let ready = answers_get(client, port, started);
     tokio::select! {
         ok = ready => {
             if !ok {

@@ -1,0 +1,221 @@
+//! Finishing work items' rows: `pending`/`expanded` → `done`/`failed`/`dropped`, atomically with
+//! their shard's counter row and guarded by the row's ETag (invariant 3 in [`super`]); and the
+//! driver results kept on finished rows.
+
+use futures::future::try_join_all;
+use time::OffsetDateTime;
+
+use super::codec::{diagnostic, get_str, put_str, put_time};
+use super::counters::Counters;
+use super::work_rows::{Completion, WorkState, RESULT_PROPERTY};
+use super::{again, contention, shard_partition, Tracker};
+use crate::retry::Verdict;
+use crate::storage::{
+    BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
+    MAX_TAKE,
+};
+
+impl<T: TableStore> Tracker<'_, T> {
+    /// Marks a work item finished (or failed) and adds its counters, atomically with its shard's
+    /// counter row. `delta.completed` is set here. `result`: the driver's result for the item
+    /// (a short string, see [`RESULT_PROPERTY`]), kept on its finished row. `counter`: the
+    /// shard's counter as this item last wrote it (see [`Tracker::record_outcome`]), tried
+    /// before reading it again.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn complete(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        failure: Option<&str>,
+        result: Option<&str>,
+        counter: Option<(Counters, String)>,
+    ) -> Result<Completion, StorageError> {
+        delta.failed = i64::from(failure.is_some());
+        delta.messages = 1;
+        let state = if failure.is_some() { "failed" } else { "done" };
+        let finish = Finish {
+            state,
+            error: failure,
+            result,
+            counter,
+        };
+        self.finish_work(scan_id, shard, work_id, work_etag, delta, finish)
+            .await
+    }
+
+    /// The driver results kept on the finished rows of scan `scan_id` ([`Tracker::complete`]'s
+    /// `result`), in no particular order: one query page per 1,000 results and shard, the shards
+    /// read concurrently. More than `max` results is an error (the caller's bound).
+    pub async fn work_results(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        max: usize,
+    ) -> Result<Vec<String>, StorageError> {
+        let has_result = crate::storage::odata::parse(&format!("{RESULT_PROPERTY} gt ''"))
+            .expect("a valid condition");
+        let reads = (0..shards).map(|shard| {
+            let filter = Filter::and(vec![
+                Filter::pk(CompareOp::Eq, shard_partition(scan_id, shard)),
+                Filter::Where(has_result.clone()),
+            ]);
+            self.results_of(filter, max)
+        });
+        let mut out = Vec::new();
+        for results in try_join_all(reads).await? {
+            out.extend(results);
+            if out.len() > max {
+                break;
+            }
+        }
+        if out.len() > max {
+            return Err(StorageError::invalid_input(format!(
+                "scan {scan_id} has more than {max} work item results"
+            )));
+        }
+        Ok(out)
+    }
+
+    /// The results matching `filter`, at most `max + 1` of them.
+    async fn results_of(&self, filter: Filter, max: usize) -> Result<Vec<String>, StorageError> {
+        let mut query = Query {
+            filter: Some(filter),
+            top: Some(MAX_TAKE),
+            select: Some(vec![RESULT_PROPERTY.to_string()]),
+            continuation: None,
+        };
+        let mut out = Vec::new();
+        // Bounded by `max`: each page but the last holds rows, at most 1,000 of them.
+        loop {
+            let page = self.store.query_page(self.work_table, &query).await?;
+            out.extend(
+                page.entities
+                    .iter()
+                    .filter_map(|e| get_str(&e.properties, RESULT_PROPERTY)),
+            );
+            match page.continuation {
+                Some(c) if out.len() <= max => query.continuation = Some(c),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Finishes a work item of an ended scan without running it: its row is marked `dropped`
+    /// and `Completed` and `Dropped` grow by one, atomically with its shard's counter row and
+    /// guarded by the row's ETag, so a redelivery or a concurrent completion cannot count it
+    /// twice.
+    pub async fn drop_work(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        work_etag: &str,
+    ) -> Result<Completion, StorageError> {
+        let delta = Counters {
+            dropped: 1,
+            ..Counters::default()
+        };
+        let finish = Finish {
+            state: "dropped",
+            error: None,
+            result: None,
+            counter: None,
+        };
+        self.finish_work(scan_id, shard, work_id, work_etag, delta, finish)
+            .await
+    }
+
+    /// Replaces an unfinished row (at `work_etag`) with a finished one in `finish.state` and adds
+    /// `delta` plus one completion to the shard's counter, in one transaction.
+    async fn finish_work(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        work_etag: &str,
+        mut delta: Counters,
+        finish: Finish<'_>,
+    ) -> Result<Completion, StorageError> {
+        let Finish {
+            state,
+            error,
+            result,
+            mut counter,
+        } = finish;
+        let pk = shard_partition(scan_id, shard);
+        delta.completed = 1;
+        let what = format!("counter of {pk}");
+        let mut schedule = contention();
+        loop {
+            let (counters, counter_etag) = match counter.take() {
+                Some(known) => known,
+                None => self.read_counter(scan_id, shard).await?,
+            };
+            let updated = counters.plus(&delta);
+            let mut row = Entity::new(pk.clone(), work_id);
+            put_str(&mut row.properties, "State", state);
+            put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
+            if let Some(e) = error {
+                put_str(&mut row.properties, "Error", &diagnostic(e));
+            }
+            if let Some(result) = result {
+                put_str(&mut row.properties, RESULT_PROPERTY, result);
+            }
+            if let Err(e) = row.check_limits() {
+                return Err(StorageError::invalid_input(format!(
+                    "the result of {work_id} cannot be recorded: {}",
+                    e.message
+                )));
+            }
+            let ops = [
+                // Replace, not merge: the recorded outcome is no longer needed.
+                BatchOperation::Replace {
+                    entity: row,
+                    etag: Some(work_etag.to_string()),
+                },
+                BatchOperation::Replace {
+                    entity: updated.to_entity(&pk),
+                    etag: Some(counter_etag),
+                },
+            ];
+            match self.store.submit_batch(self.work_table, &pk, &ops).await {
+                Ok(()) => {
+                    return Ok(Completion::Committed {
+                        shard_idle: updated.pending() == 0,
+                    })
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        StorageErrorKind::PreconditionFailed | StorageErrorKind::NotFound
+                    ) =>
+                {
+                    match e.failed_operation {
+                        Some(0) => return Ok(Completion::Duplicate),
+                        Some(_) => {}
+                        None => match self.work_state(scan_id, shard, work_id).await? {
+                            Some(
+                                WorkState::Pending { etag } | WorkState::Expanded { etag, .. },
+                            ) if etag == work_etag => {}
+                            _ => return Ok(Completion::Duplicate),
+                        },
+                    }
+                    again(&mut schedule, Verdict::Retry, &what).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// How [`Tracker::finish_work`] finishes a row: its state, error, and the counter as last known.
+struct Finish<'a> {
+    state: &'a str,
+    error: Option<&'a str>,
+    /// A driver's result for the item ([`RESULT_PROPERTY`]).
+    result: Option<&'a str>,
+    counter: Option<(Counters, String)>,
+}
