@@ -62,8 +62,8 @@
 //! properties) and [`retention`] (what an ended scan keeps, and for how long).
 
 mod codec;
+mod completion;
 mod counters;
-mod finish;
 mod records;
 pub mod retention;
 mod work_rows;
