@@ -71,19 +71,12 @@ pub(super) fn read_section<T: DeserializeOwned>(
         .into_iter()
         .filter(|(.., value)| !value.is_null())
         .map(|(i, _, value)| (fields[i], value));
-    deserialize(MapDeserializer::new(entries), file, path)
+    read_value(MapDeserializer::new(entries), file, path)
 }
 
-/// Deserializes one value found at `path` of `file` (not an object: no key matching).
-pub(super) fn read_value<T: DeserializeOwned>(
-    value: Value,
-    file: &Path,
-    path: &str,
-) -> Result<T, ConfigError> {
-    deserialize(value, file, path)
-}
-
-fn deserialize<'de, T, D>(de: D, file: &Path, path: &str) -> Result<T, ConfigError>
+/// Deserializes `de`, a value found at `path` of `file` (as is: no key matching); a type error
+/// names `path` and the path inside the value.
+pub(super) fn read_value<'de, T, D>(de: D, file: &Path, path: &str) -> Result<T, ConfigError>
 where
     T: Deserialize<'de>,
     D: Deserializer<'de, Error = serde_json::Error>,
@@ -272,7 +265,7 @@ mod tests {
             "a.b.names[1]"
         );
         assert_eq!(field(serde_json::json!([])), "a.b");
-        let e = read_value::<Vec<String>>(
+        let e = read_value::<Vec<String>, _>(
             serde_json::json!(["a", {}]),
             Path::new("f.json"),
             "functions",
