@@ -8,9 +8,11 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
 
-use super::json::{get_bool, get_ci, get_str, is_set, read_json_object};
+use super::json::{join, read_file, read_section, read_value, Flag, Unknown};
 use super::names::{is_valid_binding_name, is_valid_function_name};
 use super::ConfigError;
 use crate::lab::host::route::RouteTemplate;
@@ -87,6 +89,44 @@ pub enum OutputKind {
     },
 }
 
+/// function.json as written; other keys (`scriptFile`, `entryPoint`, ...) are ignored.
+#[derive(Deserialize)]
+struct FunctionJson {
+    disabled: Option<Flag>,
+    excluded: Option<Flag>,
+    retry: Option<Value>,
+    /// Typed once the function is known to be enabled.
+    bindings: Option<Value>,
+}
+
+/// What every binding has; the fields of its type are read by [`Binding::fields`].
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BindingJson {
+    name: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    direction: Option<String>,
+    data_type: Option<String>,
+}
+
+/// A `queueTrigger` or `queue` binding's own fields.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct QueueJson {
+    queue_name: Option<String>,
+    connection: Option<String>,
+}
+
+/// An `httpTrigger` binding's own fields.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HttpTriggerJson {
+    route: Option<String>,
+    methods: Option<Vec<String>>,
+    auth_level: Option<String>,
+}
+
 /// Parses one function.json; `Ok(None)` for disabled/excluded functions.
 pub fn parse_function(name: &str, file: &Path) -> Result<Option<FunctionConfig>, ConfigError> {
     if !is_valid_function_name(name) {
@@ -99,65 +139,64 @@ pub fn parse_function(name: &str, file: &Path) -> Result<Option<FunctionConfig>,
             ),
         ));
     }
-    let root = read_json_object(file)?;
-    if get_bool(&root, "disabled", file, "disabled")? == Some(true)
-        || get_bool(&root, "excluded", file, "excluded")? == Some(true)
-    {
+    let root: FunctionJson = read_file(file, Unknown::Ignore)?;
+    if root.disabled == Some(Flag(true)) || root.excluded == Some(Flag(true)) {
         return Ok(None);
     }
-    if is_set(&root, "retry") {
+    if root.retry.is_some() {
         return Err(ConfigError::new(
             file,
             "retry",
             "retry policies are not implemented by this host",
         ));
     }
-    let bindings = match get_ci(&root, "bindings") {
-        Some(Value::Array(b)) => b,
-        Some(_) => return Err(ConfigError::new(file, "bindings", "must be an array")),
-        None => return Err(ConfigError::new(file, "bindings", "missing")),
-    };
+    let bindings = root
+        .bindings
+        .ok_or_else(|| ConfigError::new(file, "bindings", "missing"))?;
+    let bindings: Vec<Value> = read_value(bindings, file, "bindings")?;
     let mut set = BindingSet::default();
-    for (index, value) in bindings.iter().enumerate() {
-        let Value::Object(map) = value else {
-            return Err(ConfigError::new(
-                file,
-                format!("bindings[{index}]"),
-                "must be an object",
-            ));
-        };
-        set.add(&Binding { map, file, index })?;
+    for (index, value) in bindings.into_iter().enumerate() {
+        set.add(&Binding::read(value, file, index)?)?;
     }
     set.finish(name, file).map(Some)
 }
 
 /// One entry of `bindings`; errors name its field as `bindings[i].key`.
 struct Binding<'a> {
-    map: &'a Map<String, Value>,
+    common: BindingJson,
+    /// The whole entry, for the fields of its type.
+    value: Value,
     file: &'a Path,
-    index: usize,
+    path: String,
 }
 
 impl<'a> Binding<'a> {
-    fn field(&self, key: &str) -> String {
-        format!("bindings[{}].{key}", self.index)
+    fn read(value: Value, file: &'a Path, index: usize) -> Result<Self, ConfigError> {
+        let path = format!("bindings[{index}]");
+        Ok(Binding {
+            common: read_section(value.clone(), file, &path, Unknown::Ignore)?,
+            value,
+            file,
+            path,
+        })
+    }
+
+    /// The fields of this binding's type.
+    fn fields<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        read_section(self.value.clone(), self.file, &self.path, Unknown::Ignore)
     }
 
     fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::new(self.file, self.field(key), message)
+        ConfigError::new(self.file, join(&self.path, key), message)
     }
 
-    fn str(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
-        get_str(self.map, key, self.file, &self.field(key))
-    }
-
-    fn required(&self, key: &str) -> Result<&'a str, ConfigError> {
-        self.str(key)?.ok_or_else(|| self.error(key, "missing"))
+    fn required<'v>(&self, value: &'v Option<String>, key: &str) -> Result<&'v str, ConfigError> {
+        value.as_deref().ok_or_else(|| self.error(key, "missing"))
     }
 
     /// `dataType`: `binary` or `string` (the default).
     fn binary(&self) -> Result<bool, ConfigError> {
-        match self.str("dataType")? {
+        match self.common.data_type.as_deref() {
             None => Ok(false),
             Some(d) if d.eq_ignore_ascii_case("binary") => Ok(true),
             Some(d) if d.eq_ignore_ascii_case("string") => Ok(false),
@@ -168,20 +207,18 @@ impl<'a> Binding<'a> {
         }
     }
 
-    /// A non-empty `queueName`, as written.
-    fn queue_name(&self) -> Result<String, ConfigError> {
-        self.str("queueName")?
+    /// A non-empty `queueName` as written, and `connection` (default [`DEFAULT_CONNECTION`]).
+    fn queue(&self) -> Result<(String, String), ConfigError> {
+        let q: QueueJson = self.fields()?;
+        let queue_name = q
+            .queue_name
             .filter(|q| !q.is_empty())
-            .map(str::to_string)
-            .ok_or_else(|| self.error("queueName", "missing"))
-    }
-
-    /// `connection`, defaulting to [`DEFAULT_CONNECTION`].
-    fn connection(&self) -> Result<String, ConfigError> {
-        Ok(match self.str("connection")? {
-            None | Some("") => DEFAULT_CONNECTION.to_string(),
-            Some(c) => c.to_string(),
-        })
+            .ok_or_else(|| self.error("queueName", "missing"))?;
+        let connection = q
+            .connection
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| DEFAULT_CONNECTION.to_string());
+        Ok((queue_name, connection))
     }
 
     fn require_out(&self, direction: &str, message: &str) -> Result<(), ConfigError> {
@@ -208,8 +245,10 @@ struct BindingSet {
 impl BindingSet {
     fn add(&mut self, b: &Binding<'_>) -> Result<(), ConfigError> {
         let name = self.claim_name(b)?;
-        let btype = b.required("type")?;
-        let direction = b.required("direction")?.to_ascii_lowercase();
+        let btype = b.required(&b.common.kind, "type")?;
+        let direction = b
+            .required(&b.common.direction, "direction")?
+            .to_ascii_lowercase();
         let binary = b.binary()?;
         self.count_direction(b, &direction)?;
         let kind = btype.to_ascii_lowercase();
@@ -222,11 +261,11 @@ impl BindingSet {
                 self.trigger = Some(TriggerConfig::Http(parse_http_trigger(b, name)?));
             }
             "queuetrigger" => {
-                let queue_name = b.queue_name()?;
+                let (queue_name, connection) = b.queue()?;
                 self.trigger = Some(TriggerConfig::Queue(QueueTriggerConfig {
                     name,
                     queue_name,
-                    connection: b.connection()?,
+                    connection,
                     binary,
                 }));
             }
@@ -241,12 +280,12 @@ impl BindingSet {
             }
             "queue" => {
                 b.require_out(&direction, "a queue binding must have direction \"out\"")?;
-                let queue_name = b.queue_name()?;
+                let (queue_name, connection) = b.queue()?;
                 self.outputs.push(OutputBinding {
                     name,
                     kind: OutputKind::Queue {
                         queue_name,
-                        connection: b.connection()?,
+                        connection,
                     },
                     binary,
                 });
@@ -263,7 +302,7 @@ impl BindingSet {
 
     /// The binding's `name`: present, valid, and not used by an earlier binding.
     fn claim_name(&mut self, b: &Binding<'_>) -> Result<String, ConfigError> {
-        let name = b.required("name")?;
+        let name = b.required(&b.common.name, "name")?;
         if !is_valid_binding_name(name) {
             return Err(b.error(
                 "name",
@@ -335,13 +374,15 @@ impl BindingSet {
 
 /// An `httpTrigger`: route (checked as a template), methods and auth level.
 fn parse_http_trigger(b: &Binding<'_>, name: String) -> Result<HttpTriggerConfig, ConfigError> {
-    let route = b.str("route")?.map(|r| r.trim_matches('/').to_string());
+    let http: HttpTriggerJson = b.fields()?;
+    let route = http.route.map(|r| r.trim_matches('/').to_string());
     if let Some(r) = &route {
         RouteTemplate::parse(r).map_err(|e| b.error("route", e))?;
     }
-    let methods = parse_methods(b)?;
-    let auth_level = b
-        .str("authLevel")?
+    let methods = parse_methods(b, http.methods.unwrap_or_default())?;
+    let auth_level = http
+        .auth_level
+        .as_deref()
         .unwrap_or("function")
         .to_ascii_lowercase();
     if !["anonymous", "function", "admin", "system", "user"].contains(&auth_level.as_str()) {
@@ -359,26 +400,21 @@ fn parse_http_trigger(b: &Binding<'_>, name: String) -> Result<HttpTriggerConfig
 }
 
 /// `methods`, upper-cased; `None` (every method) when absent or empty.
-fn parse_methods(b: &Binding<'_>) -> Result<Option<Vec<String>>, ConfigError> {
-    match get_ci(b.map, "methods") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(ms)) => {
-            let mut out = Vec::new();
-            for (j, m) in ms.iter().enumerate() {
-                let m = m.as_str().unwrap_or_default();
-                if !HTTP_METHODS.iter().any(|k| k.eq_ignore_ascii_case(m)) {
-                    return Err(b.error(
-                        &format!("methods[{j}]"),
-                        format!("{m:?} is not an HTTP method ({})", HTTP_METHODS.join(", ")),
-                    ));
-                }
-                out.push(m.to_ascii_uppercase());
-            }
-            // An empty list means every method, like no list at all.
-            Ok((!out.is_empty()).then_some(out))
+fn parse_methods(
+    b: &Binding<'_>,
+    methods: Vec<String>,
+) -> Result<Option<Vec<String>>, ConfigError> {
+    for (j, m) in methods.iter().enumerate() {
+        if !HTTP_METHODS.iter().any(|k| k.eq_ignore_ascii_case(m)) {
+            return Err(b.error(
+                &format!("methods[{j}]"),
+                format!("{m:?} is not an HTTP method ({})", HTTP_METHODS.join(", ")),
+            ));
         }
-        Some(_) => Err(b.error("methods", "must be an array of methods")),
     }
+    // An empty list means every method, like no list at all.
+    let upper: Vec<String> = methods.iter().map(|m| m.to_ascii_uppercase()).collect();
+    Ok((!upper.is_empty()).then_some(upper))
 }
 
 #[cfg(test)]

@@ -7,9 +7,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
-use super::json::{get_bool, get_obj, get_str, get_str_array, is_set};
+use super::json::{join, read_section, Flag, Unknown};
 use super::ConfigError;
 
 /// `customHandler.description`.
@@ -35,106 +36,108 @@ pub enum HttpMode {
     Proxy,
 }
 
-/// The `customHandler` section of host.json `f`, for the app at `root`: the handler to launch
-/// and the mode of HTTP-only functions.
+/// host.json `customHandler` as written; what this host does not use is ignored.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CustomHandlerJson {
+    description: Option<Value>,
+    enable_proxying_http_request: Option<Flag>,
+    enable_forwarding_http_request: Option<Flag>,
+    port: Option<Value>,
+}
+
+/// `customHandler.description` as written.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DescriptionJson {
+    default_executable_path: Option<String>,
+    arguments: Option<Vec<String>>,
+    working_directory: Option<String>,
+}
+
+const SECTION: &str = "customHandler";
+
+/// The `customHandler` section of host.json `f` (the legacy `httpWorker` is refused), for the app
+/// at `root`: the handler to launch and the mode of HTTP-only functions.
 pub(super) fn parse_custom_handler(
-    host: &Map<String, Value>,
+    custom_handler: Option<Value>,
+    http_worker: Option<Value>,
     root: &Path,
     f: &Path,
 ) -> Result<(HandlerConfig, HttpMode), ConfigError> {
-    let (section, section_name) = handler_section(host, f)?;
-    let handler = parse_description(section, section_name, root, f)?;
-    let flag = |name: &str| {
-        get_bool(section, name, f, &format!("{section_name}.{name}")).map(|v| v.unwrap_or(false))
-    };
-    let mode = if flag("enableProxyingHttpRequest")? {
+    let section =
+        match (custom_handler, http_worker) {
+            (Some(section), _) => section,
+            (None, Some(_)) => return Err(ConfigError::new(
+                f,
+                "httpWorker",
+                "the legacy httpWorker section is not supported by this host; use customHandler",
+            )),
+            (None, None) => {
+                return Err(ConfigError::new(
+                    f,
+                    SECTION,
+                    "missing: this host only runs custom handlers",
+                ))
+            }
+        };
+    let section: CustomHandlerJson = read_section(section, f, SECTION, Unknown::Ignore)?;
+    let handler = parse_description(section.description, root, f)?;
+    let mode = if section.enable_proxying_http_request == Some(Flag(true)) {
         HttpMode::Proxy
-    } else if flag("enableForwardingHttpRequest")? {
+    } else if section.enable_forwarding_http_request == Some(Flag(true)) {
         HttpMode::Forward
     } else {
         HttpMode::Payload
     };
-    if is_set(section, "port") {
+    if section.port.is_some() {
         return Err(ConfigError::new(
             f,
-            format!("{section_name}.port"),
+            join(SECTION, "port"),
             "a fixed handler port is not supported: instances need one port each",
         ));
     }
     Ok((handler, mode))
 }
 
-/// `customHandler` wins over the legacy `httpWorker` section, which is refused.
-fn handler_section<'a>(
-    host: &'a Map<String, Value>,
-    f: &Path,
-) -> Result<(&'a Map<String, Value>, &'static str), ConfigError> {
-    if let Some(s) = get_obj(host, "customHandler", f, "customHandler")? {
-        return Ok((s, "customHandler"));
-    }
-    match get_obj(host, "httpWorker", f, "httpWorker")? {
-        Some(_) => Err(ConfigError::new(
-            f,
-            "httpWorker",
-            "the legacy httpWorker section is not supported by this host; use customHandler",
-        )),
-        None => Err(ConfigError::new(
-            f,
-            "customHandler",
-            "missing: this host only runs custom handlers",
-        )),
-    }
-}
-
-/// `<section>.description`: executable, arguments and working directory.
+/// `customHandler.description`: executable, arguments and working directory.
 fn parse_description(
-    section: &Map<String, Value>,
-    section_name: &str,
+    description: Option<Value>,
     root: &Path,
     f: &Path,
 ) -> Result<HandlerConfig, ConfigError> {
-    let path = format!("{section_name}.description");
-    let description = get_obj(section, "description", f, &path)?
-        .ok_or_else(|| ConfigError::new(f, path.as_str(), "missing"))?;
-    let exe_field = format!("{path}.defaultExecutablePath");
-    let exe = get_str(description, "defaultExecutablePath", f, &exe_field)?.unwrap_or("");
+    let path = join(SECTION, "description");
+    let description = description.ok_or_else(|| ConfigError::new(f, path.as_str(), "missing"))?;
+    let description: DescriptionJson = read_section(description, f, &path, Unknown::Ignore)?;
+    let exe = description.default_executable_path.unwrap_or_default();
     if exe.trim().is_empty() {
         return Err(ConfigError::new(
             f,
-            exe_field,
+            join(&path, "defaultExecutablePath"),
             "must name the handler executable",
         ));
     }
-    let candidate = root.join(exe);
+    let candidate = root.join(&exe);
     // Relative paths that exist under the app root are made absolute; otherwise PATH lookup.
     let executable = if candidate.is_file() {
         candidate
     } else {
         PathBuf::from(exe)
     };
-    let arguments = get_str_array(
-        description,
-        "arguments",
-        f,
-        &format!("{path}.arguments"),
-        "must be an array of strings",
-    )?
-    .unwrap_or_default();
-    let wd_field = format!("{path}.workingDirectory");
-    let working_directory = match get_str(description, "workingDirectory", f, &wd_field)? {
+    let working_directory = match description.working_directory.as_deref() {
         None | Some("") => root.to_path_buf(),
         Some(wd) => root.join(wd),
     };
     if !working_directory.is_dir() {
         return Err(ConfigError::new(
             f,
-            wd_field,
+            join(&path, "workingDirectory"),
             format!("{} is not a directory", working_directory.display()),
         ));
     }
     Ok(HandlerConfig {
         executable,
-        arguments,
+        arguments: description.arguments.unwrap_or_default(),
         working_directory,
     })
 }
@@ -175,6 +178,7 @@ pub fn expand_argument(arg: &str, vars: &HashMap<String, String>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::host_json::HostFile;
     use super::*;
 
     #[test]
@@ -188,7 +192,9 @@ mod tests {
 
     fn parse(host: Value) -> Result<(HandlerConfig, HttpMode), ConfigError> {
         let root = std::env::temp_dir();
-        parse_custom_handler(host.as_object().unwrap(), &root, Path::new("host.json"))
+        let f = Path::new("host.json");
+        let host: HostFile = read_section(host, f, "", Unknown::Ignore)?;
+        parse_custom_handler(host.custom_handler, host.http_worker, &root, f)
     }
 
     #[test]

@@ -7,15 +7,19 @@
 //! tie, and `default` (no category) applies when none matches; without `default` the level is
 //! `Information`, the documented default.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
-use super::json::get_obj;
+use super::json::{read_section, Unknown};
 use super::ConfigError;
 
 /// .NET's `LogLevel`, in order: a message is kept when its level is at least the minimum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// Read from host.json by name, in any case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
 pub enum LogLevel {
     Trace,
     Debug,
@@ -48,6 +52,15 @@ impl LogLevel {
 
     pub fn name(self) -> &'static str {
         Self::ALL[self as usize].1
+    }
+}
+
+impl TryFrom<String> for LogLevel {
+    type Error = String;
+    fn try_from(name: String) -> Result<Self, String> {
+        LogLevel::parse(&name).ok_or_else(|| {
+            format!("{name:?} is not a log level (Trace, Debug, Information, Warning, Error, Critical or None)")
+        })
     }
 }
 
@@ -120,38 +133,34 @@ fn matches(rule: &str, category: &str) -> bool {
         && c[c.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
 }
 
-/// `logging.logLevel` of host.json `f` (absent: everything at `Information` and above).
-pub(super) fn parse_logging(host: &Map<String, Value>, f: &Path) -> Result<LogFilter, ConfigError> {
-    let Some(logging) = get_obj(host, "logging", f, "logging")? else {
+/// host.json `logging` as written; what this host does not use is ignored.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LoggingJson {
+    /// Category (or `default`) to level; a map keeps its keys in sorted order.
+    log_level: Option<BTreeMap<String, LogLevel>>,
+}
+
+/// `logging` of host.json `f` (absent: everything at `Information` and above).
+pub(super) fn parse_logging(logging: Option<Value>, f: &Path) -> Result<LogFilter, ConfigError> {
+    let Some(logging) = logging else {
         return Ok(LogFilter::default());
     };
-    let Some(levels) = get_obj(logging, "logLevel", f, "logging.logLevel")? else {
-        return Ok(LogFilter::default());
-    };
-    let mut entries = Vec::with_capacity(levels.len());
-    for (category, value) in levels {
-        let field = format!("logging.logLevel.{category}");
-        if category.matches('*').count() > 1 {
-            return Err(ConfigError::new(
-                f,
-                field,
-                "only one wildcard character is allowed in a category name",
-            ));
-        }
-        let level = value.as_str().and_then(LogLevel::parse).ok_or_else(|| {
-            ConfigError::new(
-                f,
-                field.as_str(),
-                format!("{value} is not a log level (Trace, Debug, Information, Warning, Error, Critical or None)"),
-            )
-        })?;
-        entries.push((category.as_str(), level));
+    let logging: LoggingJson = read_section(logging, f, "logging", Unknown::Ignore)?;
+    let levels = logging.log_level.unwrap_or_default();
+    if let Some(category) = levels.keys().find(|c| c.matches('*').count() > 1) {
+        return Err(ConfigError::new(
+            f,
+            format!("logging.logLevel.{category}"),
+            "only one wildcard character is allowed in a category name",
+        ));
     }
-    Ok(LogFilter::new(entries))
+    Ok(LogFilter::new(levels.iter().map(|(c, l)| (c.as_str(), *l))))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::host_json::HostFile;
     use super::*;
     use LogLevel::*;
 
@@ -196,7 +205,10 @@ mod tests {
     #[test]
     fn parses_and_rejects() {
         let f = Path::new("host.json");
-        let parse = |v: Value| parse_logging(v.as_object().unwrap(), f);
+        let parse = |v: Value| {
+            let host: HostFile = read_section(v, f, "", Unknown::Ignore).unwrap();
+            parse_logging(host.logging, f)
+        };
         let ok = parse(serde_json::json!({"Logging": {"LogLevel": {"default": "warning", "Function.X.User": "Information"}}})).unwrap();
         assert_eq!(ok.min_level("Function.X.User"), Information);
         assert_eq!(ok.min_level("Host"), Warning);

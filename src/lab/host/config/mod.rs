@@ -4,14 +4,16 @@
 //! One module per file or section it parses: [`host_json`] (with [`handler`] for
 //! `customHandler`, [`queues`] for `extensions.queues` and [`logging`] for
 //! `logging.logLevel`), [`function_json`], [`settings`]
-//! (local.settings.json and `%AppSetting%` resolution); [`names`] holds the naming rules and
-//! `json` the typed accessors they all use.
+//! (local.settings.json and `%AppSetting%` resolution); [`names`] holds the naming rules. Each
+//! declares the file or section as a serde struct and reads it with `json::read_section`; range
+//! checks and time spans are checked by hand afterwards, on the typed fields.
 //!
 //! Invariants:
-//! - every error is a [`ConfigError`] naming the file and the dotted field path
-//!   (`extensions.queues.batchSize`, `bindings[0].name`);
+//! - every error is a [`ConfigError`] naming the file and the dotted field path in its canonical
+//!   spelling (`extensions.queues.batchSize`, `bindings[0].name`), whatever case the file used;
 //! - property names are matched case-insensitively and `null` counts as absent, as the host's
 //!   configuration binding does;
+//! - unknown keys are ignored, except in `extensions.queues` (refused, see [`queues`]);
 //! - the app folder is parsed once, into an [`AppConfig`]: it holds at least one function, only
 //!   enabled ones (and only those host.json `functions` lists, when it does), with names unique
 //!   case-insensitively, in folder-name order.
@@ -300,6 +302,47 @@ mod tests {
             err.to_string().contains("not a valid function name"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn mixed_case_keys_and_nulls_as_the_host_binds_them() {
+        let dir = temp_app(
+            r#"{"VERSION":"2.0","FunctionTimeout":null,"Logging":null,"extensions":{"HTTP":null,"Queues":{"BATCHSIZE":"4","messageencoding":null}},
+               "customhandler":{"Description":{"DEFAULTEXECUTABLEPATH":"h","Arguments":null},"PORT":null}}"#,
+            &[(
+                "Work",
+                r#"{"Disabled":null,"BINDINGS":[{"Name":"msg","TYPE":"queueTrigger","Direction":"in","QUEUENAME":"q1q","connection":null}]}"#,
+            )],
+        );
+        let app = load_app(&dir).unwrap();
+        assert_eq!(app.function_timeout, Duration::from_secs(300));
+        assert_eq!(app.route_prefix, "api");
+        assert_eq!(app.queues.batch_size, 4);
+        assert_eq!(app.queues.message_encoding, MessageEncoding::Base64);
+        let TriggerConfig::Queue(q) = &app.functions[0].trigger else {
+            panic!()
+        };
+        assert_eq!(
+            (q.queue_name.as_str(), q.connection.as_str()),
+            ("q1q", DEFAULT_CONNECTION)
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_canonical_path_of_nested_fields() {
+        let handler = r#""customHandler":{"description":{"defaultExecutablePath":"h"}}"#;
+        let host = format!(
+            r#"{{"version":"2.0",{handler},"EXTENSIONS":{{"QUEUES":{{"MAXDEQUEUECOUNT":true}}}}}}"#
+        );
+        let err = load_app(&temp_app(&host, &[("Work", QUEUE_FN)])).unwrap_err();
+        assert_eq!(err.field, "extensions.queues.maxDequeueCount", "{err}");
+        assert_eq!(err.message, "must be an integer", "{err}");
+        let host = r#"{"version":"2.0","CUSTOMHANDLER":{"DESCRIPTION":{"defaultExecutablePath":"h","ARGUMENTS":["a",{}]}}}"#;
+        let err = load_app(&temp_app(host, &[("Work", QUEUE_FN)])).unwrap_err();
+        assert_eq!(err.field, "customHandler.description.arguments[1]", "{err}");
+        let function = r#"{"Bindings":[{"NAME":"req","type":"httpTrigger","direction":"in","METHODS":["get",7]}]}"#;
+        let err = load_app(&temp_app(HOST, &[("Work", function)])).unwrap_err();
+        assert_eq!(err.field, "bindings[0].methods[1]", "{err}");
     }
 
     #[test]

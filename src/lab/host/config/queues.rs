@@ -6,10 +6,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
-use super::json::{get_int, get_str, get_timespan};
+use super::json::{join, read_section, Int, TimeSpanText, Unknown};
 use super::ConfigError;
+use crate::lab::host::timespan::parse_timespan;
 use crate::storage::MessageEncoding;
 
 /// `extensions.queues`, with the runtime's defaults except where noted.
@@ -57,136 +59,72 @@ impl QueuesOptions {
     }
 }
 
-const KNOWN: [&str; 6] = [
-    "batchSize",
-    "newBatchThreshold",
-    "maxPollingInterval",
-    "visibilityTimeout",
-    "maxDequeueCount",
-    "messageEncoding",
-];
-
-/// Parses `extensions.queues` of host.json `f`.
-pub(super) fn parse_queues(q: &Map<String, Value>, f: &Path) -> Result<QueuesOptions, ConfigError> {
-    for key in q.keys() {
-        if !KNOWN.iter().any(|k| k.eq_ignore_ascii_case(key)) {
-            return Err(ConfigError::new(
-                f,
-                format!("extensions.queues.{key}"),
-                "unknown setting",
-            ));
-        }
-    }
-    let mut o = QueuesOptions::default();
-    parse_batching(q, f, &mut o)?;
-    parse_timing(q, f, &mut o)?;
-    parse_delivery(q, f, &mut o)?;
-    Ok(o)
+/// `extensions.queues` as written (unknown keys are refused).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct QueuesJson {
+    batch_size: Option<Int>,
+    new_batch_threshold: Option<Int>,
+    max_polling_interval: Option<TimeSpanText>,
+    visibility_timeout: Option<TimeSpanText>,
+    max_dequeue_count: Option<Int>,
+    message_encoding: Option<String>,
 }
 
-/// `batchSize` and `newBatchThreshold`.
-fn parse_batching(
-    q: &Map<String, Value>,
-    f: &Path,
-    o: &mut QueuesOptions,
-) -> Result<(), ConfigError> {
-    if let Some(n) = get_int(q, "batchSize", f, "extensions.queues.batchSize")? {
+const PATH: &str = "extensions.queues";
+
+/// Parses `extensions.queues` of host.json `f`.
+pub(super) fn parse_queues(q: Value, f: &Path) -> Result<QueuesOptions, ConfigError> {
+    let q: QueuesJson = read_section(q, f, PATH, Unknown::Refuse)?;
+    let error = |key: &str, message: String| ConfigError::new(f, join(PATH, key), message);
+    let mut o = QueuesOptions::default();
+    if let Some(Int(n)) = q.batch_size {
         if !(1..=32).contains(&n) {
-            return Err(ConfigError::new(
-                f,
-                "extensions.queues.batchSize",
-                format!("{n} is outside 1..=32"),
-            ));
+            return Err(error("batchSize", format!("{n} is outside 1..=32")));
         }
         o.batch_size = n as u32;
     }
-    if let Some(n) = get_int(
-        q,
-        "newBatchThreshold",
-        f,
-        "extensions.queues.newBatchThreshold",
-    )? {
+    if let Some(Int(n)) = q.new_batch_threshold {
         if !(0..=10_000).contains(&n) {
-            return Err(ConfigError::new(
-                f,
-                "extensions.queues.newBatchThreshold",
-                format!("{n} must be >= 0"),
-            ));
+            return Err(error("newBatchThreshold", format!("{n} must be >= 0")));
         }
         o.new_batch_threshold = Some(n as u32);
     }
-    Ok(())
-}
-
-/// `maxPollingInterval` and `visibilityTimeout`.
-fn parse_timing(
-    q: &Map<String, Value>,
-    f: &Path,
-    o: &mut QueuesOptions,
-) -> Result<(), ConfigError> {
-    if let Some(d) = get_timespan(
-        q,
-        "maxPollingInterval",
-        f,
-        "extensions.queues.maxPollingInterval",
-    )? {
-        if d < Duration::from_millis(100) {
-            return Err(ConfigError::new(
-                f,
-                "extensions.queues.maxPollingInterval",
-                "must be at least 00:00:00.100",
+    let span = |key: &str, text: &TimeSpanText| parse_timespan(&text.0).map_err(|e| error(key, e));
+    if let Some(text) = &q.max_polling_interval {
+        o.max_polling_interval = span("maxPollingInterval", text)?;
+        if o.max_polling_interval < Duration::from_millis(100) {
+            return Err(error(
+                "maxPollingInterval",
+                "must be at least 00:00:00.100".into(),
             ));
         }
-        o.max_polling_interval = d;
     }
-    if let Some(d) = get_timespan(
-        q,
-        "visibilityTimeout",
-        f,
-        "extensions.queues.visibilityTimeout",
-    )? {
-        if d > Duration::from_secs(7 * 86_400) {
-            return Err(ConfigError::new(
-                f,
-                "extensions.queues.visibilityTimeout",
-                "must be at most 7 days",
-            ));
+    if let Some(text) = &q.visibility_timeout {
+        o.visibility_timeout = span("visibilityTimeout", text)?;
+        if o.visibility_timeout > Duration::from_secs(7 * 86_400) {
+            return Err(error("visibilityTimeout", "must be at most 7 days".into()));
         }
-        o.visibility_timeout = d;
     }
-    Ok(())
-}
-
-/// `maxDequeueCount` and `messageEncoding`.
-fn parse_delivery(
-    q: &Map<String, Value>,
-    f: &Path,
-    o: &mut QueuesOptions,
-) -> Result<(), ConfigError> {
-    if let Some(n) = get_int(q, "maxDequeueCount", f, "extensions.queues.maxDequeueCount")? {
+    if let Some(Int(n)) = q.max_dequeue_count {
         if n < 1 {
-            return Err(ConfigError::new(
-                f,
-                "extensions.queues.maxDequeueCount",
-                "must be at least 1",
-            ));
+            return Err(error("maxDequeueCount", "must be at least 1".into()));
         }
         o.max_dequeue_count = n as u64;
     }
-    if let Some(e) = get_str(q, "messageEncoding", f, "extensions.queues.messageEncoding")? {
+    if let Some(e) = &q.message_encoding {
         o.message_encoding = if e.eq_ignore_ascii_case("base64") {
             MessageEncoding::Base64
         } else if e.eq_ignore_ascii_case("none") {
             MessageEncoding::None
         } else {
-            return Err(ConfigError::new(
-                f,
-                "extensions.queues.messageEncoding",
+            return Err(error(
+                "messageEncoding",
                 format!("{e:?}: use base64 or none"),
             ));
         };
     }
-    Ok(())
+    Ok(o)
 }
 
 #[cfg(test)]
@@ -194,7 +132,7 @@ mod tests {
     use super::*;
 
     fn parse(v: Value) -> Result<QueuesOptions, ConfigError> {
-        parse_queues(v.as_object().unwrap(), Path::new("host.json"))
+        parse_queues(v, Path::new("host.json"))
     }
 
     #[test]

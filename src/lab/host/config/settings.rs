@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use super::json::{get_ci, read_json_object};
+use super::json::{read_file, Unknown};
 use super::names::validate_queue_name;
 use super::ConfigError;
 
@@ -64,10 +65,19 @@ impl AppSettings {
     }
 }
 
+/// local.settings.json as written; other keys (`Host`, `ConnectionStrings`) are ignored.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct LocalSettingsJson {
+    /// Only `true` means encrypted.
+    is_encrypted: Option<Value>,
+    values: Option<Map<String, Value>>,
+}
+
 /// Reads local.settings.json `Values`. `IsEncrypted: true` is refused (we cannot decrypt).
 pub fn read_local_settings(file: &Path) -> Result<BTreeMap<String, String>, ConfigError> {
-    let root = read_json_object(file)?;
-    if get_ci(&root, "IsEncrypted").and_then(Value::as_bool) == Some(true) {
+    let root: LocalSettingsJson = read_file(file, Unknown::Ignore)?;
+    if root.is_encrypted == Some(Value::Bool(true)) {
         return Err(ConfigError::new(
             file,
             "IsEncrypted",
@@ -75,30 +85,24 @@ pub fn read_local_settings(file: &Path) -> Result<BTreeMap<String, String>, Conf
         ));
     }
     let mut out = BTreeMap::new();
-    match get_ci(&root, "Values") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(values)) => {
-            for (k, v) in values {
-                match v {
-                    Value::String(s) => {
-                        out.insert(k.clone(), s.clone());
-                    }
-                    // Core Tools accepts scalars and stringifies them.
-                    Value::Bool(_) | Value::Number(_) => {
-                        out.insert(k.clone(), v.to_string());
-                    }
-                    Value::Null => {}
-                    _ => {
-                        return Err(ConfigError::new(
-                            file,
-                            format!("Values.{k}"),
-                            "values must be strings",
-                        ));
-                    }
-                }
+    for (k, v) in root.values.unwrap_or_default() {
+        match v {
+            Value::String(s) => {
+                out.insert(k, s);
+            }
+            // Core Tools accepts scalars and stringifies them.
+            Value::Bool(_) | Value::Number(_) => {
+                out.insert(k, v.to_string());
+            }
+            Value::Null => {}
+            _ => {
+                return Err(ConfigError::new(
+                    file,
+                    format!("Values.{k}"),
+                    "values must be strings",
+                ));
             }
         }
-        Some(_) => return Err(ConfigError::new(file, "Values", "must be an object")),
     }
     Ok(out)
 }
