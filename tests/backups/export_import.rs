@@ -288,8 +288,7 @@ async fn bad_export_and_import_requests_get_4xx_naming_the_field() {
         ],
     )
     .await;
-    let client = RawClient::azurite();
-    let store = blobs();
+    let (client, store) = (RawClient::azurite(), blobs());
     let source = unique_name("Checked");
     seed(&client, &source, 3).await;
     let container = unique_name("checked");

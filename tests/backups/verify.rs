@@ -112,13 +112,13 @@ async fn an_import_verifies_every_part_before_writing_any_row() {
     upload_export(&store, &container, "bad", &parts).await;
     let (status, table) = import(&app, &container, "bad").await;
     assert_eq!(status["state"], "failed", "{status}");
-    let error = status["error"].as_str().unwrap_or_default();
     for expected in [
         "parts/s1/b.jsonl.gz",
         "line 1201",
         "\"wide\"",
         "253 properties",
     ] {
+        let error = status["error"].as_str().unwrap_or_default();
         assert!(error.contains(expected), "{expected:?} in {status}");
     }
     assert_eq!(status["rowsWritten"].as_i64(), Some(0), "{status}");
