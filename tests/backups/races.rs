@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::backup::{blobs, download, list_all, start, SCAN_TIMEOUT};
+use support::backup::{blobs, download, list_all, put, start, SCAN_TIMEOUT};
 use support::e2e::TestApp;
 use support::faults::{
     poison_invocations, proxy, recorded_state, seeded_source, source_entities, start_copy,
@@ -29,7 +29,6 @@ use support::faults::{
 use support::raw::RawEntity;
 use support::{queue_store, unique_name};
 use tablescan::lab::proxy::FaultPolicy;
-use tablescan::storage::blob::{BlobStore, BlobWrite};
 use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::QueueStore;
 
@@ -156,15 +155,14 @@ async fn an_export_that_finds_a_foreign_manifest_fails_instead_of_completing() {
             "completedAt": "2026-01-01T00:00:01Z"})
         .to_string(),
     );
-    blobs()
-        .upload(
-            &container,
-            "foreign/manifest.json",
-            foreign.clone(),
-            &BlobWrite::new("application/json"),
-        )
-        .await
-        .unwrap();
+    put(
+        &blobs(),
+        &container,
+        "foreign/manifest.json",
+        foreign.clone(),
+        "application/json",
+    )
+    .await;
     // Its completion step fails it: no work item failed (`wait_for_end` waits for one).
     assert_eq!(wait_recorded_end(&app, &id, SCAN_TIMEOUT).await, "failed");
     let (_, status) = app.get(&format!("/api/scans/{id}")).await;
