@@ -12,7 +12,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::e2e::TestApp;
+use support::e2e::{staged, TestApp};
 use support::faults::{proxy, seeded_source, source_entities, verify_copy};
 use support::{table_store, unique_name};
 use tablescan::lab::proxy::{FaultPolicy, Stamp, StorageProxy};
@@ -103,29 +103,12 @@ async fn copy(
     }
 }
 
-/// The app staged from the handler binary (`TABLESCAN_TEST_BINARY` if set: a copy kept apart
-/// from a build directory other builds write to), with `TestApp::start`'s quick host.json.
-fn staged() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let binary = std::env::var("TABLESCAN_TEST_BINARY")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tablescan").to_string());
-    tablescan::deploy::stage::stage(dir.path(), std::path::Path::new(&binary)).expect("stage");
-    let path = dir.path().join("host.json");
-    let mut host: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    host["extensions"]["queues"]["maxPollingInterval"] = "00:00:00.200".into();
-    host["extensions"]["queues"]["visibilityTimeout"] = "00:00:00".into();
-    host["functionTimeout"] = "00:05:00".into();
-    std::fs::write(&path, host.to_string()).unwrap();
-    dir
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_copy_holds_its_rate_over_two_instances() {
     let proxy = proxy(FaultPolicy::none(), 27).await;
     let connection = proxy.connection_string();
     let app = TestApp::start_in(
-        staged(),
+        staged("00:05:00"),
         2,
         &[("AzureWebJobsStorage", connection.as_str())],
         table_store().0,

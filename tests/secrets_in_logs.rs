@@ -20,7 +20,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use serde_json::json;
 use support::e2e::{seed, TestApp};
 use support::identity::endpoints::{fakes, Identity};
-use support::identity::{entity, oauth_azurite, IDENTITY_HEADER};
+use support::identity::{entity, oauth_azurite, token_file, IDENTITY_HEADER};
 use tablescan::storage::connection::{StorageAccount, DEVELOPMENT_ACCOUNT_KEY};
 use tablescan::storage::request_counts::RequestCounters;
 
@@ -217,9 +217,7 @@ async fn a_client_secret_and_its_tokens_are_never_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_federated_token_and_its_tokens_are_never_logged() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("azure-identity-token");
-    std::fs::write(&file, FEDERATED).unwrap();
+    let (_dir, file) = token_file("azure-identity-token", FEDERATED);
     let identity = Identity::accepting(FEDERATED);
     let tenant = fakes().tenant(&identity);
     let settings = identity_storage(&[

@@ -19,7 +19,9 @@ use tablescan::app::state::AppState;
 use tablescan::lab::memory::{MemoryQueueStore, MemoryStores};
 use tablescan::lab::memory::{MemoryTableStore, Pagination};
 use tablescan::storage::stores::Stores;
-use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
+use tablescan::storage::{
+    BatchOperation, Entity, MessageEncoding, QueueStore, StorageResult, TableStore,
+};
 
 type State = Arc<AppState<MemoryStores>>;
 /// The app over any table store (a fault-injecting one), with the in-memory queues.
@@ -967,8 +969,8 @@ impl tablescan::storage::TableStore for FailingInserts {
         &self,
         t: &str,
         pk: &str,
-        ops: &[tablescan::storage::BatchOperation],
-    ) -> tablescan::storage::StorageResult<Vec<Option<String>>> {
+        ops: &[BatchOperation],
+    ) -> StorageResult<Vec<Option<String>>> {
         let inserting = ops.iter().any(|o| match o {
             BatchOperation::Insert(_) => !self.upserts,
             BatchOperation::Upsert(_) => self.upserts,

@@ -8,23 +8,17 @@ use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::Read;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use support::backup::{blobs, put};
 use support::e2e::TestApp;
 use support::raw::{self, RawClient, RawEntity};
 use support::{unique_name, with_fields};
 use tablescan::storage::azure_blob::AzureBlobStore;
-use tablescan::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite};
-
-fn blobs() -> AzureBlobStore {
-    support::account()
-        .blob_store(Arc::new(BlobRequestCounters::new()))
-        .expect("Azurite has a blob endpoint")
-}
+use tablescan::storage::blob::{BlobStore, BlobWrite};
 
 async fn download(store: &AzureBlobStore, container: &str, name: &str) -> Bytes {
     store
@@ -288,21 +282,19 @@ async fn bad_export_and_import_requests_get_4xx_naming_the_field() {
         ],
     )
     .await;
-    let client = RawClient::azurite();
-    let store = blobs();
+    let (client, store) = (RawClient::azurite(), blobs());
     let source = unique_name("Checked");
     seed(&client, &source, 3).await;
     let container = unique_name("checked");
     store.create_container(&container).await.unwrap();
-    store
-        .upload(
-            &container,
-            "junk/manifest.json",
-            Bytes::from_static(b"{\"format\":\"other\"}"),
-            &BlobWrite::new("application/json"),
-        )
-        .await
-        .unwrap();
+    put(
+        &store,
+        &container,
+        "junk/manifest.json",
+        Bytes::from_static(b"{\"format\":\"other\"}"),
+        "application/json",
+    )
+    .await;
     let dest = unique_name("NeverMade");
     let never = unique_name("nevermade");
     let export = |extra: Value| {

@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::backup::{blobs, download, list_all, start, SCAN_TIMEOUT};
+use support::backup::{blobs, download, list_all, put, start, SCAN_TIMEOUT};
 use support::e2e::TestApp;
 use support::faults::{
     poison_invocations, proxy, recorded_state, seeded_source, source_entities, start_copy,
     unfinished_bookkeeping, verify_copy, wait_recorded_end,
 };
+use support::raw::RawEntity;
 use support::{queue_store, unique_name};
 use tablescan::lab::proxy::FaultPolicy;
-use tablescan::storage::blob::{BlobStore, BlobWrite};
 use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::QueueStore;
 
@@ -86,6 +86,17 @@ async fn check_completed_export(app: &TestApp, id: &str, container: &str, prefix
     }
 }
 
+/// The app, a 600-row and a 40-row source of seeds `seed` and `seed + 1` (a few rows more:
+/// `source_entities` adds edge keys), and a new container name.
+async fn race(seed: u64) -> (TestApp, [(String, Vec<RawEntity>); 2], String) {
+    let app = default_app().await;
+    let sources = [
+        seeded_source(&app, source_entities(600, seed)).await,
+        seeded_source(&app, source_entities(40, seed + 1)).await,
+    ];
+    (app, sources, unique_name("race"))
+}
+
 /// Issue 28.1: a 600-row and a 40-row export (a few rows more: `source_entities` adds edge keys)
 /// started back to back into one prefix. Before, both
 /// ended `completed` and the manifest held the 40-row one. Now the second is refused at start
@@ -93,10 +104,7 @@ async fn check_completed_export(app: &TestApp, id: &str, container: &str, prefix
 /// export into the prefix is refused too (it holds a manifest).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_exports_into_one_prefix_one_is_refused_and_the_manifest_is_the_winners() {
-    let app = default_app().await;
-    let (big, big_rows) = seeded_source(&app, source_entities(600, 28)).await;
-    let (small, _) = seeded_source(&app, source_entities(40, 29)).await;
-    let container = unique_name("race");
+    let (app, [(big, big_rows), (small, _)], container) = race(28).await;
     let first = start(&app, export_body(&big, &container, "race")).await;
     let (status, reply, _) = app
         .post_scan(&export_body(&small, &container, "race"))
@@ -119,10 +127,7 @@ async fn two_exports_into_one_prefix_one_is_refused_and_the_manifest_is_the_winn
 /// the next export, which completes with its own manifest and reservation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_exports_prefix_is_taken_over_by_the_next_export() {
-    let app = default_app().await;
-    let (big, _) = seeded_source(&app, source_entities(600, 30)).await;
-    let (small, small_rows) = seeded_source(&app, source_entities(40, 31)).await;
-    let container = unique_name("race");
+    let (app, [(big, _), (small, small_rows)], container) = race(30).await;
     let cancelled = start(&app, export_body(&big, &container, "again")).await;
     let (status, reply) = app.delete(&format!("/api/scans/{cancelled}")).await;
     assert!(status < 300, "cancel: {reply}");
@@ -150,15 +155,14 @@ async fn an_export_that_finds_a_foreign_manifest_fails_instead_of_completing() {
             "completedAt": "2026-01-01T00:00:01Z"})
         .to_string(),
     );
-    blobs()
-        .upload(
-            &container,
-            "foreign/manifest.json",
-            foreign.clone(),
-            &BlobWrite::new("application/json"),
-        )
-        .await
-        .unwrap();
+    put(
+        &blobs(),
+        &container,
+        "foreign/manifest.json",
+        foreign.clone(),
+        "application/json",
+    )
+    .await;
     // Its completion step fails it: no work item failed (`wait_for_end` waits for one).
     assert_eq!(wait_recorded_end(&app, &id, SCAN_TIMEOUT).await, "failed");
     let (_, status) = app.get(&format!("/api/scans/{id}")).await;

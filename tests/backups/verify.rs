@@ -9,14 +9,13 @@ use crate::support;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use serde_json::{json, Value};
-use support::backup::{blobs, sha256_hex};
+use support::backup::{blobs, put, sha256_hex};
 use support::e2e::TestApp;
 use support::raw::RawClient;
 use support::unique_name;
 use tablescan::storage::azure_blob::AzureBlobStore;
-use tablescan::storage::blob::{BlobStore, BlobWrite};
+use tablescan::storage::blob::BlobStore;
 
 const TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -53,29 +52,22 @@ async fn upload_export(
         let relative = format!("parts/s1/{name}.jsonl.gz");
         listed.push(json!({"name": relative, "rows": rows, "bytes": bytes.len(),
             "sha256": sha256_hex(bytes)}));
-        store
-            .upload(
-                container,
-                &format!("{prefix}/{relative}"),
-                Bytes::from(bytes.clone()),
-                &BlobWrite::new("application/gzip"),
-            )
-            .await
-            .unwrap();
+        let blob = format!("{prefix}/{relative}");
+        put(store, container, &blob, bytes.clone(), "application/gzip").await;
     }
     let rows: u64 = parts.iter().map(|p| p.2).sum();
     let manifest = json!({"format": "tablescan-export/1", "sourceTable": "Source", "scanId": "s1",
         "rows": rows, "parts": listed, "startedAt": "2026-01-01T00:00:00Z",
         "completedAt": "2026-01-01T00:01:00Z"});
-    store
-        .upload(
-            container,
-            &format!("{prefix}/manifest.json"),
-            Bytes::from(manifest.to_string()),
-            &BlobWrite::new("application/json"),
-        )
-        .await
-        .unwrap();
+    let blob = format!("{prefix}/manifest.json");
+    put(
+        store,
+        container,
+        &blob,
+        manifest.to_string(),
+        "application/json",
+    )
+    .await;
 }
 
 /// Imports `container/prefix` into a new table; the final status and the table's name.
@@ -91,13 +83,18 @@ async fn import(app: &TestApp, container: &str, prefix: &str) -> (Value, String)
     (status, table)
 }
 
+/// The app, the blob store and the test's raw table client on Azurite, and a new container name
+/// starting with `prefix`.
+async fn started(prefix: &str) -> (TestApp, AzureBlobStore, RawClient, String) {
+    let app = TestApp::start(1, &[]).await;
+    (app, blobs(), RawClient::azurite(), unique_name(prefix))
+}
+
 /// Two parts: 50 good rows, then 1,200 good rows and a row with 253 properties. Before: the
 /// import failed with 1,250 rows written (`rowsWritten: 50`). Now nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_verifies_every_part_before_writing_any_row() {
-    let app = TestApp::start(1, &[]).await;
-    let (store, client) = (blobs(), RawClient::azurite());
-    let container = unique_name("verify");
+    let (app, store, client, container) = started("verify").await;
     let mut second = good_lines("b", 0, 1200);
     let wide: Vec<String> = (0..253).map(|i| format!(r#""P{i}":{i}"#)).collect();
     second.push_str(&format!(
@@ -112,13 +109,13 @@ async fn an_import_verifies_every_part_before_writing_any_row() {
     upload_export(&store, &container, "bad", &parts).await;
     let (status, table) = import(&app, &container, "bad").await;
     assert_eq!(status["state"], "failed", "{status}");
-    let error = status["error"].as_str().unwrap_or_default();
     for expected in [
         "parts/s1/b.jsonl.gz",
         "line 1201",
         "\"wide\"",
         "253 properties",
     ] {
+        let error = status["error"].as_str().unwrap_or_default();
         assert!(error.contains(expected), "{expected:?} in {status}");
     }
     assert_eq!(status["rowsWritten"].as_i64(), Some(0), "{status}");
@@ -136,9 +133,7 @@ async fn an_import_verifies_every_part_before_writing_any_row() {
 /// bookkeeping, no table write).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_import_restores_typed_values_and_prints_its_requests() {
-    let app = TestApp::start(1, &[]).await;
-    let (store, client) = (blobs(), RawClient::azurite());
-    let container = unique_name("verify");
+    let (app, store, client, container) = started("verify").await;
     let parts = [
         ("a", gzip(good_lines("a", 0, 50).as_bytes()), 50),
         ("b", gzip(good_lines("b", 0, 1200).as_bytes()), 1200),
@@ -170,9 +165,7 @@ async fn a_good_import_restores_typed_values_and_prints_its_requests() {
 /// part and the line, with nothing written (Azurite would store such values as they are).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_of_the_wrong_type_and_names_given_twice_are_refused_naming_the_line() {
-    let app = TestApp::start(1, &[]).await;
-    let (store, client) = (blobs(), RawClient::azurite());
-    let container = unique_name("literals");
+    let (app, store, client, container) = started("literals").await;
     let cases = [
         (
             "int64",
@@ -352,9 +345,7 @@ async fn the_biggest_incompressible_part_costs_at_most_64_mib() {
     let _alone = support::alone().await;
     use base64::Engine;
     use rand::RngCore;
-    let app = TestApp::start(1, &[]).await;
-    let (store, client) = (blobs(), RawClient::azurite());
-    let container = unique_name("dense");
+    let (app, store, client, container) = started("dense").await;
     let mut noise = vec![0u8; 22_000];
     let mut rows = 0u64;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

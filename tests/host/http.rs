@@ -238,11 +238,7 @@ async fn restarts_a_crashed_or_killed_handler() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 500);
-    let second_pid = wait_for("a restarted handler", LONG, || {
-        let pids = host.handler_pids();
-        async move { pids[0].filter(|p| *p != first_pid) }
-    })
-    .await;
+    let second_pid = restarted_after(&host, first_pid, "a restarted handler").await;
     host.wait_ready(LONG).await.unwrap();
     let response = client.post(&url).body("{}").send().await.unwrap();
     assert_eq!(
@@ -253,23 +249,9 @@ async fn restarts_a_crashed_or_killed_handler() {
 
     // Killed from outside.
     kill_process(second_pid);
-    wait_for("another restart", LONG, || {
-        let pids = host.handler_pids();
-        async move { pids[0].filter(|p| *p != second_pid) }
-    })
-    .await;
+    restarted_after(&host, second_pid, "another restart").await;
     host.wait_ready(LONG).await.unwrap();
-    assert_eq!(
-        client
-            .post(&url)
-            .body("{}")
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16(),
-        200
-    );
+    answers_200(&client, &url, 1).await;
     assert!(
         has_log(&host, "crashing on purpose"),
         "handler stderr is forwarded: {:?}",
@@ -292,6 +274,15 @@ async fn expect_give_up(host: &tablescan::lab::host::RunningHost, what: &str) {
             .contains("Exceeded http worker restart retry count"),
         "{error}"
     );
+}
+
+/// Waits until instance 0 runs a handler other than `pid` (the host restarted it); its pid.
+async fn restarted_after(host: &tablescan::lab::host::RunningHost, pid: u32, what: &str) -> u32 {
+    wait_for(what, LONG, || {
+        let pids = host.handler_pids();
+        async move { pids[0].filter(|p| *p != pid) }
+    })
+    .await
 }
 
 /// `times` POSTs to `url`, each answered 200.
@@ -323,11 +314,7 @@ async fn recycles_an_instance_that_gave_up_and_keeps_the_others() {
         let pid = host.handler_pids()[0].unwrap();
         kill_process(pid);
         if kill < 2 {
-            wait_for("a restarted handler", LONG, || {
-                let pids = host.handler_pids();
-                async move { pids[0].filter(|p| *p != pid) }
-            })
-            .await;
+            restarted_after(&host, pid, "a restarted handler").await;
         }
     }
     expect_give_up(&host, "instance 0 gives up").await;
@@ -408,23 +395,9 @@ async fn function_timeout_restarts_the_handler() {
         "{:?}",
         host.log_lines()
     );
-    wait_for("the handler restart", LONG, || {
-        let pids = host.handler_pids();
-        async move { pids[0].filter(|p| *p != pid) }
-    })
-    .await;
+    restarted_after(&host, pid, "the handler restart").await;
     host.wait_ready(LONG).await.unwrap();
-    assert_eq!(
-        client
-            .post(&url)
-            .body("{}")
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16(),
-        200
-    );
+    answers_200(&client, &url, 1).await;
     host.shutdown().await;
 }
 
@@ -498,11 +471,7 @@ async fn an_empty_answer_is_flagged_and_treated_as_a_hang() {
         "{:?}",
         host.log_lines()
     );
-    wait_for("the handler restart", LONG, || {
-        let pids = host.handler_pids();
-        async move { pids[0].filter(|p| *p != pid) }
-    })
-    .await;
+    restarted_after(&host, pid, "the handler restart").await;
     host.shutdown().await;
 }
 

@@ -229,10 +229,15 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
     );
     let end = line_with(host, &["tablescan event=scan-end", &scan, "state=failed"]).await;
     assert!(
-        end.as_deref().is_some_and(|l| l.starts_with("ERROR ")
-            && l.contains("[Host.Function.Console] tablescan event=scan-end")
-            && l.contains(" ms=")
-            && l.contains("System.")),
+        logged(
+            &end,
+            "ERROR ",
+            &[
+                "[Host.Function.Console] tablescan event=scan-end",
+                " ms=",
+                "System."
+            ]
+        ),
         "{end:?}"
     );
 
@@ -274,10 +279,11 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
     )
     .await;
     assert!(
-        success.as_deref().is_some_and(|l| l.starts_with("INFO ")
-            && l.contains(" kind=scan-step ")
-            && l.contains(" attempt=1/5 ")
-            && l.contains(" status=200 ms=")),
+        logged(
+            &success,
+            "INFO ",
+            &[" kind=scan-step ", " attempt=1/5 ", " status=200 ms="]
+        ),
         "{success:?}"
     );
 
@@ -285,4 +291,10 @@ async fn the_real_handler_leaves_failures_successes_and_scan_bounds_in_the_hosts
     let all = host.log_lines().join("\n");
     assert!(!all.contains(DEVELOPMENT_ACCOUNT_KEY) && !all.contains("AccountKey="));
     app.shutdown().await;
+}
+
+/// Whether `line` was found, at `level` (`"INFO "`, `"ERROR "`), holding every one of `parts`.
+fn logged(line: &Option<String>, level: &str, parts: &[&str]) -> bool {
+    line.as_deref()
+        .is_some_and(|l| l.starts_with(level) && parts.iter().all(|p| l.contains(p)))
 }

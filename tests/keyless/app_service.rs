@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use serde_json::json;
 use support::identity::endpoints::{fakes, Identity};
-use support::identity::{app_service_settings, entity, oauth_azurite, round_trip, IDENTITY_HEADER};
+use support::identity::{
+    app_service_settings, app_service_storage, borrowed, entity, round_trip, IDENTITY_HEADER,
+};
+use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::QueueStore;
@@ -35,13 +38,8 @@ async fn a_table_and_queue_round_trip_with_bearer_tokens_and_no_key() {
 async fn without_a_token_nothing_is_sent_and_the_error_names_the_connection() {
     let identity = Identity::default();
     identity.status.store(403, Ordering::SeqCst);
-    let url = fakes().app_service(&identity);
-    let account = StorageAccount::new(app_service_settings("Src", &url));
-    let tables = account.table_store(Arc::new(RequestCounters::new()));
-    let error = tables
-        .query_page("Anything", &TableQuery::default())
-        .await
-        .unwrap_err();
+    let tables = app_service_tables(&identity, "Src");
+    let error = first_query_error(&tables).await;
     assert_eq!(error.kind, StorageErrorKind::Rejected, "{error}");
     let text = error.to_string();
     assert!(text.contains("connection Src (managedidentity)"), "{text}");
@@ -76,40 +74,31 @@ async fn azurite_refuses_a_token_for_another_audience() {
     }
 }
 
+/// The app under the local host, its storage (Blob Storage too when `blobs`) and the store that
+/// seeds and checks tables reached through the App Service identity endpoint `url`: no key.
+async fn app_through(url: &str, blobs: bool) -> support::e2e::TestApp {
+    let storage = app_service_storage(url, blobs);
+    let store = StorageAccount::new(app_service_settings("Seed", url))
+        .table_store(Arc::new(RequestCounters::new()));
+    support::e2e::TestApp::start_on(1, &borrowed(&storage), store, &[]).await
+}
+
 /// A whole copy scan through the local host (`tablescan host`'s `Host`) and the real handler
 /// binary, with only identity-based settings for the app's storage: the host's queue listeners,
 /// the handler's tables and queues all authorize with bearer tokens from the fake identity
 /// endpoint. No account key is in any setting or in the environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_scan_through_the_host_with_identity_settings_only() {
-    use support::e2e::{rows, seed, TestApp};
+    use support::e2e::{rows, seed};
     let identity = Identity::default();
     let url = fakes().app_service(&identity);
-    let azurite = oauth_azurite();
     for (key, _) in std::env::vars() {
         assert!(
             !key.starts_with("AzureWebJobsStorage"),
             "{key} is in the environment"
         );
     }
-    let table_uri = azurite.table_endpoint();
-    let queue_uri = azurite.queue_endpoint();
-    let blob_uri = azurite.blob_endpoint();
-    let storage = [
-        // The staged local.settings.json says `UseDevelopmentStorage=true`: emptied (empty is
-        // unset), or start-up refuses the two forms together.
-        ("AzureWebJobsStorage", ""),
-        ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
-        ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
-        ("AzureWebJobsStorage__blobServiceUri", blob_uri.as_str()),
-        ("AzureWebJobsStorage__credential", "managedidentity"),
-        ("IDENTITY_ENDPOINT", url.as_str()),
-        ("IDENTITY_HEADER", IDENTITY_HEADER),
-    ];
-    // Seeding and checking use a keyless account too.
-    let store = StorageAccount::new(app_service_settings("Seed", &url))
-        .table_store(Arc::new(RequestCounters::new()));
-    let app = TestApp::start_on(1, &storage, store, &[]).await;
+    let app = app_through(&url, true).await;
     let source = support::unique_name("KeylessSource");
     let destination = support::unique_name("KeylessDestination");
     let entities: Vec<_> = (0..120)
@@ -117,13 +106,9 @@ async fn a_copy_scan_through_the_host_with_identity_settings_only() {
         .collect();
     seed(&app.store, &source, entities.clone()).await;
 
-    let (status, reply, _) = app
-        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 25}))
-        .await;
-    assert_eq!(status, 202, "{reply}");
-    let id = reply["id"].as_str().unwrap().to_string();
-    let end = app
-        .wait_for_end(&id, std::time::Duration::from_secs(120))
+    let copy = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 25});
+    let (id, end) = app
+        .scan_until_end(&copy, std::time::Duration::from_secs(120))
         .await;
     assert_eq!(end["state"], "completed", "{end}");
     assert_eq!(end["rowsWritten"], 120, "{end}");
@@ -181,27 +166,14 @@ async fn completes_writing(app: &support::e2e::TestApp, body: &serde_json::Value
 /// tokens Azurite checks carry that short `exp`. The copy is still exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_scan_outlives_many_short_lived_tokens() {
-    use support::e2e::{rows, seed, TestApp};
+    use support::e2e::{rows, seed};
     // JWT `exp` is in whole seconds, so a token may expire up to 1 s before its lifetime says;
     // refreshed at half its lifetime, a 4-second token leaves a loaded machine a second of slack.
     const LIFETIME: i64 = 4;
     let identity = Identity::default();
     identity.lifetime.store(LIFETIME, Ordering::SeqCst);
     let url = fakes().app_service(&identity);
-    let azurite = oauth_azurite();
-    let table_uri = azurite.table_endpoint();
-    let queue_uri = azurite.queue_endpoint();
-    let storage = [
-        ("AzureWebJobsStorage", ""),
-        ("AzureWebJobsStorage__tableServiceUri", table_uri.as_str()),
-        ("AzureWebJobsStorage__queueServiceUri", queue_uri.as_str()),
-        ("AzureWebJobsStorage__credential", "managedidentity"),
-        ("IDENTITY_ENDPOINT", url.as_str()),
-        ("IDENTITY_HEADER", IDENTITY_HEADER),
-    ];
-    let store = StorageAccount::new(app_service_settings("Seed", &url))
-        .table_store(Arc::new(RequestCounters::new()));
-    let app = TestApp::start_on(1, &storage, store, &[]).await;
+    let app = app_through(&url, false).await;
     let source = support::unique_name("ShortTokenSource");
     let destination = support::unique_name("ShortTokenDestination");
     // Long enough to outlive a refresh interval however fast the copy gets.
@@ -213,13 +185,9 @@ async fn a_copy_scan_outlives_many_short_lived_tokens() {
 
     let before = identity.issued();
     let started = std::time::Instant::now();
-    let (status, reply, _) = app
-        .post_scan(&json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 5}))
-        .await;
-    assert_eq!(status, 202, "{reply}");
-    let id = reply["id"].as_str().unwrap().to_string();
-    let end = app
-        .wait_for_end(&id, std::time::Duration::from_secs(180))
+    let copy = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 5});
+    let (_, end) = app
+        .scan_until_end(&copy, std::time::Duration::from_secs(180))
         .await;
     let elapsed = started.elapsed();
     let during = identity.issued() - before;
@@ -254,9 +222,7 @@ async fn a_copy_scan_outlives_many_short_lived_tokens() {
 async fn an_identity_endpoint_down_for_a_while_is_waited_for() {
     let identity = Identity::default();
     identity.unavailable_for.store(3, Ordering::SeqCst);
-    let url = fakes().app_service(&identity);
-    let account = StorageAccount::new(app_service_settings("Src", &url));
-    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let tables = app_service_tables(&identity, "Src");
     let table = format!("recovers{}", std::process::id());
     assert!(tables.create_table(&table).await.unwrap());
     tables
@@ -293,10 +259,7 @@ async fn an_identity_endpoint_that_stays_down_fails_naming_the_connection() {
     ] {
         let tables = account.table_store(Arc::new(RequestCounters::new()));
         let started = std::time::Instant::now();
-        let error = tables
-            .query_page("Anything", &TableQuery::default())
-            .await
-            .unwrap_err();
+        let error = first_query_error(&tables).await;
         assert_eq!(error.kind, StorageErrorKind::Transient, "{error}");
         let text = error.to_string();
         assert!(
@@ -328,4 +291,20 @@ async fn an_identity_endpoint_that_stays_down_fails_naming_the_connection() {
         12,
         "6 attempts for each of Dst's two requests"
     );
+}
+
+/// The table store of connection `name` through a fake App Service identity endpoint serving
+/// `identity`.
+fn app_service_tables(identity: &Identity, name: &str) -> AzureTableStore {
+    let url = fakes().app_service(identity);
+    StorageAccount::new(app_service_settings(name, &url))
+        .table_store(Arc::new(RequestCounters::new()))
+}
+
+/// The error of a first query through `tables` (that must fail).
+async fn first_query_error(tables: &AzureTableStore) -> tablescan::storage::StorageError {
+    tables
+        .query_page("Anything", &TableQuery::default())
+        .await
+        .unwrap_err()
 }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use serde_json::json;
 use support::identity::endpoints::{fakes, Identity};
 use support::identity::{
-    entity, identity_settings, oauth_azurite, round_trip, storage_jwt, FakeAz, JWT_BEARER,
-    STORAGE_RESOURCE, STORAGE_SCOPE,
+    borrowed, entity, identity_app_settings, identity_app_storage, identity_settings, round_trip,
+    storage_jwt, token_file, FakeAz, JWT_BEARER, STORAGE_RESOURCE, STORAGE_SCOPE,
 };
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
 use tablescan::storage::request_counts::RequestCounters;
@@ -122,9 +122,7 @@ async fn a_service_principal_round_trips_tables_and_queues() {
 /// next token is asked for with the new one.
 #[tokio::test]
 async fn workload_identity_presents_the_federated_token_from_its_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("azure-identity-token");
-    std::fs::write(&file, format!("{FEDERATED}\n")).unwrap();
+    let (_dir, file) = token_file("azure-identity-token", &format!("{FEDERATED}\n"));
     let identity = Identity::accepting(FEDERATED);
     let tenant = fakes().tenant(&identity);
     let account = StorageAccount::new(workload_identity("Wi", &tenant, &file));
@@ -245,9 +243,7 @@ async fn imds_managed_identities_system_and_user_assigned() {
 /// storage request goes through with the token issued on the third.
 #[tokio::test]
 async fn transient_token_endpoint_failures_are_retried_for_each_credential() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("token");
-    std::fs::write(&file, FEDERATED).unwrap();
+    let (_dir, file) = token_file("token", FEDERATED);
     let busy = |status: u16, identity: Identity| {
         identity.unavailable_for.store(2, Ordering::SeqCst);
         identity.busy_status.store(status, Ordering::SeqCst);
@@ -308,9 +304,7 @@ async fn a_token_endpoint_that_stays_busy_fails_transient_naming_the_connection(
 /// both request paths, naming the connection, the service's reason and the settings to check.
 #[tokio::test]
 async fn refused_credentials_fail_at_once_naming_the_connection_and_settings() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("token");
-    std::fs::write(&file, FEDERATED).unwrap();
+    let (dir, file) = token_file("token", FEDERATED);
     let sp = Identity::accepting(SECRET);
     let wi = Identity::accepting(ROTATED);
     let unknown_tenant = uuid::Uuid::new_v4().to_string();
@@ -389,9 +383,7 @@ async fn refused_credentials_fail_at_once_naming_the_connection_and_settings() {
 /// No secret in `Debug` or `Display` of the settings and accounts of every credential.
 #[tokio::test]
 async fn settings_and_accounts_print_no_secret() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("token");
-    std::fs::write(&file, FEDERATED).unwrap();
+    let (_dir, file) = token_file("token", FEDERATED);
     let tenant = uuid::Uuid::new_v4().to_string();
     for settings in [
         client_secret("Sp", &tenant, SECRET),
@@ -437,10 +429,7 @@ fn a_failed_handler_start_names_the_setting_and_prints_no_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_destination_fails_the_scan_and_nothing_secret_is_logged() {
     use support::e2e::{seed, TestApp};
-    let azurite = oauth_azurite();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("token");
-    std::fs::write(&file, FEDERATED).unwrap();
+    let (_dir, file) = token_file("token", FEDERATED);
     let app = Identity::accepting(SECRET);
     let src = Identity::accepting(FEDERATED);
     let dst = Identity::accepting(SECRET);
@@ -449,35 +438,36 @@ async fn a_refused_destination_fails_the_scan_and_nothing_secret_is_logged() {
         fakes().tenant(&src),
         fakes().tenant(&dst),
     );
-    let (tables, queues) = (azurite.table_endpoint(), azurite.queue_endpoint());
     let file_path = file.to_str().unwrap();
-    let storage = [
-        ("AzureWebJobsStorage", ""),
-        ("AzureWebJobsStorage__tableServiceUri", tables.as_str()),
-        ("AzureWebJobsStorage__queueServiceUri", queues.as_str()),
-        ("AzureWebJobsStorage__tenantId", app_tenant.as_str()),
-        ("AzureWebJobsStorage__clientId", CLIENT_ID),
-        ("AzureWebJobsStorage__clientSecret", SECRET),
+    let app_credential = [
+        ("tenantId", app_tenant.as_str()),
+        ("clientId", CLIENT_ID),
+        ("clientSecret", SECRET),
     ];
-    let connections = [
+    let storage = identity_app_storage(false, &app_credential);
+    let src_credential = [
+        ("credential", "workloadidentity"),
+        ("tenantId", src_tenant.as_str()),
+        ("clientId", CLIENT_ID),
+    ];
+    let dst_credential = [
+        ("credential", "clientsecret"),
+        ("tenantId", dst_tenant.as_str()),
+        ("clientId", CLIENT_ID),
+        ("clientSecret", WRONG_SECRET),
+    ];
+    let mut connections = identity_app_settings("Src", false, &src_credential);
+    connections.extend(identity_app_settings("Dst", false, &dst_credential));
+    for (key, value) in [
         ("TABLESCAN_CONNECTIONS", "Src,Dst"),
-        ("Src__tableServiceUri", tables.as_str()),
-        ("Src__queueServiceUri", queues.as_str()),
-        ("Src__credential", "workloadidentity"),
-        ("Src__tenantId", src_tenant.as_str()),
-        ("Src__clientId", CLIENT_ID),
         ("AZURE_FEDERATED_TOKEN_FILE", file_path),
-        ("Dst__tableServiceUri", tables.as_str()),
-        ("Dst__queueServiceUri", queues.as_str()),
-        ("Dst__credential", "clientsecret"),
-        ("Dst__tenantId", dst_tenant.as_str()),
-        ("Dst__clientId", CLIENT_ID),
-        ("Dst__clientSecret", WRONG_SECRET),
         ("RUST_LOG", "trace"),
-    ];
+    ] {
+        connections.push((key.into(), value.into()));
+    }
     let seeder = StorageAccount::new(workload_identity("Src", &src_tenant, &file))
         .table_store(Arc::new(RequestCounters::new()));
-    let test_app = TestApp::start_on(1, &storage, seeder, &connections).await;
+    let test_app = TestApp::start_on(1, &borrowed(&storage), seeder, &borrowed(&connections)).await;
     let source = support::unique_name("SecretSource");
     let entities: Vec<_> = (0..30)
         .map(|i| entity("p", &format!("r{i:02}"), i))

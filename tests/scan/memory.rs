@@ -260,11 +260,11 @@ fn termination_with_u_ffff_after_the_prefix() {
         ("Da", "1"),
         ("E", "1"),
     ];
-    let store = store_with(&rows, Pagination::default());
     let params = ScanParameters {
         take: 1,
         ..Default::default()
     };
+    let store = store_with(&rows, Pagination::default());
     let queries = block_on(list(&store, TABLE, &params, Strategy::Prefix, |_| Ok(()))).unwrap();
     assert!(queries < 40, "{queries} queries for five rows");
     assert_eq!(

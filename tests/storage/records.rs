@@ -7,14 +7,22 @@ use crate::support;
 
 use support::{new_table, table_store};
 use tablescan::app::tracking::{NewWork, RecordError, ScanState, Tracker, WorkState};
+use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::request_counts::RequestCounts;
 use tablescan::storage::StorageErrorKind;
+
+/// A new scans table and a new work table.
+async fn bookkeeping_tables(store: &AzureTableStore) -> (String, String) {
+    (
+        new_table(store, "RecScans").await,
+        new_table(store, "RecWork").await,
+    )
+}
 
 #[tokio::test]
 async fn outcomes_up_to_the_entity_limit_are_recorded_and_larger_ones_refused_before_sending() {
     let (store, counters) = table_store();
-    let scans = new_table(&store, "RecScans").await;
-    let work = new_table(&store, "RecWork").await;
+    let (scans, work) = bookkeeping_tables(&store).await;
     let tracker = Tracker::new(&store, &scans, &work);
     let root = NewWork {
         id: "s-0123456789abcdef".into(),
@@ -71,8 +79,7 @@ async fn outcomes_up_to_the_entity_limit_are_recorded_and_larger_ones_refused_be
 #[tokio::test]
 async fn long_errors_are_cut_with_a_marker_and_still_stored() {
     let (store, _) = table_store();
-    let scans = new_table(&store, "RecScans").await;
-    let work = new_table(&store, "RecWork").await;
+    let (scans, work) = bookkeeping_tables(&store).await;
     let tracker = Tracker::new(&store, &scans, &work);
     let record = tablescan::app::tracking::ScanRecord {
         id: "9999-rec2".into(),

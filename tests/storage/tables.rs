@@ -1124,8 +1124,7 @@ async fn every_request_is_counted_by_kind() {
     let account = account();
     let tables = account.table_store(counters.clone());
     let queues = account.queue_store(counters.clone());
-    let table = unique_name("count");
-    let queue = unique_name("count");
+    let (table, queue) = (unique_name("count"), unique_name("count"));
 
     tables.create_table(&table).await.unwrap();
     tables

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tablescan::storage::azure_blob::AzureBlobStore;
-use tablescan::storage::blob::{BlobRequestCounters, BlobStore, MAX_LIST_RESULTS};
+use tablescan::storage::blob::{BlobRequestCounters, BlobStore, BlobWrite, MAX_LIST_RESULTS};
 
 use super::e2e::TestApp;
 use super::faults::{unfinished_bookkeeping, wait_queues_settle, wait_recorded_end, Verdict};
@@ -30,6 +30,21 @@ pub fn blobs() -> AzureBlobStore {
     super::account()
         .blob_store(Arc::new(BlobRequestCounters::new()))
         .expect("Azurite has a blob endpoint")
+}
+
+/// Uploads `bytes` as the blob `name` in `container`, unconditionally, as `content_type`.
+pub async fn put(
+    store: &AzureBlobStore,
+    container: &str,
+    name: &str,
+    bytes: impl Into<Bytes>,
+    content_type: &str,
+) {
+    let write = BlobWrite::new(content_type);
+    store
+        .upload(container, name, bytes.into(), &write)
+        .await
+        .unwrap();
 }
 
 /// The blob's bytes, or `None` if there is no such blob.

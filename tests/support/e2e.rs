@@ -42,6 +42,24 @@ fn tune_host_json(dir: &std::path::Path, function_timeout: &str) {
     std::fs::write(&path, serde_json::to_string_pretty(&host).unwrap()).unwrap();
 }
 
+/// The handler binary the tests stage: the one in `TABLESCAN_TEST_BIN` if set (a copy kept apart
+/// from a target directory other checkouts build into: there `target/debug/tablescan` is the last
+/// one built), else Cargo's. Every test that stages the app reads it here.
+pub fn handler_binary() -> std::path::PathBuf {
+    std::env::var_os("TABLESCAN_TEST_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_tablescan").into())
+}
+
+/// The app staged in a new folder from [`handler_binary`], with quick polling, no queue
+/// visibility timeout and host.json's `functionTimeout` set to `function_timeout`.
+pub fn staged(function_timeout: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    tablescan::deploy::stage::stage(dir.path(), &handler_binary()).expect("stage");
+    tune_host_json(dir.path(), function_timeout);
+    dir
+}
+
 impl TestApp {
     /// Stages the app, starts `instances` host instances with `settings` added.
     pub async fn start(instances: usize, settings: &[(&str, &str)]) -> TestApp {
@@ -77,32 +95,20 @@ impl TestApp {
         store: AzureTableStore,
         settings: &[(&str, &str)],
     ) -> TestApp {
-        let dir = tempfile::tempdir().unwrap();
-        tablescan::deploy::stage::stage(
-            dir.path(),
-            std::path::Path::new(env!("CARGO_BIN_EXE_tablescan")),
-        )
-        .expect("stage");
-        tune_host_json(dir.path(), "00:01:00");
-        TestApp::start_in(dir, instances, storage, store, settings).await
+        TestApp::start_in(staged("00:01:00"), instances, storage, store, settings).await
     }
 
-    /// Stages the handler (`TABLESCAN_TEST_BIN` if set, else Cargo's: when several checkouts
-    /// share one target directory, `target/debug/tablescan` is the last one built) with
-    /// host.json's queue `visibilityTimeout`, `maxDequeueCount` (and the handler's
-    /// `TABLESCAN_MAX_DEQUEUE_COUNT`) and `functionTimeout` set, quick polling, and starts
-    /// `instances` host instances on the app storage `storage` with `settings` added.
+    /// Stages the handler ([`handler_binary`]) with host.json's queue `visibilityTimeout`,
+    /// `maxDequeueCount` (and the handler's `TABLESCAN_MAX_DEQUEUE_COUNT`) and `functionTimeout`
+    /// set, quick polling, and starts `instances` host instances on the app storage `storage` with
+    /// `settings` added.
     pub async fn start_tuned(
         instances: usize,
         storage: &str,
         (max_dequeue_count, visibility_timeout, function_timeout): (u64, &str, &str),
         settings: &[(&str, &str)],
     ) -> TestApp {
-        let dir = tempfile::tempdir().unwrap();
-        let binary = std::env::var("TABLESCAN_TEST_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tablescan").to_string());
-        tablescan::deploy::stage::stage(dir.path(), std::path::Path::new(&binary)).expect("stage");
-        tune_host_json(dir.path(), function_timeout);
+        let dir = staged(function_timeout);
         let path = dir.path().join("host.json");
         let mut host: Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -186,13 +192,7 @@ impl TestApp {
     }
 
     pub async fn post_scan(&self, body: &Value) -> (u16, Value, Option<String>) {
-        let response = self
-            .client
-            .post(format!("{}/api/scans", self.base))
-            .json(body)
-            .send()
-            .await
-            .unwrap();
+        let response = self.post("/api/scans", body).await;
         let status = response.status().as_u16();
         let location = response
             .headers()
@@ -222,6 +222,12 @@ impl TestApp {
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         self.send(reqwest::Method::DELETE, path).await
+    }
+
+    /// `POST path` with the JSON `body`; the answer as it came.
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        let url = format!("{}{path}", self.base);
+        self.client.post(url).json(body).send().await.unwrap()
     }
 
     /// `method path` with no body; the status and the JSON body.

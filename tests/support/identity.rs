@@ -220,6 +220,66 @@ pub fn identity_settings(name: &str, pairs: &[(&str, &str)]) -> ConnectionSettin
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A federated token file `name` holding `token`, in a new folder that lives as long as the
+/// returned `TempDir`.
+pub fn token_file(name: &str, token: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, token).unwrap();
+    (dir, file)
+}
+
+/// App settings of the identity-based connection `name` on the OAuth Azurite: its table and queue
+/// service URIs (and its blob service URI when `blobs`), and `credential`: its other settings by
+/// suffix (`("credential", "clientsecret")` is `<name>__credential`).
+pub fn identity_app_settings(
+    name: &str,
+    blobs: bool,
+    credential: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let azurite = oauth_azurite();
+    let mut uris = vec![
+        ("tableServiceUri", azurite.table_endpoint()),
+        ("queueServiceUri", azurite.queue_endpoint()),
+    ];
+    if blobs {
+        uris.push(("blobServiceUri", azurite.blob_endpoint()));
+    }
+    uris.into_iter()
+        .chain(credential.iter().map(|(k, v)| (*k, v.to_string())))
+        .map(|(suffix, value)| (format!("{name}__{suffix}"), value))
+        .collect()
+}
+
+/// The app storage `AzureWebJobsStorage` as identity-based settings ([`identity_app_settings`]).
+/// The staged local.settings.json says `UseDevelopmentStorage=true`: emptied (empty is unset), or
+/// start-up refuses the two forms together.
+pub fn identity_app_storage(blobs: bool, credential: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut settings = vec![("AzureWebJobsStorage".to_string(), String::new())];
+    settings.extend(identity_app_settings(
+        "AzureWebJobsStorage",
+        blobs,
+        credential,
+    ));
+    settings
+}
+
+/// The app storage through the App Service identity endpoint `url` (managed identity).
+pub fn app_service_storage(url: &str, blobs: bool) -> Vec<(String, String)> {
+    let mut settings = identity_app_storage(blobs, &[("credential", "managedidentity")]);
+    settings.push(("IDENTITY_ENDPOINT".into(), url.into()));
+    settings.push(("IDENTITY_HEADER".into(), IDENTITY_HEADER.into()));
+    settings
+}
+
+/// `settings` borrowed, as `TestApp::start_on` takes them.
+pub fn borrowed(settings: &[(String, String)]) -> Vec<(&str, &str)> {
+    settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
 /// The connection `name` through the App Service identity endpoint `url`.
 pub fn app_service_settings(name: &str, url: &str) -> ConnectionSettings {
     identity_settings(
