@@ -276,6 +276,30 @@ async fn give_up(
     true
 }
 
+/// `ETXTBSY` (Linux and macOS); `ErrorKind::ExecutableFileBusy` is newer than our MSRV.
+const ETXTBSY: i32 = 26;
+
+/// [`spawn_handler`], tried again while the executable is busy (`ETXTBSY`): a handler just
+/// copied into the app folder (staged) can still be open for writing in a process that another
+/// thread forked meanwhile, until that process execs (a few milliseconds). At most 40 tries,
+/// 25 ms apart.
+async fn spawn_when_not_busy(
+    spec: &WorkerSpec,
+    port: u16,
+    worker_id: &str,
+) -> std::io::Result<Child> {
+    let mut tries = 1;
+    loop {
+        match spawn_handler(spec, port, worker_id) {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && tries < 40 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            spawned => return spawned,
+        }
+    }
+}
+
 fn spawn_handler(spec: &WorkerSpec, port: u16, worker_id: &str) -> std::io::Result<Child> {
     let app = &spec.app;
     let root = app.root.to_string_lossy().into_owned();
@@ -368,7 +392,7 @@ async fn run_once(
         Err(e) => return Ended::Error(format!("no free port: {e}")),
     };
     let worker_id = uuid::Uuid::new_v4().to_string();
-    let mut child = match spawn_handler(spec, port, &worker_id) {
+    let mut child = match spawn_when_not_busy(spec, port, &worker_id).await {
         Ok(c) => c,
         Err(e) => {
             return Ended::Error(format!(
