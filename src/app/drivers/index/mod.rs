@@ -15,7 +15,10 @@
 //! - **Phase 1, assembly** ([`assemble`]): started once every phase-0 item finished and none
 //!   failed. Chunk items list the staging records a page at a time and group consecutive ones
 //!   into segments of about [`SEGMENT_STAGING_BYTES`] of records; each segment item reads its
-//!   records, builds the segment file and writes it; its descriptor is its work result.
+//!   records, builds the segment file and writes it; its descriptor is its work result. A build
+//!   of one page and one segment has it built by the chunk item itself.
+//! - Steps read up to [`MAX_STEP_ROWS`] rows (`Driver::STEP_ROWS`), as many as a count's: the
+//!   index's cost per step (one staging write, one read in assembly) weighs less per row.
 //! - **Completion** ([`publish`]): the manifest, then the pointer switched in one conditional
 //!   write.
 //!
