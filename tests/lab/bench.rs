@@ -134,6 +134,32 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             assert_eq!(v["requests"]["batch"].as_u64().unwrap(), 0, "{name}");
             let blob_writes = v["requests"]["blob_write"].as_u64().unwrap();
             assert_eq!(blob_writes > 0, name == "prefix-index", "{name}");
+            if name == "prefix-index" {
+                // Lookups of present and absent values, each checked against a filtered full
+                // scan of the same value by the bench itself.
+                let l = &v["lookups"];
+                assert!(
+                    l["index_present"]["rows_per_lookup"].as_f64().unwrap() > 0.0,
+                    "{l}"
+                );
+                assert_eq!(
+                    l["index_absent"]["rows_per_lookup"].as_f64(),
+                    Some(0.0),
+                    "{l}"
+                );
+                for kind in [
+                    "index_present",
+                    "index_absent",
+                    "scan_present",
+                    "scan_absent",
+                ] {
+                    assert!(
+                        l[kind]["requests_per_lookup"].as_f64().unwrap() >= 1.0,
+                        "{l}"
+                    );
+                    assert!(l[kind]["p99_ms"].as_f64().unwrap() > 0.0, "{l}");
+                }
+            }
             continue;
         }
         let writes = ["-copy", "-import", "-delete"]

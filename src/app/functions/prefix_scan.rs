@@ -6,10 +6,11 @@
 //! (`ScanContext::in_step`: an unfiltered prefix copy or delete), as rows and their key ranges,
 //! which the driver works on once the step's children are queued (`Driver::work_rows`, run by
 //! `work::Runner::finish`). The driver is the one the scan records, found in the app's
-//! registry. Only prefix-query steps work on their rows, reading at most
-//! `MAX_ITEM_ROWS` rows (plus two pages) with the columns the driver needs; a step that walks
-//! one partition (or a serial scan's chain) still reads keys only and makes work items, so a
-//! huge partition is still written by many invocations at once.
+//! registry. Only prefix-query steps work on their rows, reading at most the driver's
+//! `Driver::STEP_ROWS` rows (`MAX_ITEM_ROWS` unless it asks for more; plus two pages) with the
+//! columns the driver needs; a step that walks one partition (or a serial scan's chain) still
+//! reads keys only and makes work items, so a huge partition is still written by many
+//! invocations at once.
 
 use crate::app::job::{Begun, Executed, RangeWork, ScanContext, WorkError, MAX_ITEM_ROWS};
 use crate::app::messages::{ChildSpec, StepMessage};
@@ -61,7 +62,11 @@ fn scanner<'a, S: Stores, T: TableStore>(
 ) -> Scanner<'a, T> {
     let budget = state.config.step_budget;
     if works_in_step(scan, step) {
-        let budget = budget.with_max_rows(MAX_ITEM_ROWS);
+        let rows = state
+            .drivers
+            .of(scan)
+            .map_or(MAX_ITEM_ROWS, |d| d.step_rows());
+        let budget = budget.with_max_rows(rows);
         return Scanner::new(source, &scan.source.table, &scan.params, budget);
     }
     if scan.in_step {

@@ -63,6 +63,10 @@ pub const MAX_ITEM_QUERIES: usize = 16;
 /// Most rows one work item that reads a key range reads and writes (two pages: see
 /// `drivers::kit::range::read_item`).
 pub const MAX_ITEM_ROWS: usize = 2 * MAX_TAKE as usize;
+/// Most [`Driver::STEP_ROWS`]: a step reads at most its row budget plus two pages, and a
+/// delivery that adopted its outcome reads each of its ranges again in at most eight reads of
+/// [`MAX_ITEM_ROWS`] (`drivers::kit::hooks`).
+pub const MAX_STEP_ROWS: usize = 7 * MAX_ITEM_ROWS;
 
 /// One kind of work a scan can do. See the module documentation.
 pub trait Driver: Send + Sync + 'static {
@@ -83,6 +87,11 @@ pub trait Driver: Send + Sync + 'static {
     /// records what it read before working on it, so that a duplicate delivery reading after
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
     const CHANGES_SOURCE: bool = false;
+    /// Rows after which a step that works on its rows (`StepWork::Rows`) reads no further page
+    /// (`StepBudget::max_rows`; the step's query budget bounds it too). A driver whose work per
+    /// row is cheap and whose cost is per step (the index: one blob per step) may ask for more,
+    /// up to [`MAX_STEP_ROWS`], what a delivery that adopted the step's outcome reads again.
+    const STEP_ROWS: usize = MAX_ITEM_ROWS;
 
     /// The driver's own request fields; `#[serde(rename_all = "camelCase",
     /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.

@@ -9,9 +9,11 @@
 //!
 //! Modules: [`variant`] (what is compared), [`run`] (orchestration), [`sampler`] (/proc
 //! sampling of the handlers), [`requests`] (request accounting), [`report`] (text tables, goals
-//! and the chart, drawn by `crate::lab::chart`).
+//! and the chart, drawn by `crate::lab::chart`), [`lookups`] (lookups on the index `prefix-index`
+//! built, beside filtered full scans).
 
 mod floor;
+mod lookups;
 mod passes;
 mod queue_check;
 mod report;

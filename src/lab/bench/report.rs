@@ -50,6 +50,9 @@ pub struct VariantResult {
     pub verified: bool,
     /// (seconds since the POST, rows copied or counted) as sampled while running.
     pub progress: Vec<(f64, u64)>,
+    /// Lookups on the index an index build made, beside filtered full scans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookups: Option<super::lookups::LookupReport>,
 }
 
 /// The whole run.
@@ -113,6 +116,11 @@ pub fn render_table(report: &BenchReport) -> String {
          and destination requests only / minimum. invoc = queue-triggered invocations counted by the \
          host; max inv = longest single one. CPU and RSS are the handler processes' own accounting.\n",
     );
+    for v in &report.variants {
+        if let Some(lookups) = &v.lookups {
+            s.push_str(&super::lookups::render(v.name, lookups, report.rows));
+        }
+    }
     s.push_str(&goals(report));
     s
 }
@@ -431,6 +439,7 @@ pub(super) mod tests {
             requests,
             verified: true,
             progress: vec![(0.0, 0), (6.0, rows / 2), (12.5, rows)],
+            lookups: None,
         }
     }
 

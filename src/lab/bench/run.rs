@@ -266,7 +266,32 @@ async fn run_variant(run: &RunSpec<'_>, proxy: &StorageProxy) -> Result<VariantR
     // After shutdown: the last messages are deleted and polling has stopped.
     let counts = delta(&proxy.counts(), &driven.before);
     verify(run, &driven.status).await?;
-    Ok(figures(run, driven, &counts))
+    let mut result = figures(run, driven, &counts);
+    if run.variant.job() == Job::Index {
+        result.lookups = Some(measure_lookups(run, proxy, &settings).await?);
+    }
+    Ok(result)
+}
+
+/// Lookups on the index the variant built, through a host of their own (the build's requests
+/// are counted by then).
+async fn measure_lookups(
+    run: &RunSpec<'_>,
+    proxy: &StorageProxy,
+    settings: &[(&str, String)],
+) -> Result<super::lookups::LookupReport, String> {
+    let (_dir, host) =
+        start_app_with(run.binary, &proxy.connection_string(), 1, 0, settings).await?;
+    let base = format!("http://{}", host.http_addr());
+    let target = super::lookups::Target {
+        base: &base,
+        container: &run.targets.container,
+        prefix: "index",
+        source: &run.targets.source,
+    };
+    let report = super::lookups::measure(run.store, &target).await;
+    host.shutdown().await;
+    report
 }
 
 /// Copies and imports: the destination holds the source's rows and checksum and the scan wrote
@@ -418,6 +443,7 @@ fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult 
         requests,
         verified: true,
         progress,
+        lookups: None,
     }
 }
 

@@ -10,6 +10,9 @@
 //!   sorts their ranges by key and merges ranges that overlap (the union of their values), builds
 //!   the segment (`crate::index::build_segment`) and writes it, named after its first record.
 //!   Its descriptor (`SegmentEntry`) is the item's result, which the completion step lists.
+//! - A page that is the only one and makes one group (every build of up to about 3 million
+//!   distinct values per range summed: all small builds) is built by the chunk item itself, the
+//!   same way: one item, one listing.
 
 use std::cmp::Ordering;
 
@@ -38,7 +41,9 @@ const READS_IN_FLIGHT: usize = 16;
 /// added before its last one since the chunk listed it).
 const MAX_SEGMENT_LISTINGS: usize = 2;
 
-/// The chunk item: one page of records → segment items, and the next page's chunk.
+/// The chunk item: one page of records → segment items, and the next page's chunk. A build
+/// whose records fit one page and one segment (every small build) has its segment built here,
+/// the page's records read at once: no segment item, no second listing.
 pub async fn chunk<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
@@ -56,8 +61,13 @@ pub async fn chunk<S: Stores>(
             marker.as_deref(),
         )
         .await?;
+    let groups = groups(&page.blobs, SEGMENT_STAGING_BYTES);
+    if page.next_marker.is_none() && groups.len() == 1 {
+        let names = page.blobs.into_iter().map(|b| b.name).collect();
+        return build(state, begun, names).await;
+    }
     let mut outcome = WorkOutcome::default();
-    for (first, last) in groups(&page.blobs, SEGMENT_STAGING_BYTES) {
+    for (first, last) in groups {
         let work = IndexWork::Build(BuildWork::Segment {
             marker: marker.clone(),
             first,
@@ -92,8 +102,7 @@ pub fn groups(blobs: &[BlobProperties], bound: u64) -> Vec<(String, String)> {
     out
 }
 
-/// The segment item: reads records `first..=last`, writes their segment, and returns its
-/// descriptor as the item's result.
+/// The segment item: lists records `first..=last` again and builds their segment ([`build`]).
 pub async fn segment<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
@@ -103,8 +112,7 @@ pub async fn segment<S: Stores>(
 ) -> Result<WorkOutcome, WorkError> {
     let scan = &*begun.scan;
     let options: IndexOptions = scan.options()?;
-    let layout = options.layout()?;
-    let folder = layout.staging_folder(&scan.scan_id);
+    let folder = options.layout()?.staging_folder(&scan.scan_id);
     let blobs = state.blob_store(&options.connection, &begun.requests)?;
     let container = &options.container;
     let mut names = Vec::new();
@@ -130,6 +138,24 @@ pub async fn segment<S: Stores>(
             "staging record {container}/{first} is missing: was the build's staging folder changed?"
         )));
     }
+    build(state, begun, names).await
+}
+
+/// Reads the staging records `names` (in name order, at least one), writes their segment
+/// (named after the first), and returns its descriptor as the item's result.
+async fn build<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+    names: Vec<String>,
+) -> Result<WorkOutcome, WorkError> {
+    let scan = &*begun.scan;
+    let options: IndexOptions = scan.options()?;
+    let layout = options.layout()?;
+    let blobs = state.blob_store(&options.connection, &begun.requests)?;
+    let container = &options.container;
+    let Some(first) = names.first().cloned() else {
+        return Ok(WorkOutcome::default());
+    };
     let records: Vec<Vec<StagedRange>> = stream::iter(names)
         .map(|name| {
             let blobs = &blobs;
@@ -146,7 +172,7 @@ pub async fn segment<S: Stores>(
         .try_collect()
         .await?;
     let ranges = merged(records.into_iter().flatten().collect());
-    let entry = write_segment(&blobs, &options, &layout, &scan.scan_id, first, &ranges).await?;
+    let entry = write_segment(&blobs, &options, &layout, &scan.scan_id, &first, &ranges).await?;
     Ok(WorkOutcome {
         result: Some(serde_json::to_string(&entry).expect("an entry serializes")),
         ..WorkOutcome::default()

@@ -15,7 +15,10 @@
 //! - **Phase 1, assembly** ([`assemble`]): started once every phase-0 item finished and none
 //!   failed. Chunk items list the staging records a page at a time and group consecutive ones
 //!   into segments of about [`SEGMENT_STAGING_BYTES`] of records; each segment item reads its
-//!   records, builds the segment file and writes it; its descriptor is its work result.
+//!   records, builds the segment file and writes it; its descriptor is its work result. A build
+//!   of one page and one segment has it built by the chunk item itself.
+//! - Steps read up to [`MAX_STEP_ROWS`] rows (`Driver::STEP_ROWS`), as many as a count's: the
+//!   index's cost per step (one staging write, one read in assembly) weighs less per row.
 //! - **Completion** ([`publish`]): the manifest, then the pointer switched in one conditional
 //!   write.
 //!
@@ -48,7 +51,7 @@ use crate::app::index_files::IndexLayout;
 use crate::app::job::request::default_connection;
 use crate::app::job::{
     item_child, Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork,
-    WorkError, WorkOutcome, WorkSplit,
+    WorkError, WorkOutcome, WorkSplit, MAX_STEP_ROWS,
 };
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::pace::Meter;
@@ -151,6 +154,9 @@ impl Driver for IndexDriver {
     const NAME: &'static str = "index";
     const COMPLETES: bool = true;
     const PHASES: u32 = 1;
+    /// A step's cost beside a count's is one staging write: the more rows per step, the less
+    /// it weighs (and the fewer records phase 1 reads).
+    const STEP_ROWS: usize = MAX_STEP_ROWS;
     type Fields = IndexFields;
     type Options = IndexOptions;
     type Item = IndexWork;

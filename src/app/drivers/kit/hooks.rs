@@ -11,13 +11,13 @@ use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::job::{
     accepts, item_child, Begun, BoxFuture, Driver, DriverHooks, RangeWork, ScanContext,
-    ScanRequest, Setup, WorkError, WorkOutcome,
+    ScanRequest, Setup, WorkError, WorkOutcome, MAX_STEP_ROWS,
 };
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::state::AppState;
 use crate::app::tracking::Counters;
 use crate::storage::stores::Stores;
-use crate::storage::{Entity, StorageError, StorageErrorKind};
+use crate::storage::{Entity, StorageError, StorageErrorKind, MAX_TAKE};
 
 use super::range;
 
@@ -51,6 +51,10 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
 
     fn changes_source(&self) -> bool {
         D::CHANGES_SOURCE
+    }
+
+    fn step_rows(&self) -> usize {
+        D::STEP_ROWS.min(MAX_STEP_ROWS)
     }
 
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError> {
@@ -154,6 +158,10 @@ async fn work_rows<D: Driver, S: Stores>(
 /// Reads of a range that grew since it was scanned, before [`rework_range`] gives up for this
 /// delivery.
 const MAX_REWORK_ROUNDS: usize = 8;
+// A step's rows (its row budget plus two pages) are read again within those rounds.
+const _: () = assert!(
+    MAX_STEP_ROWS + 2 * MAX_TAKE as usize <= MAX_REWORK_ROUNDS * crate::app::job::MAX_ITEM_ROWS
+);
 
 /// Reads one key range of a step's rows again and does `D`'s work on them ([`work_rows`]): for
 /// a delivery that adopted a step's recorded outcome, whose rows the recording delivery may

@@ -6,7 +6,11 @@
 //! client (`support::raw`), never tablescan's parser. "No false negatives" is checked as: every
 //! row the test wrote with a value is in the lookup's answer, with the texts the raw read gives;
 //! and nothing else is.
+//!
+//! Faults during a build (duplicated messages, storage faults; kills are here): [`faults`].
 
+mod faults;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -469,6 +473,31 @@ async fn a_ranged_read_returns_exactly_its_bytes() {
     assert!(e.is_not_found(), "{e}");
 }
 
+/// Starts a build to `prefix` that fails: a table of `rows` rows whose every range item fails
+/// (the app runs with `TABLESCAN_TEST_FAIL_PREFIX` = `zzfail`).
+async fn start_failing_build(
+    app: &TestApp,
+    client: &RawClient,
+    rows: usize,
+    (container, prefix): (&str, &str),
+) -> String {
+    let failing = unique_name("Failing");
+    client.create_table(&failing).await.unwrap();
+    for i in 0..rows {
+        let body = format!(
+            r#"{{"PartitionKey":"zzfail{}","RowKey":"{i}","V":"bob"}}"#,
+            i % 3
+        );
+        client.insert(&failing, &body).await.unwrap();
+    }
+    start(
+        app,
+        &json!({"driver": "index", "sourceTable": failing, "property": "V",
+        "strategy": "serial", "destinationContainer": container, "destinationPrefix": prefix}),
+    )
+    .await
+}
+
 /// A rebuild writes beside the index and switches in one write: lookups during it answer from
 /// the old build, whole; after it, from the new one. A build that fails leaves the index as it
 /// was, and a running build holds the prefix against a second one.
@@ -530,22 +559,7 @@ async fn a_rebuild_switches_atomically_and_a_failed_build_leaves_the_index() {
     let (rows, _) = lookup_all(&app, &container, prefix, "'alice'").await;
     check_rows("'alice'", &rows, &written, &new_rows);
 
-    // A failing build (a range item fails: TABLESCAN_TEST_FAIL_PREFIX) to the same prefix.
-    let failing = unique_name("Failing");
-    client.create_table(&failing).await.unwrap();
-    for i in 0..30 {
-        let body = format!(
-            r#"{{"PartitionKey":"zzfail{}","RowKey":"{i}","V":"bob"}}"#,
-            i % 3
-        );
-        client.insert(&failing, &body).await.unwrap();
-    }
-    let failed = start(
-        &app,
-        &json!({"driver": "index", "sourceTable": failing, "property": "V",
-        "strategy": "serial", "destinationContainer": container, "destinationPrefix": prefix}),
-    )
-    .await;
+    let failed = start_failing_build(&app, &client, 30, (&container, prefix)).await;
     let status = app.wait_for_end(&failed, SCAN_TIMEOUT).await;
     assert_eq!(status["state"], "failed", "{status}");
     let (status, answer, _) = post_lookup(
