@@ -10,7 +10,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,9 +21,10 @@ use support::faults::{
     storage_faults, wait_recorded_end, Summary, Verdict,
 };
 use support::raw::{self, RawClient, RawEntity, RawMessage, RawQueueClient};
-use support::unique_name;
+use support::router::{call, InProcessApp};
+use support::{account, unique_name};
 use tablescan::lab::dataset;
-use tablescan::storage::request_counts::RequestKind;
+use tablescan::storage::request_counts::{RequestCounters, RequestKind};
 use tablescan::storage::Entity;
 
 /// The marker of a row sent as its keys only (docs/enqueue.md).
@@ -457,6 +458,47 @@ async fn refusals_name_the_field_and_create_nothing() {
     assert_eq!(status, 200);
     assert_eq!(list["scans"].as_array().map(Vec::len), Some(0), "{list}");
     app.shutdown().await;
+}
+
+/// `destinationQueue` checked in-process (the router called as the host would, on Azurite over
+/// the real adapters): tablescan's own queues — the step, copy and cleanup queues and each one's
+/// `-poison` queue — and a 64-character name are a 400 naming `destinationQueue` before any
+/// storage request; a 63-character name, valid for Azure (a Functions consumer of it would have
+/// no poison queue: docs/enqueue.md), is accepted and its queue created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_queues_are_refused_in_process_before_any_request() {
+    let app = InProcessApp::start(&[]);
+    let config = &app.state.config;
+    let mut refused: Vec<String> = Vec::new();
+    for q in [
+        &config.prefix_scan_queue,
+        &config.table_copy_queue,
+        &config.cleanup_queue,
+    ] {
+        refused.extend([q.clone(), format!("{q}-poison")]);
+    }
+    let source = unique_name("Source");
+    let long = format!("{:x<63}", unique_name("q"));
+    refused.push(format!("{long}x"));
+    let before = app.counters.snapshot();
+    for q in &refused {
+        let body = json!({"driver": "enqueue", "sourceTable": source, "destinationQueue": q});
+        let (status, reply) = call(&app.state, "POST", "/api/scans", Some(body)).await;
+        assert_eq!(
+            (status.as_u16(), reply["error"]["field"].as_str()),
+            (400, Some("destinationQueue")),
+            "{q}: {reply}"
+        );
+    }
+    let sent = app.counters.snapshot().since(&before);
+    assert_eq!(sent.total(), 0, "nothing sent, nothing written: {sent:?}");
+    let raw = RawQueueClient::azurite();
+    let store = account().table_store(Arc::new(RequestCounters::new()));
+    seed(&store, &source, vec![dataset::entity("p", 0)]).await;
+    let body = json!({"driver": "enqueue", "sourceTable": source, "destinationQueue": long});
+    let (status, reply) = call(&app.state, "POST", "/api/scans", Some(body)).await;
+    assert_eq!(status.as_u16(), 202, "{reply}");
+    assert!(raw.exists(&long).await, "{long} created");
 }
 
 /// The faults an enqueue is run under.
