@@ -512,7 +512,10 @@ enum Fault {
     Storage,
 }
 
-async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
+/// An enqueue of `rows` rows under `fault`; `filter` (one that every row passes) makes the
+/// scan's key ranges work items that re-read their rows, instead of steps that put what they
+/// read.
+async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32, filter: Option<&str>) {
     let (kind, instances) = match fault {
         Fault::Kills => ("enqueue-handler-crash", 3),
         Fault::Duplicates => ("enqueue-duplicate-delivery", 2),
@@ -526,7 +529,10 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
     };
     let app = TestApp::start_through(instances, proxy.as_ref()).await;
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 91)).await;
-    let extra = json!({"rowsPerMessage": per_message, "takeCount": take});
+    let mut extra = json!({"rowsPerMessage": per_message, "takeCount": take});
+    if let Some(filter) = filter {
+        extra["filter"] = json!(filter);
+    }
     let (id, queue) = start_enqueue(&app, &source, extra).await;
     let kills = match fault {
         Fault::Kills => Some(kill_while_running(&app, &id, instances, 2).await),
@@ -584,15 +590,22 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_under_handler_kills() {
-    fault_run(Fault::Kills, 1600, 4, 1).await;
+    fault_run(Fault::Kills, 1600, 4, 1, None).await;
+}
+
+/// The same through work items (a filter every row passes): the items re-read their rows and
+/// put them; a killed item is run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_items_under_handler_kills() {
+    fault_run(Fault::Kills, 1600, 4, 3, Some("VersionIndex ge 0")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_under_duplicated_messages() {
-    fault_run(Fault::Duplicates, 300, 5, 8).await;
+    fault_run(Fault::Duplicates, 300, 5, 8, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_under_storage_faults() {
-    fault_run(Fault::Storage, 300, 5, 1).await;
+    fault_run(Fault::Storage, 300, 5, 1, None).await;
 }
