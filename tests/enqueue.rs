@@ -10,7 +10,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,9 +21,10 @@ use support::faults::{
     storage_faults, wait_recorded_end, Summary, Verdict,
 };
 use support::raw::{self, RawClient, RawEntity, RawMessage, RawQueueClient};
-use support::unique_name;
+use support::router::{call, InProcessApp};
+use support::{account, unique_name};
 use tablescan::lab::dataset;
-use tablescan::storage::request_counts::RequestKind;
+use tablescan::storage::request_counts::{RequestCounters, RequestKind};
 use tablescan::storage::Entity;
 
 /// The marker of a row sent as its keys only (docs/enqueue.md).
@@ -459,6 +460,47 @@ async fn refusals_name_the_field_and_create_nothing() {
     app.shutdown().await;
 }
 
+/// `destinationQueue` checked in-process (the router called as the host would, on Azurite over
+/// the real adapters): tablescan's own queues — the step, copy and cleanup queues and each one's
+/// `-poison` queue — and a 64-character name are a 400 naming `destinationQueue` before any
+/// storage request; a 63-character name, valid for Azure (a Functions consumer of it would have
+/// no poison queue: docs/enqueue.md), is accepted and its queue created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_queues_are_refused_in_process_before_any_request() {
+    let app = InProcessApp::start(&[]);
+    let config = &app.state.config;
+    let mut refused: Vec<String> = Vec::new();
+    for q in [
+        &config.prefix_scan_queue,
+        &config.table_copy_queue,
+        &config.cleanup_queue,
+    ] {
+        refused.extend([q.clone(), format!("{q}-poison")]);
+    }
+    let source = unique_name("Source");
+    let long = format!("{:x<63}", unique_name("q"));
+    refused.push(format!("{long}x"));
+    let before = app.counters.snapshot();
+    for q in &refused {
+        let body = json!({"driver": "enqueue", "sourceTable": source, "destinationQueue": q});
+        let (status, reply) = call(&app.state, "POST", "/api/scans", Some(body)).await;
+        assert_eq!(
+            (status.as_u16(), reply["error"]["field"].as_str()),
+            (400, Some("destinationQueue")),
+            "{q}: {reply}"
+        );
+    }
+    let sent = app.counters.snapshot().since(&before);
+    assert_eq!(sent.total(), 0, "nothing sent, nothing written: {sent:?}");
+    let raw = RawQueueClient::azurite();
+    let store = account().table_store(Arc::new(RequestCounters::new()));
+    seed(&store, &source, vec![dataset::entity("p", 0)]).await;
+    let body = json!({"driver": "enqueue", "sourceTable": source, "destinationQueue": long});
+    let (status, reply) = call(&app.state, "POST", "/api/scans", Some(body)).await;
+    assert_eq!(status.as_u16(), 202, "{reply}");
+    assert!(raw.exists(&long).await, "{long} created");
+}
+
 /// The faults an enqueue is run under.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
@@ -470,7 +512,10 @@ enum Fault {
     Storage,
 }
 
-async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
+/// An enqueue of `rows` rows under `fault`; `filter` (one that every row passes) makes the
+/// scan's key ranges work items that re-read their rows, instead of steps that put what they
+/// read.
+async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32, filter: Option<&str>) {
     let (kind, instances) = match fault {
         Fault::Kills => ("enqueue-handler-crash", 3),
         Fault::Duplicates => ("enqueue-duplicate-delivery", 2),
@@ -484,7 +529,10 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
     };
     let app = TestApp::start_through(instances, proxy.as_ref()).await;
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 91)).await;
-    let extra = json!({"rowsPerMessage": per_message, "takeCount": take});
+    let mut extra = json!({"rowsPerMessage": per_message, "takeCount": take});
+    if let Some(filter) = filter {
+        extra["filter"] = json!(filter);
+    }
     let (id, queue) = start_enqueue(&app, &source, extra).await;
     let kills = match fault {
         Fault::Kills => Some(kill_while_running(&app, &id, instances, 2).await),
@@ -542,15 +590,22 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_under_handler_kills() {
-    fault_run(Fault::Kills, 1600, 4, 1).await;
+    fault_run(Fault::Kills, 1600, 4, 1, None).await;
+}
+
+/// The same through work items (a filter every row passes): the items re-read their rows and
+/// put them; a killed item is run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_items_under_handler_kills() {
+    fault_run(Fault::Kills, 1600, 4, 3, Some("VersionIndex ge 0")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_under_duplicated_messages() {
-    fault_run(Fault::Duplicates, 300, 5, 8).await;
+    fault_run(Fault::Duplicates, 300, 5, 8, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_under_storage_faults() {
-    fault_run(Fault::Storage, 300, 5, 1).await;
+    fault_run(Fault::Storage, 300, 5, 1, None).await;
 }

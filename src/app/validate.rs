@@ -15,10 +15,23 @@ pub fn table_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Azure queue names: 3–63 lowercase letters, digits and single hyphens, starting and ending
-/// with a letter or digit. Leaves room for the host's `-poison` suffix.
+/// A queue of the app's own (the step, copy and cleanup queues): Azure's queue name rules
+/// ([`destination_queue_name`]) within 56 characters, so that the host's `<name>-poison` queue,
+/// which the app's poison functions listen to, is a valid name too (the Storage Queues
+/// extension uses no poison queue at all when `<name>-poison` would be invalid).
 pub fn queue_name(name: &str) -> Result<(), String> {
-    let valid = (3..=56).contains(&name.len())
+    queue_name_within(name, 56, ", so that \"-poison\" still fits")
+}
+
+/// A queue the app only writes to (an enqueue scan's destination): exactly Azure's queue name
+/// rules, 3–63 lowercase letters, digits and single hyphens, starting and ending with a letter
+/// or digit.
+pub fn destination_queue_name(name: &str) -> Result<(), String> {
+    queue_name_within(name, 63, ", starting and ending with a letter or digit")
+}
+
+fn queue_name_within(name: &str, max: usize, why: &str) -> Result<(), String> {
+    let valid = (3..=max).contains(&name.len())
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
@@ -29,7 +42,7 @@ pub fn queue_name(name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{name:?} is not a valid queue name (3-56 lowercase letters, digits and single hyphens, so that \"-poison\" still fits)"
+            "{name:?} is not a valid queue name (3-{max} lowercase letters, digits and single hyphens{why})"
         ))
     }
 }

@@ -41,6 +41,7 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             "prefix-import",
             "prefix-delete",
             "prefix-enqueue",
+            "prefix-enqueue-1",
             "prefix-index"
         ]
     );
@@ -128,7 +129,7 @@ async fn bench_runs_every_variant_verifies_and_writes_the_contract() {
             assert!(x > 0.0, "{name}.{field} = {x}");
         }
         assert_eq!(v["verified"], true, "{name}");
-        if matches!(name, "prefix-enqueue" | "prefix-index") {
+        if matches!(name, "prefix-enqueue" | "prefix-enqueue-1" | "prefix-index") {
             // The new drivers (docs/bench.md): verified above; no table batches; the index
             // writes blobs, the enqueue driver none.
             assert_eq!(v["requests"]["batch"].as_u64().unwrap(), 0, "{name}");

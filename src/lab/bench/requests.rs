@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::variant::{Job, ENQUEUE_ROWS_PER_MESSAGE};
+use super::variant::{Job, Variant, ENQUEUE_ROWS_PER_MESSAGE};
 use crate::lab::proxy::Counts;
 use crate::storage::{MAX_BATCH_OPERATIONS, MAX_TAKE};
 
@@ -49,6 +49,16 @@ impl Minimum {
             Job::Export => 2 * self.reads + 1,
             Job::Import => self.reads + 1 + self.batches,
             Job::Enqueue => self.reads + self.rows.div_ceil(ENQUEUE_ROWS_PER_MESSAGE),
+        }
+    }
+}
+
+impl Minimum {
+    /// The fewest requests for `variant`: its job's, an enqueue's at its own `rowsPerMessage`.
+    pub(super) fn requests_of(&self, variant: Variant) -> u64 {
+        match variant.rows_per_message() {
+            Some(n) => self.reads + self.rows.div_ceil(n),
+            None => self.requests(variant.job()),
         }
     }
 }
@@ -185,6 +195,12 @@ mod tests {
         assert_eq!(m.requests(Job::Export), 3);
         assert_eq!(m.requests(Job::Import), 9);
         assert_eq!(m.requests(Job::Enqueue), 1 + 452_u64.div_ceil(32));
+        assert_eq!(
+            m.requests_of(Variant::PrefixEnqueue),
+            1 + 452_u64.div_ceil(32)
+        );
+        assert_eq!(m.requests_of(Variant::PrefixEnqueueOne), 1 + 452);
+        assert_eq!(m.requests_of(Variant::PrefixCopy), 8);
     }
 
     #[test]

@@ -410,7 +410,7 @@ fn figures(run: &RunSpec<'_>, driven: Driven, counts: &Counts) -> VariantResult 
     let n = &run.names;
     let wall = status_wall(&status).unwrap_or_else(|| started.elapsed().as_secs_f64());
     let requests = Requests::classify(counts, &[&n.scans_table, &n.work_table]);
-    let minimum = run.minimum.requests(run.variant.job());
+    let minimum = run.minimum.requests_of(run.variant);
     let invocations_by_function: BTreeMap<String, u64> = stats
         .iter()
         .map(|(f, s)| (f.clone(), s.invocations))

@@ -27,6 +27,10 @@ pub enum Variant {
     PrefixDelete,
     /// Put every row of the source on a queue ([`ENQUEUE_ROWS_PER_MESSAGE`] rows a message).
     PrefixEnqueue,
+    /// The same at the driver's default `rowsPerMessage`, 1: one put per row.
+    #[value(name = "prefix-enqueue-1")]
+    #[serde(rename = "prefix-enqueue-1")]
+    PrefixEnqueueOne,
     /// Build an index of the source's `Authors` property (issue 29) into the export's container.
     PrefixIndex,
 }
@@ -65,7 +69,7 @@ pub struct Targets {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 10] = [
+    pub const ALL: [Variant; 11] = [
         Variant::SerialCopy,
         Variant::ReferenceCopy,
         Variant::PrefixCopy,
@@ -75,6 +79,7 @@ impl Variant {
         Variant::PrefixImport,
         Variant::PrefixDelete,
         Variant::PrefixEnqueue,
+        Variant::PrefixEnqueueOne,
         Variant::PrefixIndex,
     ];
 
@@ -89,6 +94,7 @@ impl Variant {
             Variant::PrefixImport => "prefix-import",
             Variant::PrefixDelete => "prefix-delete",
             Variant::PrefixEnqueue => "prefix-enqueue",
+            Variant::PrefixEnqueueOne => "prefix-enqueue-1",
             Variant::PrefixIndex => "prefix-index",
         }
     }
@@ -100,8 +106,17 @@ impl Variant {
             Variant::PrefixExport => Job::Export,
             Variant::PrefixImport => Job::Import,
             Variant::PrefixDelete => Job::Delete,
-            Variant::PrefixEnqueue => Job::Enqueue,
+            Variant::PrefixEnqueue | Variant::PrefixEnqueueOne => Job::Enqueue,
             Variant::PrefixIndex => Job::Index,
+        }
+    }
+
+    /// An enqueue's `rowsPerMessage`.
+    pub fn rows_per_message(self) -> Option<u64> {
+        match self {
+            Variant::PrefixEnqueue => Some(ENQUEUE_ROWS_PER_MESSAGE),
+            Variant::PrefixEnqueueOne => Some(1),
+            _ => None,
         }
     }
 
@@ -143,7 +158,7 @@ impl Variant {
                 "confirm": t.doomed, "strategy": strategy}),
             Job::Enqueue => json!({"driver": "enqueue", "sourceTable": t.source,
                 "strategy": strategy, "destinationQueue": t.queue,
-                "rowsPerMessage": ENQUEUE_ROWS_PER_MESSAGE}),
+                "rowsPerMessage": self.rows_per_message()}),
             Job::Index => json!({"driver": "index", "sourceTable": t.source,
                 "strategy": strategy, "property": INDEXED_PROPERTY,
                 "destinationContainer": t.container, "destinationPrefix": "index"}),
@@ -214,7 +229,9 @@ mod tests {
             (&x["property"], &x["destinationContainer"]),
             (&json!("Authors"), &json!("c"))
         );
-        assert_eq!(names.len(), 10);
+        let one = Variant::PrefixEnqueueOne.request(&t);
+        assert_eq!(one["rowsPerMessage"], 1);
+        assert_eq!(names.len(), 11);
         assert!(
             Variant::PrefixExport < Variant::PrefixImport,
             "an import runs after its export"

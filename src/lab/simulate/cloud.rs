@@ -24,6 +24,7 @@ use crate::storage::{
 };
 
 use super::data::SyntheticStore;
+use super::enqueue::QueueSink;
 use super::model::Model;
 
 /// One instance's CPU: `ceil(cores)` slices of work run at once, each slowed down by
@@ -442,6 +443,8 @@ pub struct CloudQueues {
     pub account: Arc<Account>,
     /// Messages put (the "queue messages" metric).
     pub messages_put: Arc<AtomicU64>,
+    /// An enqueue scan's destination queue, whose puts go to a sink (`None` for copies).
+    pub destination: Option<Arc<QueueSink>>,
 }
 
 impl CloudQueues {
@@ -525,8 +528,24 @@ impl QueueStore for CloudQueues {
     }
 
     async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
-        self.put(queue, || self.inner.put_message_never_expiring(queue, text))
-            .await
+        match &self.destination {
+            Some(d) if d.queue == queue => {
+                // Admitted against the queue's rate like any put; the rows go to the sink.
+                let rows = std::sync::atomic::AtomicUsize::new(0);
+                self.put(queue, || async {
+                    rows.store(d.accept(text)?, Ordering::Relaxed);
+                    Ok(())
+                })
+                .await?;
+                let per_row = self.account.model.cpu_per_row_ms;
+                charge_cpu(per_row * rows.load(Ordering::Relaxed) as f64).await;
+                Ok(())
+            }
+            _ => {
+                self.put(queue, || self.inner.put_message_never_expiring(queue, text))
+                    .await
+            }
+        }
     }
 
     async fn get_messages(

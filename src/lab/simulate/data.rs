@@ -419,27 +419,38 @@ impl Sink {
     }
 
     pub fn write(&self, operations: &[BatchOperation]) -> StorageResult<()> {
-        let mut bits = self.written.lock().unwrap();
-        // Batches are single-partition: look the partition up once.
-        let mut partition: Option<(&str, Option<usize>)> = None;
+        let mut keys = Vec::with_capacity(operations.len());
         for op in operations {
             let BatchOperation::Upsert(e) = op else {
                 return Err(StorageError::invalid_input(
                     "the simulated destination only accepts upserts",
                 ));
             };
+            keys.push((e.partition_key.as_str(), e.row_key.as_str()));
+        }
+        self.record(keys);
+        Ok(())
+    }
+
+    /// Records rows written to the destination (a table's upserts, or the rows of a queue
+    /// message), by their keys.
+    pub fn record<'a>(&self, keys: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let mut bits = self.written.lock().unwrap();
+        // Batches are single-partition: look the partition up once per run of one key.
+        let mut partition: Option<(&str, Option<usize>)> = None;
+        for (pk, rk) in keys {
             self.writes.fetch_add(1, Ordering::Relaxed);
             let p = match partition {
-                Some((pk, p)) if pk == e.partition_key => p,
+                Some((last, p)) if last == pk => p,
                 _ => {
-                    let p = self.source.partition_index(&e.partition_key);
-                    partition = Some((&e.partition_key, p));
+                    let p = self.source.partition_index(pk);
+                    partition = Some((pk, p));
                     p
                 }
             };
             let index = p.and_then(|p| {
                 let count = self.source.starts[p + 1] - self.source.starts[p];
-                parse_row_key(&e.row_key)
+                parse_row_key(rk)
                     .filter(|&i| i < count)
                     .map(|i| self.source.starts[p] + i)
             });
@@ -456,7 +467,6 @@ impl Sink {
                 }
             }
         }
-        Ok(())
     }
 }
 

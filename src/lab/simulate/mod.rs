@@ -11,6 +11,7 @@
 pub mod blog;
 pub mod cloud;
 pub mod data;
+pub mod enqueue;
 pub mod host;
 pub mod model;
 pub mod report;
@@ -40,6 +41,7 @@ use crate::storage::QueueStore;
 
 use cloud::{Account, CloudQueues, CloudTables, Retry, SimStores};
 use data::{nuget_like, Sink, SyntheticStore};
+use enqueue::QueueSink;
 use host::{Host, ScanMode};
 use model::{Model, Plan};
 pub use scenario::{
@@ -171,6 +173,14 @@ async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String>
         "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
         "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
     });
+    if let Some(e) = &d.enqueue {
+        let fields = body.as_object_mut().expect("an object");
+        fields.remove("destinationTable");
+        fields.remove("workSplit");
+        fields.insert("driver".into(), json!("enqueue"));
+        fields.insert("destinationQueue".into(), json!(enqueue::DESTINATION_QUEUE));
+        fields.insert("rowsPerMessage".into(), json!(e.rows_per_message));
+    }
     if let Some(limit) = d.max_requests_per_second {
         body["maxRequestsPerSecond"] = json!(limit);
     }
@@ -227,10 +237,13 @@ async fn simulate(
         },
         account: account.clone(),
     };
+    let destination = (scenario.design.enqueue.is_some() && scenario.variant == Variant::Prefix)
+        .then(|| Arc::new(QueueSink::new(enqueue::DESTINATION_QUEUE, sink.clone())));
     let queues = CloudQueues {
         inner: MemoryQueueStore::without_yields(),
         account: account.clone(),
         messages_put: Arc::new(AtomicU64::new(0)),
+        destination: destination.clone(),
     };
     let state = app_state(&scenario.design, &model, tables.clone(), queues.clone())?;
     let router = app(state.clone());
@@ -293,6 +306,7 @@ async fn simulate(
         completed: watched.completed,
         rows_over_time: watched.rows_over_time,
         peak_requests_per_second: watched.peak_requests_per_second,
+        destination: destination.as_deref(),
     };
     Ok(summarize(scenario, &model, seed, run))
 }

@@ -17,11 +17,11 @@ const GOALS: [(u64, &str, f64); 4] = [
     (35_000_000, "flex", 300.0),
 ];
 
-fn minutes(seconds: f64) -> String {
+pub(super) fn minutes(seconds: f64) -> String {
     format!("{:.0}:{:02.0}", (seconds / 60.0).floor(), seconds % 60.0)
 }
 
-fn rows(n: u64) -> String {
+pub(super) fn rows(n: u64) -> String {
     if n >= 1_000_000 {
         format!("{:.2}M", n as f64 / 1e6)
     } else {
@@ -43,7 +43,7 @@ fn peaks(r: &ScenarioResult) -> String {
     }
 }
 
-fn duration(r: &ScenarioResult) -> String {
+pub(super) fn duration(r: &ScenarioResult) -> String {
     if r.completed {
         format!(
             "{} ({:.0} s)",
@@ -70,6 +70,7 @@ pub fn render(results: &[ScenarioResult], model: &Model, seed: u64) -> String {
         model.account_requests_per_sec, model.partition_entities_per_sec
     );
     goals(&mut md, results);
+    super::enqueue::report(&mut md, results, model.queue_messages_per_sec);
     all_rows(&mut md, results);
     sensitivity(&mut md, results);
     md
@@ -88,7 +89,13 @@ fn label(r: &ScenarioResult) -> String {
         "did not finish".into()
     };
     let varied = r.label.as_ref().map_or(String::new(), |l| format!(", {l}"));
-    format!("{rows} {} on {}{varied} ({end})", r.variant, r.plan)
+    let enqueue = r.enqueue.as_ref().map_or(String::new(), |e| {
+        format!(" enqueue ({} rows a message)", e.rows_per_message)
+    });
+    format!(
+        "{rows} {}{enqueue} on {}{varied} ({end})",
+        r.variant, r.plan
+    )
 }
 
 /// The SVG chart: rows copied over time (top) and instances over time (bottom), one line per
@@ -144,9 +151,13 @@ pub fn chart(results: &[ScenarioResult]) -> String {
 /// Issue 15's goals against tablescan's unlabelled rows.
 fn goals(md: &mut String, results: &[ScenarioResult]) {
     let rows_of = |n: u64, plan: &str| {
-        results
-            .iter()
-            .find(|r| r.variant == "prefix" && r.label.is_none() && r.rows == n && r.plan == plan)
+        results.iter().find(|r| {
+            r.variant == "prefix"
+                && r.enqueue.is_none()
+                && r.label.is_none()
+                && r.rows == n
+                && r.plan == plan
+        })
     };
     let mut lines = Vec::new();
     for (n, plan, limit) in GOALS {

@@ -48,6 +48,24 @@ pub enum Suite {
     Sensitivity,
     /// The sensitivity rows that matter most, at 35,000,000 rows.
     Sensitivity35m,
+    /// tablescan's enqueue driver on Flex at 35,000,000 rows, `rowsPerMessage` 1 and 32.
+    Enqueue,
+}
+
+/// What tablescan's scan does with the rows (`prefix` variant only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriverArg {
+    /// Copy the table (the default).
+    Copy,
+    /// Put every row on a queue (docs/enqueue.md), `--rows-per-message` rows a message.
+    Enqueue,
+}
+
+/// An enqueue scan's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EnqueueDesign {
+    pub rows_per_message: u32,
 }
 
 /// `tablescan simulate` options.
@@ -86,6 +104,12 @@ pub struct SimulateArgs {
     /// tablescan design (`prefix` variant): copy work split, `page` or `partition-key`.
     #[arg(long, value_enum, default_value_t = SplitArg::Page)]
     pub work_split: SplitArg,
+    /// tablescan design: the scan's driver, `copy` or `enqueue`.
+    #[arg(long, value_enum, default_value_t = DriverArg::Copy)]
+    pub driver: DriverArg,
+    /// tablescan design, `--driver enqueue`: the scan's `rowsPerMessage`.
+    #[arg(long, default_value_t = 1)]
+    pub rows_per_message: u32,
     /// tablescan design: page size (takeCount).
     #[arg(long, default_value_t = 1000)]
     pub take: u32,
@@ -209,6 +233,9 @@ pub struct Design {
     /// The scan request's `maxRequestsPerSecond`, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_requests_per_second: Option<u32>,
+    /// An enqueue scan instead of a copy (tablescan's app only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enqueue: Option<EnqueueDesign>,
 }
 
 /// One scenario to run.
@@ -292,6 +319,7 @@ impl Scenario {
             max_polling_ms: model.max_polling_ms,
             visibility_timeout_ms: model.failed_visibility_ms,
             max_requests_per_second: None,
+            enqueue: None,
         };
         let design = match variant {
             Variant::Serial => Design {
@@ -328,10 +356,21 @@ impl Scenario {
             self.variant.name(),
             self.plan.name()
         );
+        if let Some(e) = &self.design.enqueue {
+            name.push_str(&format!(", enqueue {} rows a message", e.rows_per_message));
+        }
         if let Some(label) = &self.label {
             name.push_str(&format!(" ({label})"));
         }
         name
+    }
+
+    /// The same scenario as an enqueue scan at `rows_per_message` (tablescan's design only).
+    pub fn enqueue(mut self, rows_per_message: u32) -> Self {
+        if self.variant == Variant::Prefix {
+            self.design.enqueue = Some(EnqueueDesign { rows_per_message });
+        }
+        self
     }
 }
 
@@ -365,6 +404,9 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
             .visibility_timeout
             .map_or(shipped.visibility_timeout_ms, |s| s * 1000.0),
         max_requests_per_second: args.platform.max_requests_per_second,
+        enqueue: (args.driver == DriverArg::Enqueue).then_some(EnqueueDesign {
+            rows_per_message: args.rows_per_message,
+        }),
     }
 }
 
@@ -476,6 +518,10 @@ pub fn suite(suite: Suite, args: &SimulateArgs) -> Vec<Scenario> {
             .collect(),
         Suite::Sensitivity => sensitivity(prefix(BLOG_ROWS[0], Plan::Flex), false),
         Suite::Sensitivity35m => sensitivity(prefix(BLOG_ROWS[2], Plan::Flex), true),
+        Suite::Enqueue => [1, 32]
+            .iter()
+            .map(|&n| prefix(BLOG_ROWS[2], Plan::Flex).enqueue(n))
+            .collect(),
     }
 }
 

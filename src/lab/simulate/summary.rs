@@ -11,6 +11,7 @@ use crate::storage::{MAX_BATCH_OPERATIONS, MAX_TAKE};
 
 use super::cloud::{Account, CloudQueues};
 use super::data::{Sink, SyntheticTable};
+use super::enqueue::{enqueue_floor, figures, EnqueueFigures, QueueSink};
 use super::host::Host;
 use super::model::{prices, Flex, Model, Plan};
 use super::scenario::{Design, Scenario};
@@ -63,6 +64,10 @@ pub struct ScenarioResult {
     pub instances_over_time: Vec<(f64, usize)>,
     /// (simulated seconds, distinct rows in the destination).
     pub rows_over_time: Vec<(f64, u64)>,
+    /// An enqueue scan's figures (enqueue scenarios only; `rows_copied` and `copy_verified`
+    /// then count the rows found in the destination queue's messages).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enqueue: Option<EnqueueFigures>,
     /// Real (wall-clock) seconds the simulation took.
     pub wall_seconds: f64,
 }
@@ -88,6 +93,10 @@ pub struct Floor {
     /// This run's own requests (tables and queues) at the account's request-rate target: the
     /// floor for this design's request count.
     pub run_requests_seconds: f64,
+    /// An enqueue's fewest messages at one queue's message rate (enqueue scenarios only; then
+    /// `minimum_requests` is the enqueue's: a query per 1,000 rows and a put per message).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_seconds: Option<f64>,
 }
 
 /// The floor for copying `source` under `model`'s storage limits, and for `run_requests`.
@@ -116,6 +125,7 @@ pub fn floor(source: &SyntheticTable, model: &Model, run_requests: u64) -> Floor
         seconds,
         binding,
         run_requests_seconds: run_requests as f64 / account_rate,
+        queue_seconds: None,
     }
 }
 
@@ -189,6 +199,8 @@ pub struct Run<'a> {
     pub completed: bool,
     pub rows_over_time: Vec<(f64, u64)>,
     pub peak_requests_per_second: u64,
+    /// An enqueue scan's destination queue (`None` for copies).
+    pub destination: Option<&'a QueueSink>,
 }
 
 /// The scenario's figures (all simulated).
@@ -226,6 +238,21 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         executions.len() as u64,
     );
     let throttled_by = run.account.throttled_by.lock().unwrap().clone();
+    let throttled = run.account.throttled.load(Ordering::Relaxed);
+    let enqueue = match (run.destination, &scenario.design.enqueue) {
+        (Some(queue), Some(e)) => Some(figures(
+            run.source,
+            model,
+            e.rows_per_message,
+            queue,
+            throttled_by
+                .get(&format!("queue {}", queue.queue))
+                .copied()
+                .unwrap_or(0),
+            (requests, throttled),
+        )),
+        _ => None,
+    };
     let peak_instances = host.peak_instances.lock().unwrap().clone();
     ScenarioResult {
         rows: scenario.rows,
@@ -243,7 +270,10 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         simulated: true,
         plan: scenario.plan.name(),
         label: scenario.label.clone(),
-        floor: floor(run.source, model, requests),
+        floor: match &enqueue {
+            Some(e) => enqueue_floor(floor(run.source, model, requests), e),
+            None => floor(run.source, model, requests),
+        },
         cost,
         requests,
         peak_requests_per_second: run.peak_requests_per_second,
@@ -255,13 +285,14 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         copy_verified: run.sink.verified(),
         executions: executions.len() as u64,
         timed_out_executions: timed_out,
-        throttled_requests: run.account.throttled.load(Ordering::Relaxed),
+        throttled_requests: throttled,
         throttled_by,
         instance_busy_seconds: busy,
         design: scenario.design.clone(),
         flex: (scenario.plan == Plan::Flex).then(|| scenario.flex.clone()),
         instances_over_time: host.instance_timeline.lock().unwrap().clone(),
         rows_over_time: run.rows_over_time,
+        enqueue,
         wall_seconds: 0.0,
     }
 }

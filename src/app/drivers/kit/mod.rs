@@ -34,7 +34,11 @@ pub fn check_container_field(field: &str, container: &str) -> Result<(), ApiErro
 }
 
 /// 4xx naming `field` for a queue a driver writes to on `connection`: an allowed connection, a
-/// name the service accepts, and none of the app's own work queues (or their poison queues).
+/// name the service accepts (Azure's rules exactly: 3-63 characters; the app's own queues are
+/// held to 56 so that their `-poison` queues fit, a destination is not), and none of the app's
+/// own queues — the step, copy and cleanup queues and their `-poison` queues — refused by name
+/// on every connection, as the bookkeeping tables are, so that an alias of the app's account
+/// that is not recognised as one cannot reach them either.
 pub fn check_queue_target(
     config: &Config,
     field: &str,
@@ -42,15 +46,19 @@ pub fn check_queue_target(
     queue: &str,
 ) -> Result<(), ApiError> {
     check_connection(config, field, connection)?;
-    crate::app::validate::queue_name(queue).map_err(|m| ApiError::field(field, m))?;
-    let own = [&config.prefix_scan_queue, &config.table_copy_queue];
+    crate::app::validate::destination_queue_name(queue).map_err(|m| ApiError::field(field, m))?;
+    let own = [
+        &config.prefix_scan_queue,
+        &config.table_copy_queue,
+        &config.cleanup_queue,
+    ];
     if own
         .iter()
-        .any(|q| queue == q.as_str() || queue == format!("{q}-poison"))
+        .any(|q| queue == q.as_str() || queue.strip_suffix("-poison") == Some(q.as_str()))
     {
         return Err(ApiError::field(
             field,
-            format!("{queue} is one of tablescan's own work queues"),
+            format!("{queue} is one of tablescan's own queues"),
         ));
     }
     Ok(())
@@ -83,4 +91,53 @@ pub fn read_spec<S: Stores>(
         filter: scan.row_filter()?,
         fail_prefix: state.config.test_fail_prefix.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_targets_follow_azure_and_spare_tablescans_own() {
+        let config = Config::from_lookup(|name| {
+            (name == "AzureWebJobsStorage").then(|| "UseDevelopmentStorage=true".to_string())
+        })
+        .unwrap();
+        let check =
+            |q: &str| check_queue_target(&config, "destinationQueue", "AzureWebJobsStorage", q);
+        for ok in [
+            "abc",
+            "a-b-c",
+            &"a".repeat(57),
+            &"a".repeat(63),
+            "rows1",
+            "9-a",
+        ] {
+            assert!(check(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "ab",
+            &"a".repeat(64),
+            "-ab",
+            "ab-",
+            "a--b",
+            "Abc",
+            "a_b",
+            "tablescan-prefixscan",
+            "tablescan-tablecopy",
+            "tablescan-prefixscan-poison",
+            "tablescan-tablecopy-poison",
+            "tablescan-prefixscan-cleanup",
+            "tablescan-prefixscan-cleanup-poison",
+        ] {
+            match check(bad) {
+                Err(ApiError::InvalidField { field, .. }) => {
+                    assert_eq!(field, "destinationQueue", "{bad}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let unknown = check_queue_target(&config, "destinationQueue", "Nope", "rows");
+        assert!(unknown.is_err());
+    }
 }
