@@ -325,12 +325,16 @@ async fn every_row_lands_in_a_message_bit_exact() {
     assert_eq!(status["rowsWritten"], n as i64);
     assert_eq!(status["messagesWritten"], got.messages as i64);
     assert_eq!((got.messages, got.duplicates, got.markers), (n, 0, 2));
+    // Paced at the queue's rate when the request names no limit; a named one wins.
+    assert_eq!(status["maxRequestsPerSecond"], 2000, "{status}");
 
     // 32 rows a message, no encoding: cut by size (the 60,000-byte row goes alone, whole).
-    let extra = json!({"rowsPerMessage": 32, "messageEncoding": "none"});
+    let extra = json!({"rowsPerMessage": 32, "messageEncoding": "none",
+        "maxRequestsPerSecond": 20000});
     let (status, got, verdict) = enqueue_and_check(&app, &source, extra, &rows).await;
     eprintln!("enqueue rowsPerMessage 32 none: {got:?}");
     assert!(verdict.problems.is_empty(), "{:#?}", verdict.problems);
+    assert_eq!(status["maxRequestsPerSecond"], 20000, "{status}");
     assert_eq!(status["rowsWritten"], n as i64);
     assert_eq!(status["messagesWritten"], got.messages as i64);
     assert_eq!((got.duplicates, got.markers, got.most_rows), (0, 1, 32));

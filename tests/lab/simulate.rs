@@ -581,8 +581,9 @@ fn simulated_json(r: &ScenarioResult) -> String {
 fn an_enqueue_puts_every_row_on_the_queue_near_its_minimum() {
     let model = Model::default();
     // rowsPerMessage 1: 20,000 puts beside ~200 other requests; 32: 625 puts beside the same
-    // ~200, so the fixed requests weigh a third (docs/enqueue.md).
-    for (per_message, most) in [(1u32, 1.10), (32, 1.35)] {
+    // ~200 and the pacer's leases (an enqueue is paced at 2,000 requests/s by default), so the
+    // fixed requests weigh almost half (docs/enqueue.md).
+    for (per_message, most) in [(1u32, 1.10), (32, 1.50)] {
         let n = per_message.to_string();
         let a = args(&["--driver", "enqueue", "--rows-per-message", &n]);
         let scenario = Scenario::new(20_000, Variant::Prefix, &a);

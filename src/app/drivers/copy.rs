@@ -104,13 +104,13 @@ impl Driver for CopyDriver {
                 table: fields.destination_table.clone(),
             }),
             work_split: fields.work_split,
-            options: None,
             step_work: match in_step {
                 true => StepWork::Rows {
                     select: request.select.clone(),
                 },
                 false => StepWork::Items,
             },
+            ..Setup::default()
         }
     }
 

@@ -124,6 +124,10 @@ pub struct Setup<O = Value> {
     pub options: Option<O>,
     /// Where the driver's work on scanned rows is done.
     pub step_work: StepWork,
+    /// The scan's `maxRequestsPerSecond` when the request names none (`app::pace`): a driver
+    /// whose writes go to a target with a published rate sets one, so that a big scan is paced
+    /// below that rate instead of failing on throttled writes.
+    pub default_max_requests_per_second: Option<u32>,
 }
 
 impl<O> Default for Setup<O> {
@@ -133,6 +137,7 @@ impl<O> Default for Setup<O> {
             work_split: WorkSplit::default(),
             options: None,
             step_work: StepWork::default(),
+            default_max_requests_per_second: None,
         }
     }
 }
@@ -147,6 +152,7 @@ impl<O: Serialize> Setup<O> {
                 .options
                 .map(|o| serde_json::to_value(o).expect("driver options serialize")),
             step_work: self.step_work,
+            default_max_requests_per_second: self.default_max_requests_per_second,
         }
     }
 }

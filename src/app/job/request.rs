@@ -305,7 +305,9 @@ impl ScanRequest {
             select: self.select.clone(),
             options: setup.options,
             in_step,
-            max_requests_per_second: self.max_requests_per_second,
+            max_requests_per_second: self
+                .max_requests_per_second
+                .or(setup.default_max_requests_per_second),
         }
     }
 }
