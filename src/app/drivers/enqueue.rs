@@ -203,13 +203,17 @@ async fn enqueue<S: Stores>(
         // property, and the message says so by leaving it out.
         rows.iter_mut().for_each(drop_nulls);
     }
-    let texts = pack(&scan.scan_id, &rows, &target)?;
-    let messages = texts.len() as i64;
+    // Packed lazily: a message's text is made when a put can start, so at most
+    // `copy_concurrency` texts are held beside the rows, not all of a step's.
     let queue = target.queue.as_str();
-    stream::iter(texts)
-        .map(|text| async move { queues.put_message_never_expiring(queue, &text).await })
+    let messages = stream::iter(Packer::new(&scan.scan_id, &rows, &target))
+        .map(|text| async move {
+            let text = text?;
+            queues.put_message_never_expiring(queue, &text).await?;
+            Ok::<_, WorkError>(())
+        })
         .buffer_unordered(state.config.copy_concurrency)
-        .try_collect::<Vec<()>>()
+        .try_fold(0i64, |n, ()| async move { Ok(n + 1) })
         .await?;
     Ok(Counters {
         rows_written: rows.len() as i64,
@@ -225,42 +229,83 @@ pub fn pack(
     rows: &[Entity],
     target: &EnqueueTarget,
 ) -> Result<Vec<String>, WorkError> {
-    let head = format!(
-        "{{\"scanId\":{},\"rows\":[",
-        serde_json::to_string(scan_id).expect("a str serializes")
-    );
-    const TAIL: &str = "]}";
-    let encoding = target.encoding;
-    let fits = |payload: usize| encoded_len(encoding, payload) <= MAX_MESSAGE_TEXT;
-    let per_message = target.rows_per_message.clamp(1, MAX_ROWS_PER_MESSAGE) as usize;
-    let mut texts = Vec::new();
-    let mut batch: Vec<String> = Vec::new();
-    // The payload's length with the rows of `batch` (head, commas, tail included).
-    let mut length = head.len() + TAIL.len();
-    for row in rows {
-        let mut text = row_text(row, encoding)?;
-        if !fits(head.len() + text.len() + TAIL.len()) {
-            text = xml_safe(too_large_text(row)?, encoding);
-            if !fits(head.len() + text.len() + TAIL.len()) {
-                return Err(WorkError::Permanent(format!(
-                    "row ({:?}, {:?}): even its keys do not fit a queue message",
-                    row.partition_key, row.row_key
-                )));
+    Packer::new(scan_id, rows, target).collect()
+}
+
+/// [`pack`] one message at a time: each `next` reads rows until a message is full (or the rows
+/// end) and gives its text. Bounded by the rows: each row is read once.
+pub struct Packer<'a> {
+    rows: std::iter::Peekable<std::slice::Iter<'a, Entity>>,
+    head: String,
+    encoding: MessageEncoding,
+    per_message: usize,
+}
+
+/// The end of a message's payload.
+const TAIL: &str = "]}";
+
+impl<'a> Packer<'a> {
+    pub fn new(scan_id: &str, rows: &'a [Entity], target: &EnqueueTarget) -> Self {
+        Packer {
+            rows: rows.iter().peekable(),
+            head: format!(
+                "{{\"scanId\":{},\"rows\":[",
+                serde_json::to_string(scan_id).expect("a str serializes")
+            ),
+            encoding: target.encoding,
+            per_message: target.rows_per_message.clamp(1, MAX_ROWS_PER_MESSAGE) as usize,
+        }
+    }
+
+    fn fits(&self, payload: usize) -> bool {
+        encoded_len(self.encoding, payload) <= MAX_MESSAGE_TEXT
+    }
+
+    /// The text of `row` in a message: the row's JSON, or its keys and the marker when the row
+    /// would not fit a message on its own.
+    fn text_of(&self, row: &Entity) -> Result<String, WorkError> {
+        let text = row_text(row, self.encoding)?;
+        if self.fits(self.head.len() + text.len() + TAIL.len()) {
+            return Ok(text);
+        }
+        let text = xml_safe(too_large_text(row)?, self.encoding);
+        if !self.fits(self.head.len() + text.len() + TAIL.len()) {
+            return Err(WorkError::Permanent(format!(
+                "row ({:?}, {:?}): even its keys do not fit a queue message",
+                row.partition_key, row.row_key
+            )));
+        }
+        Ok(text)
+    }
+}
+
+impl Iterator for Packer<'_> {
+    type Item = Result<String, WorkError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut batch: Vec<String> = Vec::new();
+        // The payload's length with the rows of `batch` (head, commas, tail included).
+        let mut length = self.head.len() + TAIL.len();
+        while batch.len() < self.per_message {
+            let Some(&row) = self.rows.peek() else { break };
+            let text = match self.text_of(row) {
+                Ok(text) => text,
+                Err(e) => {
+                    // The error ends the packing: nothing after it.
+                    self.rows.by_ref().for_each(drop);
+                    return Some(Err(e));
+                }
+            };
+            let comma = usize::from(!batch.is_empty());
+            if !batch.is_empty() && !self.fits(length + comma + text.len()) {
+                break;
             }
+            self.rows.next();
+            length += comma + text.len();
+            batch.push(text);
         }
-        let comma = usize::from(!batch.is_empty());
-        if batch.len() == per_message || !fits(length + comma + text.len()) {
-            texts.push(finish(&head, &batch, TAIL, encoding));
-            batch.clear();
-            length = head.len() + TAIL.len();
-        }
-        length += usize::from(!batch.is_empty()) + text.len();
-        batch.push(text);
+        (!batch.is_empty()).then(|| Ok(finish(&self.head, &batch, TAIL, self.encoding)))
     }
-    if !batch.is_empty() {
-        texts.push(finish(&head, &batch, TAIL, encoding));
-    }
-    Ok(texts)
 }
 
 /// Bytes of a payload of `payload` bytes as put: base64 makes 4 of every 3 (padded).
