@@ -1,5 +1,6 @@
 //! The enqueue driver in the simulator (issue 26): the destination queue as a sink, and the
-//! figures of an enqueue run against its minimum and against the queue's rate.
+//! figures of an enqueue run against its minimum and against the queue's rate (its floor is
+//! `summary::enqueue_floor`, its report section `report::enqueue_section`).
 //!
 //! Invariants:
 //! - **The destination queue stores nothing.** A put to it is admitted against the queue's
@@ -21,8 +22,6 @@ use crate::storage::{StorageError, StorageResult, MAX_TAKE};
 
 use super::data::{Sink, SyntheticTable};
 use super::model::Model;
-use super::report::{duration, rows};
-use super::summary::{Floor, ScenarioResult};
 
 /// The queue the simulated enqueue scans put their rows on.
 pub const DESTINATION_QUEUE: &str = "rows-to-process";
@@ -141,67 +140,4 @@ pub fn figures(
         admitted_ratio_to_minimum: admitted as f64 / minimum_requests as f64,
         ratio_to_minimum: requests as f64 / minimum_requests as f64,
     }
-}
-
-/// The floor of an enqueue: its fewest requests at the account's rate, its largest partition
-/// read at the partition's rate, or (usually binding) its fewest messages at the queue's rate.
-pub fn enqueue_floor(copy: Floor, e: &EnqueueFigures) -> Floor {
-    let account_seconds = e.minimum_requests as f64 / copy.account_requests_per_second;
-    let mut floor = Floor {
-        minimum_requests: e.minimum_requests,
-        account_seconds,
-        queue_seconds: Some(e.queue_floor_seconds),
-        ..copy
-    };
-    (floor.seconds, floor.binding) = [
-        (account_seconds, "account request rate"),
-        (floor.partition_seconds, "partition entity rate"),
-        (e.queue_floor_seconds, "queue message rate"),
-    ]
-    .into_iter()
-    .fold((0.0, ""), |best, x| if x.0 > best.0 { x } else { best });
-    floor
-}
-
-/// The enqueue scenarios' section of the report: each run beside the queue's floor and its
-/// requests against the minimum.
-pub fn report(md: &mut String, results: &[ScenarioResult], queue_rate: f64) {
-    use std::fmt::Write;
-    let runs: Vec<(&ScenarioResult, &EnqueueFigures)> = results
-        .iter()
-        .filter_map(|r| Some((r, r.enqueue.as_ref()?)))
-        .collect();
-    if runs.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        md,
-        "## Enqueue scans (SIMULATED)\n\n\
-         One queue takes {:.0} messages/s; puts beyond it answer 503 and are retried. The queue \
-         floor is the fewest messages at that rate; the minimum requests are one query per 1,000 \
-         rows read plus one put per message (goal ≤ 1.10 ×).\n\n\
-         | rows | plan | rows a message | duration | queue floor | messages (minimum) | \
-         puts refused (503) | duplicate rows | requests admitted ÷ minimum | every attempt ÷ \
-         minimum | every row on the queue |\n|---|---|---|---|---|---|---|---|---|---|---|",
-        queue_rate
-    );
-    for (r, e) in runs {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {:.0} s | {} ({}) | {} | {} | {:.3} × | {:.3} × | {} |",
-            rows(r.rows),
-            r.plan,
-            e.rows_per_message,
-            duration(r),
-            e.queue_floor_seconds,
-            e.messages,
-            e.minimum_messages,
-            e.refused_puts,
-            e.duplicate_rows,
-            e.admitted_ratio_to_minimum,
-            e.ratio_to_minimum,
-            if r.copy_verified { "yes" } else { "NO" },
-        );
-    }
-    let _ = writeln!(md);
 }

@@ -11,7 +11,7 @@ use crate::storage::{MAX_BATCH_OPERATIONS, MAX_TAKE};
 
 use super::cloud::{Account, CloudQueues};
 use super::data::{Sink, SyntheticTable};
-use super::enqueue::{enqueue_floor, figures, EnqueueFigures, QueueSink};
+use super::enqueue::{figures, EnqueueFigures, QueueSink};
 use super::host::Host;
 use super::model::{prices, Flex, Model, Plan};
 use super::scenario::{Design, Scenario};
@@ -295,4 +295,24 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         enqueue,
         wall_seconds: 0.0,
     }
+}
+
+/// The floor of an enqueue: its fewest requests at the account's rate, its largest partition
+/// read at the partition's rate, or (usually binding) its fewest messages at the queue's rate.
+pub fn enqueue_floor(copy: Floor, e: &EnqueueFigures) -> Floor {
+    let account_seconds = e.minimum_requests as f64 / copy.account_requests_per_second;
+    let mut floor = Floor {
+        minimum_requests: e.minimum_requests,
+        account_seconds,
+        queue_seconds: Some(e.queue_floor_seconds),
+        ..copy
+    };
+    (floor.seconds, floor.binding) = [
+        (account_seconds, "account request rate"),
+        (floor.partition_seconds, "partition entity rate"),
+        (e.queue_floor_seconds, "queue message rate"),
+    ]
+    .into_iter()
+    .fold((0.0, ""), |best, x| if x.0 > best.0 { x } else { best });
+    floor
 }
