@@ -235,7 +235,9 @@ pub fn pack(
 /// [`pack`] one message at a time: each `next` reads rows until a message is full (or the rows
 /// end) and gives its text. Bounded by the rows: each row is read once.
 pub struct Packer<'a> {
-    rows: std::iter::Peekable<std::slice::Iter<'a, Entity>>,
+    rows: std::slice::Iter<'a, Entity>,
+    /// The text of the row read last that did not fit the message before: the next one's first.
+    carry: Option<String>,
     head: String,
     encoding: MessageEncoding,
     per_message: usize,
@@ -247,7 +249,8 @@ const TAIL: &str = "]}";
 impl<'a> Packer<'a> {
     pub fn new(scan_id: &str, rows: &'a [Entity], target: &EnqueueTarget) -> Self {
         Packer {
-            rows: rows.iter().peekable(),
+            rows: rows.iter(),
+            carry: None,
             head: format!(
                 "{{\"scanId\":{},\"rows\":[",
                 serde_json::to_string(scan_id).expect("a str serializes")
@@ -287,20 +290,23 @@ impl Iterator for Packer<'_> {
         // The payload's length with the rows of `batch` (head, commas, tail included).
         let mut length = self.head.len() + TAIL.len();
         while batch.len() < self.per_message {
-            let Some(&row) = self.rows.peek() else { break };
-            let text = match self.text_of(row) {
-                Ok(text) => text,
-                Err(e) => {
-                    // The error ends the packing: nothing after it.
-                    self.rows.by_ref().for_each(drop);
-                    return Some(Err(e));
-                }
+            let text = match self.carry.take() {
+                Some(text) => text,
+                None => match self.rows.next().map(|row| self.text_of(row)) {
+                    None => break,
+                    Some(Ok(text)) => text,
+                    Some(Err(e)) => {
+                        // The error ends the packing: nothing after it.
+                        self.rows.by_ref().for_each(drop);
+                        return Some(Err(e));
+                    }
+                },
             };
             let comma = usize::from(!batch.is_empty());
             if !batch.is_empty() && !self.fits(length + comma + text.len()) {
+                self.carry = Some(text);
                 break;
             }
-            self.rows.next();
             length += comma + text.len();
             batch.push(text);
         }
