@@ -15,6 +15,10 @@ pub struct StepBudget {
     /// prefix step reads inline, are always read, so a step reads at most `max_rows` plus two
     /// pages.
     pub max_rows: usize,
+    /// Bytes of row text (`Entity::text_len`: keys, names and values as the service sent them)
+    /// after which a step reads no further page of its own, checked like `max_rows`: what a
+    /// step that holds its rows holds is bounded by size too, whatever the rows' size.
+    pub max_row_bytes: usize,
 }
 
 impl StepBudget {
@@ -23,6 +27,7 @@ impl StepBudget {
         max_pages: usize::MAX,
         max_queries: usize::MAX,
         max_rows: usize::MAX,
+        max_row_bytes: usize::MAX,
     };
 
     /// The budget of the Functions app.
@@ -30,12 +35,15 @@ impl StepBudget {
         max_pages: 8,
         max_queries: 16,
         max_rows: usize::MAX,
+        max_row_bytes: usize::MAX,
     };
 
-    /// This budget, reading no further page once `rows` rows were read (see `max_rows`).
-    pub fn with_max_rows(self, rows: usize) -> StepBudget {
+    /// This budget, reading no further page once `rows` rows or `bytes` bytes of row text
+    /// were read (see `max_rows`, `max_row_bytes`).
+    pub fn with_max_rows(self, rows: usize, bytes: usize) -> StepBudget {
         StepBudget {
             max_rows: rows,
+            max_row_bytes: bytes,
             ..self
         }
     }

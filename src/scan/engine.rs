@@ -16,6 +16,8 @@ pub struct StepOutput {
     pub queries: usize,
     /// Rows read (the rows of the segments).
     pub rows: usize,
+    /// Their text's bytes (`Entity::text_len`).
+    pub row_bytes: usize,
 }
 
 impl StepOutput {
@@ -193,6 +195,7 @@ impl<'a, T: TableStore> Scanner<'a, T> {
         out.queries += 1;
         let page = self.store.query_page(self.table, &query).await?;
         out.rows += page.entities.len();
+        out.row_bytes += page.entities.iter().map(Entity::text_len).sum::<usize>();
         // Discovery needs every key of a page to place its bounds; a key it cannot name stops
         // the step, naming the row (see `storage::UnaddressableRow`).
         match page.unaddressable.first() {
@@ -209,7 +212,9 @@ impl<'a, T: TableStore> Scanner<'a, T> {
     /// Whether this step may read another page of its own: queries left and the row budget
     /// not reached.
     fn pages_left(&self, out: &StepOutput) -> bool {
-        self.queries_left(out) && out.rows < self.budget.max_rows
+        self.queries_left(out)
+            && out.rows < self.budget.max_rows
+            && out.row_bytes < self.budget.max_row_bytes
     }
 
     /// The prefix query loop: read up to N non-empty pages of the range; if more rows remain,

@@ -295,6 +295,14 @@ impl Entity {
         }
     }
 
+    /// The bytes of the entity's text: keys, property names and values (annotations included)
+    /// as the service sent them. Cheap (lengths only): what a step's row budget counts.
+    pub fn text_len(&self) -> usize {
+        let properties = self.properties.iter();
+        let text = properties.map(|(name, raw)| name.len() + raw.get().len());
+        self.partition_key.len() + self.row_key.len() + text.sum::<usize>()
+    }
+
     /// The entity's size as the Table service counts it against the 1 MiB limit:
     /// 4 bytes + 2 × UTF-16 length of both keys + for each property 8 bytes + 2 × its name's
     /// UTF-16 length + its value's size by type (String 4 + 2 per UTF-16 unit, Binary 4 + bytes,

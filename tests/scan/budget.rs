@@ -148,6 +148,27 @@ fn run<S: TableStore>(
             out.rows,
             budget.max_rows
         );
+        // The same for its bytes of row text: at most two pages more than the byte budget.
+        let longest = (out.steps.iter())
+            .filter_map(|s| match s {
+                Step::Segment { entities, .. } => entities.iter().map(|e| e.text_len()).max(),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let bytes = (out.steps.iter())
+            .map(|s| match s {
+                Step::Segment { entities, .. } => entities.iter().map(|e| e.text_len()).sum(),
+                _ => 0,
+            })
+            .sum::<usize>();
+        assert_eq!(out.row_bytes, bytes, "{}", step.describe());
+        assert!(
+            bytes <= budget.max_row_bytes.saturating_add(2 * take * longest),
+            "{} read {bytes} bytes of rows, byte budget {}",
+            step.describe(),
+            budget.max_row_bytes
+        );
         assert!(
             sent <= limit,
             "{} sent {sent} queries, budget {limit}",
@@ -200,6 +221,7 @@ fn a_budget_spent_on_empty_pages_splits_the_step() {
         max_pages: 2,
         max_queries: 3,
         max_rows: usize::MAX,
+        max_row_bytes: usize::MAX,
     };
     let partition = keys[0].0.clone();
     let cases = [
@@ -279,6 +301,7 @@ fn single_key_ranges_cannot_split_but_still_change() {
         max_pages: 1,
         max_queries: 2,
         max_rows: usize::MAX,
+        max_row_bytes: usize::MAX,
     };
     let scanner = Scanner::new(&store, TABLE, &params, budget);
     let cases = [
@@ -435,7 +458,7 @@ proptest! {
         first in segments(),
         subsequent in segments(),
         (max_pages, max_queries) in prop::sample::select(vec![(1, 1), (2, 3), (1, 2), (3, 2), (8, 16)]),
-        max_rows in prop::sample::select(vec![usize::MAX, usize::MAX, 1, 3, 10]),
+        (max_rows, max_row_bytes) in (prop::sample::select(vec![usize::MAX, usize::MAX, 1, 3, 10]), prop::sample::select(vec![usize::MAX, usize::MAX, 1, 40, 200])),
         seed in any::<u64>(),
         quirk in 0.0f64..0.4,
         injected in prop::sample::select(vec![0.0, 0.0, 0.2, 0.4]),
@@ -447,7 +470,7 @@ proptest! {
         };
         // Every parameter valid except, possibly, the segments, which go to the engine as they are.
         prop_assume!(ScanParameters { segments_per_first_prefix: 1, segments_per_subsequent_prefix: 1, ..params.clone() }.validate().is_ok());
-        let budget = StepBudget { max_pages, max_queries, max_rows };
+        let budget = StepBudget { max_pages, max_queries, max_rows, max_row_bytes };
         let want = expected(&keys, &params);
         for strategy in [Strategy::Prefix, Strategy::Serial] {
             let store = Counting::with_empty_pages(

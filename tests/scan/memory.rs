@@ -222,6 +222,7 @@ fn single_huge_partition_is_walked_in_bounded_steps() {
         max_pages: 3,
         max_queries: 4,
         max_rows: usize::MAX,
+        max_row_bytes: usize::MAX,
     };
     let scanner = Scanner::new(&store, TABLE, &params, budget);
     // Breadth-first like the queues: every step stays within its budget.

@@ -28,6 +28,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::app::pace::Meter;
+use std::borrow::Borrow;
 use std::sync::Arc;
 
 use crate::app::config::Config;
@@ -35,7 +36,7 @@ use crate::app::error::ApiError;
 use crate::app::job::request::{check_connection, default_connection};
 use crate::app::job::{
     Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, WorkError,
-    WorkOutcome, WorkSplit,
+    WorkOutcome, WorkSplit, MAX_ITEM_ROWS,
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
@@ -153,6 +154,16 @@ impl Driver for EnqueueDriver {
         Ok(queues.create_queue(&target.queue).await?)
     }
 
+    /// A step puts at most about as many messages as a copy's step writes rows
+    /// (`MAX_ITEM_ROWS`): with many rows a message it reads more rows (up to `MAX_STEP_ROWS`,
+    /// and `MAX_STEP_ROW_BYTES` of them), so that its bookkeeping weighs little beside its few
+    /// puts (docs/enqueue.md, Cost).
+    fn step_rows(context: &ScanContext) -> usize {
+        let target = context.options::<EnqueueTarget>();
+        let per_message = target.map_or(1, |t| t.rows_per_message.max(1) as usize);
+        per_message.saturating_mul(MAX_ITEM_ROWS)
+    }
+
     fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
         Segment {
             items: page_items(WorkSplit::Page, rows),
@@ -166,7 +177,8 @@ impl Driver for EnqueueDriver {
         requests: &Arc<Meter>,
         runs: Vec<Vec<Entity>>,
     ) -> Result<Counters, WorkError> {
-        enqueue(state, scan, requests, runs.concat()).await
+        let count = runs.iter().map(Vec::len).sum();
+        enqueue(state, scan, requests, runs.into_iter().flatten(), count).await
     }
 
     async fn run<S: Stores>(
@@ -177,7 +189,8 @@ impl Driver for EnqueueDriver {
         let scan = &*begun.scan;
         let (_, read, mut outcome) =
             begin_range_item::<Self, S>(state, begun, &item, scan.select.clone()).await?;
-        let put = enqueue(state, scan, &begun.requests, read.rows).await?;
+        let count = read.rows.len();
+        let put = enqueue(state, scan, &begun.requests, read.rows.into_iter(), count).await?;
         // Every other row is enqueued; a row that cannot be addressed fails the item, named.
         if let Some(e) = unaddressable_error("enqueued", &read.unaddressable) {
             return Err(e);
@@ -189,24 +202,29 @@ impl Driver for EnqueueDriver {
 }
 
 /// Puts `rows` (read from the scan's source, in key order) on the scan's queue; returns the
-/// rows and messages written.
+/// rows (`count` of them) and messages written.
 async fn enqueue<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<Meter>,
-    mut rows: Vec<Entity>,
+    rows: impl Iterator<Item = Entity> + Send,
+    count: usize,
 ) -> Result<Counters, WorkError> {
     let target: EnqueueTarget = scan.options()?;
     let queues = &state.queue_store(&target.connection, requests)?;
-    if scan.select.is_some() {
-        // The service answers a selected property a row lacks as null; the row has no such
-        // property, and the message says so by leaving it out.
-        rows.iter_mut().for_each(drop_nulls);
-    }
-    // Packed lazily: a message's text is made when a put can start, so at most
-    // `copy_concurrency` texts are held beside the rows, not all of a step's.
+    // The service answers a selected property a row lacks as null; the row has no such
+    // property, and the message says so by leaving it out.
+    let selects = scan.select.is_some();
+    let rows = rows.map(move |mut row| {
+        if selects {
+            drop_nulls(&mut row);
+        }
+        row
+    });
+    // Packed lazily: a message's text is made when a put can start, and a row is dropped once
+    // it is packed, so at most `copy_concurrency` texts are held beside the rows not yet packed.
     let queue = target.queue.as_str();
-    let messages = stream::iter(Packer::new(&scan.scan_id, &rows, &target))
+    let messages = stream::iter(Packer::new(&scan.scan_id, rows, &target))
         .map(|text| async move {
             let text = text?;
             queues.put_message_never_expiring(queue, &text).await?;
@@ -216,7 +234,7 @@ async fn enqueue<S: Stores>(
         .try_fold(0i64, |n, ()| async move { Ok(n + 1) })
         .await?;
     Ok(Counters {
-        rows_written: rows.len() as i64,
+        rows_written: count as i64,
         messages_written: messages,
         ..Counters::default()
     })
@@ -229,13 +247,13 @@ pub fn pack(
     rows: &[Entity],
     target: &EnqueueTarget,
 ) -> Result<Vec<String>, WorkError> {
-    Packer::new(scan_id, rows, target).collect()
+    Packer::new(scan_id, rows.iter(), target).collect()
 }
 
 /// [`pack`] one message at a time: each `next` reads rows until a message is full (or the rows
 /// end) and gives its text. Bounded by the rows: each row is read once.
-pub struct Packer<'a> {
-    rows: std::slice::Iter<'a, Entity>,
+pub struct Packer<I> {
+    rows: I,
     /// The text of the row read last that did not fit the message before: the next one's first.
     carry: Option<String>,
     head: String,
@@ -246,10 +264,10 @@ pub struct Packer<'a> {
 /// The end of a message's payload.
 const TAIL: &str = "]}";
 
-impl<'a> Packer<'a> {
-    pub fn new(scan_id: &str, rows: &'a [Entity], target: &EnqueueTarget) -> Self {
+impl<I: Iterator<Item: Borrow<Entity>>> Packer<I> {
+    pub fn new(scan_id: &str, rows: I, target: &EnqueueTarget) -> Self {
         Packer {
-            rows: rows.iter(),
+            rows,
             carry: None,
             head: format!(
                 "{{\"scanId\":{},\"rows\":[",
@@ -282,7 +300,7 @@ impl<'a> Packer<'a> {
     }
 }
 
-impl Iterator for Packer<'_> {
+impl<I: Iterator<Item: Borrow<Entity>>> Iterator for Packer<I> {
     type Item = Result<String, WorkError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -292,7 +310,7 @@ impl Iterator for Packer<'_> {
         while batch.len() < self.per_message {
             let text = match self.carry.take() {
                 Some(text) => text,
-                None => match self.rows.next().map(|row| self.text_of(row)) {
+                None => match self.rows.next().map(|row| self.text_of(row.borrow())) {
                     None => break,
                     Some(Ok(text)) => text,
                     Some(Err(e)) => {

@@ -7,12 +7,15 @@
 //! which the driver works on once the step's children are queued (`Driver::work_rows`, run by
 //! `work::Runner::finish`). The driver is the one the scan records, found in the app's
 //! registry. Only prefix-query steps work on their rows, reading at most the driver's
-//! `Driver::STEP_ROWS` rows (`MAX_ITEM_ROWS` unless it asks for more; plus two pages) with the
+//! `Driver::step_rows` rows (`MAX_ITEM_ROWS` unless it asks for more; plus two pages; and at
+//! most `MAX_STEP_ROW_BYTES` of row text) with the
 //! columns the driver needs; a step that walks one partition (or a serial scan's chain) still
 //! reads keys only and makes work items, so a huge partition is still written by many
 //! invocations at once.
 
-use crate::app::job::{Begun, Executed, RangeWork, ScanContext, WorkError, MAX_ITEM_ROWS};
+use crate::app::job::{
+    Begun, Executed, RangeWork, ScanContext, WorkError, MAX_ITEM_ROWS, MAX_STEP_ROW_BYTES,
+};
 use crate::app::messages::{ChildSpec, StepMessage};
 use crate::app::state::AppState;
 use crate::app::work::Work;
@@ -65,8 +68,8 @@ fn scanner<'a, S: Stores, T: TableStore>(
         let rows = state
             .drivers
             .of(scan)
-            .map_or(MAX_ITEM_ROWS, |d| d.step_rows());
-        let budget = budget.with_max_rows(rows);
+            .map_or(MAX_ITEM_ROWS, |d| d.step_rows(scan));
+        let budget = budget.with_max_rows(rows, MAX_STEP_ROW_BYTES);
         return Scanner::new(source, &scan.source.table, &scan.params, budget);
     }
     if scan.in_step {

@@ -166,7 +166,7 @@ pub enum StepWork {
     Items,
     /// A prefix scan's prefix-query steps read `select` (`None`: every column; `Some(vec![])`:
     /// the keys) and do the driver's work on the rows they read (`Driver::work_rows`),
-    /// reading at most `Driver::STEP_ROWS` rows (plus the page that crosses it and a partition's
+    /// reading at most `Driver::step_rows` rows (plus the page that crosses it and a partition's
     /// page read inline: `StepBudget::max_rows`), so that they are bounded like a work item.
     /// This saves each work item's queue message, bookkeeping and re-read; the price is that
     /// such a step's follow-up steps are queued after its rows are written rather than before.

@@ -63,10 +63,15 @@ pub const MAX_ITEM_QUERIES: usize = 16;
 /// Most rows one work item that reads a key range reads and writes (two pages: see
 /// `drivers::kit::range::read_item`).
 pub const MAX_ITEM_ROWS: usize = 2 * MAX_TAKE as usize;
-/// Most [`Driver::STEP_ROWS`]: a step reads at most its row budget plus two pages, and a
+/// Most [`Driver::step_rows`]: a step reads at most its row budget plus two pages, and a
 /// delivery that adopted its outcome reads each of its ranges again in at most eight reads of
 /// [`MAX_ITEM_ROWS`] (`drivers::kit::hooks`).
 pub const MAX_STEP_ROWS: usize = 7 * MAX_ITEM_ROWS;
+/// Bytes of row text (`Entity::text_len`) after which a step that works on its rows reads no
+/// further page (`StepBudget::max_row_bytes`): a step holds its rows until its work is done,
+/// and up to two dozen steps run at once on an instance, so what they hold is bounded by size
+/// as well as by rows (8 MiB is 14,000 rows of 600 bytes, or 2,000 of 4 KiB).
+pub const MAX_STEP_ROW_BYTES: usize = 8 << 20;
 
 /// One kind of work a scan can do. See the module documentation.
 pub trait Driver: Send + Sync + 'static {
@@ -88,10 +93,14 @@ pub trait Driver: Send + Sync + 'static {
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
     const CHANGES_SOURCE: bool = false;
     /// Rows after which a step that works on its rows (`StepWork::Rows`) reads no further page
-    /// (`StepBudget::max_rows`; the step's query budget bounds it too). A driver whose work per
-    /// row is cheap and whose cost is per step (the index: one blob per step) may ask for more,
-    /// up to [`MAX_STEP_ROWS`], what a delivery that adopted the step's outcome reads again.
-    const STEP_ROWS: usize = MAX_ITEM_ROWS;
+    /// (`StepBudget::max_rows`; the step's query budget and [`MAX_STEP_ROW_BYTES`] bound it
+    /// too). A driver whose cost is per step rather than per row (the index: one blob per
+    /// step; an enqueue of many rows a message) may ask for more, up to [`MAX_STEP_ROWS`], what
+    /// a delivery that adopted the step's outcome reads again.
+    fn step_rows(context: &ScanContext) -> usize {
+        let _ = context;
+        MAX_ITEM_ROWS
+    }
 
     /// The driver's own request fields; `#[serde(rename_all = "camelCase",
     /// deny_unknown_fields)]` so an unknown field is a 4xx naming it.

@@ -44,8 +44,8 @@ pub trait DriverHooks<S>: Send + Sync {
     fn phase(&self, context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError>;
     /// `Driver::CHANGES_SOURCE`.
     fn changes_source(&self) -> bool;
-    /// `Driver::STEP_ROWS`.
-    fn step_rows(&self) -> usize;
+    /// `Driver::step_rows`, at most `MAX_STEP_ROWS`.
+    fn step_rows(&self, context: &ScanContext) -> usize;
     /// Reads and checks the driver's fields and the common ones it accepts (a 4xx names the
     /// field), records the fields as read in `request`, and gives what the scan records.
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError>;

@@ -202,6 +202,7 @@ impl Blog {
             max_pages: 1,
             max_queries: usize::MAX,
             max_rows: usize::MAX,
+            max_row_bytes: usize::MAX,
         };
         let scanner = Scanner::new(&self.tables, &self.source, &self.params, budget);
         loop {

@@ -338,6 +338,7 @@ fn app_state(
         max_pages: d.budget_pages,
         max_queries: d.budget_queries,
         max_rows: usize::MAX,
+        max_row_bytes: usize::MAX,
     };
     Ok(AppState::new(
         config,

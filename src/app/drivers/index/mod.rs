@@ -154,12 +154,15 @@ impl Driver for IndexDriver {
     const NAME: &'static str = "index";
     const COMPLETES: bool = true;
     const PHASES: u32 = 1;
-    /// A step's cost beside a count's is one staging write: the more rows per step, the less
-    /// it weighs (and the fewer records phase 1 reads).
-    const STEP_ROWS: usize = MAX_STEP_ROWS;
     type Fields = IndexFields;
     type Options = IndexOptions;
     type Item = IndexWork;
+
+    /// A step's cost beside a count's is one staging write: the more rows per step, the less
+    /// it weighs (and the fewer records phase 1 reads).
+    fn step_rows(_: &ScanContext) -> usize {
+        MAX_STEP_ROWS
+    }
 
     fn validate(fields: &IndexFields, _: &ScanRequest, config: &Config) -> Result<(), ApiError> {
         check_property(&fields.property)?;

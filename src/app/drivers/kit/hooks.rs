@@ -53,8 +53,8 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         D::CHANGES_SOURCE
     }
 
-    fn step_rows(&self) -> usize {
-        D::STEP_ROWS.min(MAX_STEP_ROWS)
+    fn step_rows(&self, context: &ScanContext) -> usize {
+        D::step_rows(context).min(MAX_STEP_ROWS)
     }
 
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError> {
