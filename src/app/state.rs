@@ -151,6 +151,12 @@ impl<S: Stores> AppState<S> {
         Ok(Counted::new(store.clone(), requests.clone()))
     }
 
+    /// The bookkeeping store, counting requests into `requests` and charging them to a paced
+    /// scan's next tokens instead of waiting ([`Counted::charged`]).
+    pub fn charged_bookkeeping(&self, requests: &Arc<Meter>) -> Counted<S::Table> {
+        Counted::charged(self.bookkeeping().clone(), requests.clone())
+    }
+
     /// The queue store of `connection` (e.g. a driver's target queue on another account),
     /// counting requests into `requests`.
     pub fn queue_store(
@@ -218,21 +224,46 @@ impl<S: Stores> AppState<S> {
 
 /// Wraps a store and counts the requests made through it (one per logical call; the adapter's
 /// own retries are not visible here), so each work item can report its storage requests; a
-/// rate-limited scan's requests wait for their token here (`pace`).
+/// rate-limited scan's requests wait for their token here (`pace`), or, through a
+/// [`Counted::charged`] store, are charged to the scan's next tokens without waiting.
 #[derive(Clone)]
 pub struct Counted<S> {
     inner: S,
     count: Arc<Meter>,
+    wait: bool,
 }
 
 impl<S> Counted<S> {
     pub fn new(inner: S, count: Arc<Meter>) -> Self {
-        Counted { inner, count }
+        Counted {
+            inner,
+            count,
+            wait: true,
+        }
     }
 
-    /// Counts the request about to be sent (waiting for its token if the scan is paced).
+    /// A store whose requests are counted and charged to the scan's pacer as debt (paid by
+    /// the instance's next tokens) instead of each waiting for a token: for a work item's
+    /// commit, whose optimistic read-and-write of a counter shard must not be stretched by
+    /// token waits, or instances contend on the shard (pace module, invariant 1).
+    pub fn charged(inner: S, count: Arc<Meter>) -> Self {
+        Counted {
+            inner,
+            count,
+            wait: false,
+        }
+    }
+
+    /// Counts the request about to be sent (waiting for its token if the scan is paced and
+    /// this store waits).
     async fn tick(&self) -> StorageResult<()> {
-        self.count.tick().await
+        match self.wait {
+            true => self.count.tick().await,
+            false => {
+                self.count.charge_one();
+                Ok(())
+            }
+        }
     }
 }
 

@@ -6,6 +6,12 @@ use crate::app::tracking::MAX_FOLDED_CHILDREN;
 use crate::storage::stores::Stores;
 use crate::storage::Entity;
 
+/// Tokens a paced commit takes before settling its outcome (the work row's read and write and
+/// the counter's, in the usual case).
+const SETTLE_TOKENS: u32 = 4;
+/// Tokens it takes before its completion's transaction (a counter read and the write).
+const COMPLETE_TOKENS: u32 = 2;
+
 impl<S: Stores> Runner<'_, S> {
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
     /// `result` is ignored when an earlier execution's outcome was recorded.
@@ -71,7 +77,10 @@ impl<S: Stores> Runner<'_, S> {
             Ok(executed) => (Ok(executed.outcome), executed.rows),
             Err(e) => (Err(e), Vec::new()),
         };
-        let store = self.app.counted_table(STORAGE_SETTING, &begun.requests)?;
+        // The commit's requests must not wait between an optimistic read and its write: they
+        // take their tokens ahead (pace module, invariant 1).
+        begun.requests.prepay(SETTLE_TOKENS).await?;
+        let store = self.app.charged_bookkeeping(&begun.requests);
         let tracker = self.app.tracker_on(&store);
         let own = begun.shard;
         let Settled {
@@ -94,6 +103,7 @@ impl<S: Stores> Runner<'_, S> {
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
             begun.requests.count() as i64 + if counter.is_some() { 1 } else { 2 };
+        begun.requests.prepay(COMPLETE_TOKENS).await?;
         let completion = tracker
             .complete(
                 &scan.scan_id,
