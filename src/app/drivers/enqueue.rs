@@ -36,7 +36,7 @@ use crate::app::error::ApiError;
 use crate::app::job::request::{check_connection, default_connection};
 use crate::app::job::{
     Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, WorkError,
-    WorkOutcome, WorkSplit, MAX_ITEM_ROWS,
+    WorkOutcome, WorkSplit, MAX_ITEM_ROWS, MAX_STEP_QUERY_SCALE,
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
@@ -162,6 +162,16 @@ impl Driver for EnqueueDriver {
         let target = context.options::<EnqueueTarget>();
         let per_message = target.map_or(1, |t| t.rows_per_message.max(1) as usize);
         per_message.saturating_mul(MAX_ITEM_ROWS)
+    }
+
+    /// Twice the app's queries when a message carries several rows: in tables of small
+    /// partitions a step's queries run out before its rows (simulated: ~2,800 rows a step).
+    fn step_query_scale(context: &ScanContext) -> usize {
+        let target = context.options::<EnqueueTarget>();
+        match target.map_or(1, |t| t.rows_per_message) {
+            1 => 1,
+            _ => MAX_STEP_QUERY_SCALE,
+        }
     }
 
     fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {

@@ -19,7 +19,7 @@ use crate::app::job::{
 use crate::app::messages::{ChildSpec, StepMessage};
 use crate::app::state::AppState;
 use crate::app::work::Work;
-use crate::scan::{Scanner, Step};
+use crate::scan::{Scanner, Step, StepBudget};
 use crate::storage::stores::Stores;
 use crate::storage::TableStore;
 
@@ -65,11 +65,13 @@ fn scanner<'a, S: Stores, T: TableStore>(
 ) -> Scanner<'a, T> {
     let budget = state.config.step_budget;
     if works_in_step(scan, step) {
-        let rows = state
-            .drivers
-            .of(scan)
-            .map_or(MAX_ITEM_ROWS, |d| d.step_rows(scan));
-        let budget = budget.with_max_rows(rows, MAX_STEP_ROW_BYTES);
+        let driver = state.drivers.of(scan).ok();
+        let rows = driver.map_or(MAX_ITEM_ROWS, |d| d.step_rows(scan));
+        let scale = driver.map_or(1, |d| d.step_query_scale(scan));
+        let budget = StepBudget {
+            max_queries: budget.max_queries.saturating_mul(scale),
+            ..budget.with_max_rows(rows, MAX_STEP_ROW_BYTES)
+        };
         return Scanner::new(source, &scan.source.table, &scan.params, budget);
     }
     if scan.in_step {

@@ -24,7 +24,8 @@ pub use context::{
     is_valid_scan_id, DriverName, ScanContext, Setup, StepWork, TableRef, WorkSplit,
 };
 pub use driver::{
-    accepts, item_child, Driver, MAX_ITEM_QUERIES, MAX_ITEM_ROWS, MAX_STEP_ROWS, MAX_STEP_ROW_BYTES,
+    accepts, item_child, Driver, MAX_ITEM_QUERIES, MAX_ITEM_ROWS, MAX_STEP_QUERY_SCALE,
+    MAX_STEP_ROWS, MAX_STEP_ROW_BYTES,
 };
 pub use error::WorkError;
 pub use outcome::{Executed, Segment, WorkOutcome};

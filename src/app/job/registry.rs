@@ -46,6 +46,8 @@ pub trait DriverHooks<S>: Send + Sync {
     fn changes_source(&self) -> bool;
     /// `Driver::step_rows`, at most `MAX_STEP_ROWS`.
     fn step_rows(&self, context: &ScanContext) -> usize;
+    /// `Driver::step_query_scale`, 1..=`MAX_STEP_QUERY_SCALE`.
+    fn step_query_scale(&self, context: &ScanContext) -> usize;
     /// Reads and checks the driver's fields and the common ones it accepts (a 4xx names the
     /// field), records the fields as read in `request`, and gives what the scan records.
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError>;

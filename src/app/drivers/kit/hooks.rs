@@ -11,7 +11,7 @@ use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::job::{
     accepts, item_child, Begun, BoxFuture, Driver, DriverHooks, RangeWork, ScanContext,
-    ScanRequest, Setup, WorkError, WorkOutcome, MAX_STEP_ROWS,
+    ScanRequest, Setup, WorkError, WorkOutcome, MAX_STEP_QUERY_SCALE, MAX_STEP_ROWS,
 };
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::state::AppState;
@@ -55,6 +55,10 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
 
     fn step_rows(&self, context: &ScanContext) -> usize {
         D::step_rows(context).min(MAX_STEP_ROWS)
+    }
+
+    fn step_query_scale(&self, context: &ScanContext) -> usize {
+        D::step_query_scale(context).clamp(1, MAX_STEP_QUERY_SCALE)
     }
 
     fn plan(&self, request: &mut ScanRequest, config: &Config) -> Result<Setup, ApiError> {
