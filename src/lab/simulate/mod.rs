@@ -10,10 +10,12 @@
 
 pub mod blog;
 pub mod cloud;
+pub mod cloud_blob;
 pub mod data;
 pub mod enqueue;
 pub mod host;
 pub mod model;
+pub mod props;
 pub mod report;
 pub mod scenario;
 pub mod summary;
@@ -39,7 +41,8 @@ use crate::lab::memory::MemoryTableStore;
 use crate::scan::{Scanner, StepBudget, Strategy};
 use crate::storage::QueueStore;
 
-use cloud::{Account, CloudQueues, CloudTables, Retry, SimStores};
+use cloud::{Account, CloudQueues, CloudTables, Retry};
+use cloud_blob::{CloudBlobs, SimStores};
 use data::{nuget_like, Sink, SyntheticStore};
 use enqueue::QueueSink;
 use host::{Host, ScanMode};
@@ -245,7 +248,9 @@ async fn simulate(
         messages_put: Arc::new(AtomicU64::new(0)),
         destination: destination.clone(),
     };
-    let state = app_state(&scenario.design, &model, tables.clone(), queues.clone())?;
+    let blobs = CloudBlobs::new(account.clone());
+    let stores = (tables.clone(), queues.clone(), blobs.clone());
+    let state = app_state(&scenario.design, &model, stores)?;
     let router = app(state.clone());
     let blog = (scenario.variant != Variant::Prefix).then(|| {
         Arc::new(blog::Blog::new(
@@ -315,8 +320,7 @@ async fn simulate(
 fn app_state(
     d: &Design,
     model: &Model,
-    tables: CloudTables,
-    queues: CloudQueues,
+    (tables, queues, blobs): (CloudTables, CloudQueues, CloudBlobs),
 ) -> Result<Arc<AppState<SimStores>>, String> {
     let settings: BTreeMap<&str, String> = [
         (
@@ -339,12 +343,12 @@ fn app_state(
         max_queries: d.budget_queries,
         max_rows: usize::MAX,
     };
-    Ok(AppState::new(
+    let own = || "AzureWebJobsStorage".to_string();
+    Ok(AppState::with_connections(
         config,
-        [("AzureWebJobsStorage".to_string(), tables)]
-            .into_iter()
-            .collect(),
-        queues,
+        [(own(), tables)].into(),
+        [(own(), queues)].into(),
+        [(own(), Ok(blobs))].into(),
         crate::app::drivers::registry(),
     ))
 }
