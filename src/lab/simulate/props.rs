@@ -77,3 +77,44 @@ pub fn rows_with(table: &SyntheticTable, property: &str, value: &str) -> Vec<(St
         _ => Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{odata, Query};
+
+    /// A query with a condition on a simulated property returns exactly the oracle's rows.
+    #[test]
+    fn a_property_condition_returns_the_oracles_rows() {
+        let table = super::super::data::nuget_like(3_000, 14.0, 3).with_properties();
+        for (property, row) in [(THOUSAND, 17u64), (DISTINCT, 2_500)] {
+            let mut e = table.entity(row);
+            add(&mut e, row, None);
+            let value: String =
+                serde_json::from_str(e.properties.get(property).unwrap().get()).unwrap();
+            let expected = rows_with(&table, property, &value);
+            assert!(expected.contains(&(e.partition_key.clone(), e.row_key.clone())));
+            let expr = odata::parse(&format!("{property} eq '{value}'")).unwrap();
+            let mut found = Vec::new();
+            let mut query = Query {
+                filter: Some(Filter::Where(expr)),
+                ..Query::default()
+            };
+            loop {
+                let page = table.query(&query).unwrap();
+                found.extend(
+                    page.entities
+                        .into_iter()
+                        .map(|e| (e.partition_key, e.row_key)),
+                );
+                match page.continuation {
+                    Some(c) => query.continuation = Some(c),
+                    None => break,
+                }
+            }
+            assert_eq!(found, expected, "{property} = {value}");
+        }
+        assert_eq!(author(5), author(5));
+        assert!(rows_with(&table, DISTINCT, "nothing/00.0.0").is_empty());
+    }
+}
