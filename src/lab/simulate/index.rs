@@ -8,6 +8,8 @@
 //! - **The check does not count**: it runs after the run's figures were taken, so its
 //!   requests are not in the build's.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use serde_json::json;
 
@@ -17,6 +19,7 @@ use crate::storage::request_counts::RequestCounts;
 use super::api::call;
 use super::cloud::Account;
 use super::data::SyntheticTable;
+use super::host::Execution;
 use super::props;
 use super::scenario::IndexDesign;
 
@@ -68,6 +71,9 @@ pub struct IndexFigures {
     pub requests: Breakdown,
     /// The scan's status: `rowsWritten` of a build (rows indexed), `rowsMatched` of a count.
     pub rows: u64,
+    /// Executions by function, and of those the ones that failed (their message ran again).
+    pub executions: BTreeMap<&'static str, u64>,
+    pub failed_executions: u64,
     /// This run's requests ÷ its count's (builds, when the count ran beside it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_count: Option<f64>,
@@ -102,6 +108,17 @@ impl IndexFigures {
     }
 }
 
+impl IndexFigures {
+    /// Counts `executions` by function.
+    pub fn with_executions(mut self, executions: &[Execution]) -> Self {
+        for e in executions {
+            *self.executions.entry(e.function.name()).or_default() += 1;
+            self.failed_executions += u64::from(!e.succeeded);
+        }
+        self
+    }
+}
+
 /// The figures of a finished build or count (`requests` taken before this runs any request).
 pub async fn figures(
     router: &axum::Router,
@@ -124,6 +141,8 @@ pub async fn figures(
         property: index.map(|i| i.property.clone()),
         requests,
         rows: reply[field].as_u64().unwrap_or(0),
+        executions: BTreeMap::new(),
+        failed_executions: 0,
         ratio_to_count: None,
         lookups: Vec::new(),
     };

@@ -301,6 +301,7 @@ async fn simulate(
         let requests = index::Breakdown::of(&account);
         let design = scenario.design.index.as_ref();
         let figures = index::figures(&api, requests, &scan_id, design, &source).await?;
+        let figures = figures.with_executions(&host.executions.lock().unwrap());
         result.rows_copied = figures.rows;
         result.copy_verified = figures.verified(source.total_rows());
         result.index = Some(figures);

@@ -345,9 +345,9 @@ fn index_section(md: &mut String, results: &[ScenarioResult]) {
          Every request, every attempt. Queries are the source's and the bookkeeping's; point \
          reads and batches are bookkeeping. The goal: a build within 1.2 × the requests of the \
          count.\n\n\
-         | rows | plan | scan | duration | requests (per 1,000 rows) | ÷ count | queries | point \
-         reads, batches | queue puts, gets, deletes, updates | blob writes, reads, lists, admin | \
-         lookups checked: rows (missing) | verified |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+         | rows | plan | scan | duration | executions (failed) | requests (per 1,000 rows) | \
+         ÷ count | queries | point reads, batches | queue puts, gets, deletes, updates | blob writes, reads, lists, admin | \
+         lookups checked: rows (missing) | verified |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (r, f) in runs {
         let (t, b) = (&f.requests.tables_and_queues, &f.requests.blobs);
@@ -362,10 +362,12 @@ fn index_section(md: &mut String, results: &[ScenarioResult]) {
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {scan} | {} | {} ({:.2}) | {} | {} | {}, {} | {}, {}, {}, {} | {}, {}, {}, {} | {} | {} |",
+            "| {} | {} | {scan} | {} | {} ({}) | {} ({:.2}) | {} | {} | {}, {} | {}, {}, {}, {} | {}, {}, {}, {} | {} | {} |",
             rows(r.rows),
             r.plan,
             duration(r),
+            r.executions,
+            f.failed_executions,
             f.requests.total,
             f.requests.total as f64 * 1000.0 / r.rows as f64,
             f.ratio_to_count.map_or("—".into(), |x| format!("{x:.3} ×")),
