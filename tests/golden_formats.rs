@@ -1526,12 +1526,7 @@ fn in_process_app() -> InProcess {
         config,
         BTreeMap::from([(own.clone(), account.table_store(counters.clone()))]),
         BTreeMap::from([(own.clone(), account.queue_store(counters))]),
-        BTreeMap::from([(
-            own,
-            Ok(tablescan::storage::any_blob::AnyBlobStore::Azure(
-                support::backup::blobs(),
-            )),
-        )]),
+        BTreeMap::from([(own, Ok(support::backup::blobs()))]),
         tablescan::app::drivers::registry(),
     )
 }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::storage::any_blob::AnyBlobStore;
 use crate::storage::blob::BlobRequestCounters;
 use crate::storage::connection::StorageAccount;
 use crate::storage::request_counts::RequestCounters;
@@ -46,7 +45,7 @@ pub async fn serve_from_env() -> Result<(), String> {
         queues.insert(name.clone(), account.queue_store(counters.clone()));
         // A connection without a blob endpoint fails only if a scan uses its blobs.
         let store = account.blob_store(blob_counters.clone());
-        blobs.insert(name.clone(), store.map(AnyBlobStore::Azure));
+        blobs.insert(name.clone(), store);
     }
     let listener = TcpListener::bind(("127.0.0.1", config.port))
         .await

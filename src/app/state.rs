@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 
-use crate::storage::any_blob::AnyBlobStore;
 use crate::storage::blob::{
     BlobListPage, BlobProperties, BlobStore, BlobWrite, BlockListing, Downloaded,
 };
@@ -85,9 +84,9 @@ pub struct AppState<S: Stores> {
     /// Queue stores by connection, for drivers that write to a queue on another connection
     /// ([`AppState::queue_store`]); the app's own account is always there.
     pub connection_queues: BTreeMap<String, S::Queue>,
-    /// Blob stores by connection (export and import); a connection without a blob endpoint
+    /// Blob stores by connection (export, import, indexes); a connection without a blob endpoint
     /// holds the error naming the setting to add, returned when blobs are used.
-    pub blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
+    pub blobs: BTreeMap<String, Result<S::Blob, StorageError>>,
     pub scan_states: ScanStateCache,
     /// The drivers scans can name (`drivers::registry`).
     pub drivers: Drivers<AppState<S>>,
@@ -117,7 +116,7 @@ impl<S: Stores> AppState<S> {
         config: Config,
         tables: BTreeMap<String, S::Table>,
         queues: BTreeMap<String, S::Queue>,
-        blobs: BTreeMap<String, Result<AnyBlobStore, StorageError>>,
+        blobs: BTreeMap<String, Result<S::Blob, StorageError>>,
         drivers: Drivers<AppState<S>>,
     ) -> Arc<Self> {
         assert!(
@@ -188,7 +187,7 @@ impl<S: Stores> AppState<S> {
         &self,
         connection: &str,
         requests: &Arc<Meter>,
-    ) -> StorageResult<Counted<AnyBlobStore>> {
+    ) -> StorageResult<Counted<S::Blob>> {
         match self.blobs.get(connection) {
             Some(Ok(store)) => Ok(Counted::new(store.clone(), requests.clone())),
             Some(Err(e)) => Err(e.clone()),

@@ -18,14 +18,13 @@
 //!   clients from an account (they add `StorageAccount::table_store`, `queue_store` and
 //!   `blob_store`).
 //!
-//! Blob Storage (export and import): [`blob`] is the [`blob::BlobStore`] interface and its
-//! checks, [`any_blob`] the store the app holds. (The export file format is the export and
-//! import drivers', in `app::export_format`.)
+//! Blob Storage (export, import, indexes): [`blob`] is the [`blob::BlobStore`] interface and its
+//! checks; the app holds its kind's store per connection ([`stores::Stores::Blob`]). (The export
+//! file format is the export and import drivers', in `app::export_format`.)
 //!
 //! Invariants: the adapters never import each other or anything above them; only what is used
 //! outside `storage` is `pub`; no text made here carries a secret.
 
-pub mod any_blob;
 mod app_settings;
 mod auth;
 mod azure;

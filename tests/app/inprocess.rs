@@ -988,12 +988,13 @@ impl tablescan::storage::TableStore for FailingInserts {
     forward_table_store!(inner: get_entity, create_table, delete_table);
 }
 
-/// [`FailingInserts`] with the in-memory queues.
+/// [`FailingInserts`] with the in-memory queues and blobs.
 struct FailingStores;
 
 impl Stores for FailingStores {
     type Table = FailingInserts;
     type Queue = MemoryQueueStore;
+    type Blob = tablescan::lab::memory::MemoryBlobStore;
 }
 
 /// The app over `tables` behind [`FailingInserts`] for `table` (disarmed: arm it with the flag

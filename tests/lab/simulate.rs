@@ -14,8 +14,8 @@ use tablescan::lab::simulate::data::SyntheticTable;
 use tablescan::lab::simulate::model::{Flex, Model, Plan};
 use tablescan::lab::simulate::summary::floor;
 use tablescan::lab::simulate::{
-    run_scenario, run_scenarios, run_simulate, scenarios, Scenario, ScenarioResult, SimulateArgs,
-    Variant,
+    pair_with_counts, run_scenario, run_scenarios, run_simulate, scenarios, Scenario,
+    ScenarioResult, SimulateArgs, Variant,
 };
 use tablescan::scan::ScanParameters;
 
@@ -612,6 +612,73 @@ fn an_enqueue_puts_every_row_on_the_queue_near_its_minimum() {
     let copy: Value = serde_json::from_str(&simulated_json(&copy.unwrap())).unwrap();
     assert!(copy.get("enqueue").is_none() && copy["floor"].get("queue_seconds").is_none());
     assert!(copy["design"].get("enqueue").is_none());
+}
+
+/// An index build (issue 29) in the simulator, end to end: tablescan's real index driver over
+/// the simulated blob service, then lookups through the real API, each value's rows checked
+/// against the simulated table's own data (no false negatives, nothing else returned); its
+/// requests by kind beside a count of the same table (simulated).
+#[test]
+fn an_index_build_finds_every_row_of_the_values_looked_up() {
+    let model = Model::default();
+    let a = args(&["--driver", "index", "--index-check-values", "3"]);
+    // `--driver index` runs a count of the same table beside each build.
+    let pair = scenarios(&args(&[
+        "--rows",
+        "20000",
+        "--variant",
+        "prefix",
+        "--driver",
+        "index",
+    ]));
+    assert_eq!(pair.len(), 2);
+    assert!(pair[0].design.count && pair[1].design.index.is_some());
+    let build = Scenario::new(20_000, Variant::Prefix, &a);
+    let mut results: Vec<ScenarioResult> = [build.clone().count(), build]
+        .iter()
+        .map(|s| run_scenario(s, &model, 7, 30.0).unwrap())
+        .collect();
+    pair_with_counts(&mut results);
+    let (count, index) = (&results[0], &results[1]);
+    for r in [count, index] {
+        assert!(r.completed && r.copy_verified, "{r:?}");
+        assert_eq!(r.rows_copied, 20_000);
+        assert_eq!(r.requests, r.index.as_ref().unwrap().requests.total);
+    }
+    let c = count.index.as_ref().unwrap();
+    let f = index.index.as_ref().unwrap();
+    assert_eq!((c.driver, f.driver), ("count", "index"));
+    assert_eq!(c.requests.blobs.total(), 0);
+    assert!(
+        f.requests.blobs.write > 0 && f.requests.blobs.read > 0,
+        "{f:?}"
+    );
+    let ratio = f.ratio_to_count.expect("paired with its count");
+    assert_eq!(ratio, f.requests.total as f64 / c.requests.total as f64);
+    // Three values of the table (each held by ~20 rows of 20,000) and one no row holds.
+    assert_eq!(f.lookups.len(), 4, "{f:?}");
+    for l in &f.lookups[..3] {
+        assert!(l.expected_rows > 0, "{l:?}");
+    }
+    assert_eq!(f.lookups[3].expected_rows, 0);
+    for l in &f.lookups {
+        assert_eq!((l.missing_rows, l.wrong_rows), (0, 0), "{l:?}");
+    }
+    // A property with a different value on every row: each lookup finds its one row.
+    let distinct = args(&["--driver", "index", "--index-property", "Id"]);
+    let r = run_scenario(
+        &Scenario::new(5_000, Variant::Prefix, &distinct),
+        &model,
+        7,
+        30.0,
+    );
+    let r = r.unwrap();
+    assert!(r.completed && r.copy_verified, "{r:?}");
+    let lookups = &r.index.as_ref().unwrap().lookups;
+    assert_eq!(lookups.len(), 5);
+    assert!(lookups[..4]
+        .iter()
+        .all(|l| l.expected_rows == 1 && l.missing_rows == 0));
 }
 
 /// A queue slower than the scan (400 messages/s here, so that 20,000 rows show it): refused

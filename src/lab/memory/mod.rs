@@ -13,10 +13,11 @@ pub use table::{MemoryTableStore, Pagination};
 
 use crate::storage::stores::Stores;
 
-/// The in-memory table and queue stores, as one kind of [`Stores`] (in-process app tests).
+/// The in-memory table, queue and blob stores, as one kind of [`Stores`] (in-process app tests).
 pub struct MemoryStores;
 
 impl Stores for MemoryStores {
     type Table = MemoryTableStore;
     type Queue = MemoryQueueStore;
+    type Blob = MemoryBlobStore;
 }

@@ -16,8 +16,8 @@ use tokio::time::{sleep, Instant};
 
 use crate::lab::memory::MemoryQueueStore;
 use crate::lab::memory::MemoryTableStore;
+use crate::storage::blob::BlobRequestCounters;
 use crate::storage::request_counts::{RequestCounters, RequestKind};
-use crate::storage::stores::Stores;
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, KeyColumn, Page, Query, QueueStore, ReceivedMessage,
     StorageError, StorageResult, TableStore,
@@ -124,6 +124,7 @@ pub struct Account {
     queues: Mutex<HashMap<String, Bucket>>,
     pub table_counters: RequestCounters,
     pub queue_counters: RequestCounters,
+    pub blob_counters: BlobRequestCounters,
     pub throttled: AtomicU64,
     /// Throttled requests by what refused them (account, table partition, queue).
     pub throttled_by: Mutex<std::collections::BTreeMap<String, u64>>,
@@ -144,6 +145,7 @@ impl Account {
             queues: Mutex::new(HashMap::new()),
             table_counters: RequestCounters::new(),
             queue_counters: RequestCounters::new(),
+            blob_counters: BlobRequestCounters::new(),
             throttled: AtomicU64::new(0),
             throttled_by: Mutex::new(Default::default()),
         })
@@ -253,6 +255,40 @@ impl Account {
         }
     }
 
+    /// Sends one request (not a table's) until admitted or out of attempts: `count` on every
+    /// attempt, half of `latency_ms` to the server, admission (the account's rate, and `queue`'s
+    /// message rate), `run` there (its result and any further latency, e.g. a body's transfer),
+    /// the other half back, then the caller's CPU.
+    pub(super) async fn send<T, F>(
+        &self,
+        count: impl Fn(),
+        latency_ms: f64,
+        queue: Option<(&str, f64)>,
+        mut run: impl FnMut() -> F,
+    ) -> StorageResult<T>
+    where
+        F: std::future::Future<Output = (StorageResult<T>, Duration)>,
+    {
+        let mut attempt = 1;
+        loop {
+            count();
+            let half = self.jittered(latency_ms) / 2;
+            sleep(half).await;
+            if self.admit(None, queue) {
+                let (result, more) = run().await;
+                sleep(half + more).await;
+                charge_cpu(self.model.cpu_per_request_ms).await;
+                return result;
+            }
+            sleep(half).await;
+            if attempt >= self.max_attempts() {
+                return Err(Account::busy());
+            }
+            sleep(self.backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
     fn busy() -> StorageError {
         StorageError::from_status(503, Some("ServerBusy".into()), "simulated throttling")
     }
@@ -275,14 +311,6 @@ fn single_partition(filter: Option<&Filter>) -> Option<&str> {
         Filter::And(parts) => parts.iter().find_map(|p| single_partition(Some(p))),
         _ => None,
     }
-}
-
-/// The simulated table and queue services, as one kind of [`Stores`] (the app the simulator runs).
-pub struct SimStores;
-
-impl Stores for SimStores {
-    type Table = CloudTables;
-    type Queue = CloudQueues;
 }
 
 /// The simulated table service: bookkeeping in `MemoryTableStore`, source and destination
@@ -457,26 +485,13 @@ impl CloudQueues {
         mut run: impl FnMut() -> F,
     ) -> StorageResult<T> {
         let account = &self.account;
-        let m = &account.model;
-        let mut attempt = 1;
-        loop {
-            account.queue_counters.record(kind);
-            let half = account.jittered(latency_ms) / 2;
-            sleep(half).await;
-            let admitted = account.admit(None, (messages > 0.0).then_some((queue, messages)));
-            if admitted {
-                let result = run().await;
-                sleep(half).await;
-                charge_cpu(m.cpu_per_request_ms).await;
-                return result;
-            }
-            sleep(half).await;
-            if attempt >= account.max_attempts() {
-                return Err(Account::busy());
-            }
-            sleep(account.backoff(attempt)).await;
-            attempt += 1;
-        }
+        let queue = (messages > 0.0).then_some((queue, messages));
+        let count = || account.queue_counters.record(kind);
+        let run = || {
+            let f = run();
+            async move { (f.await, Duration::ZERO) }
+        };
+        account.send(count, latency_ms, queue, run).await
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::props;
 use crate::storage::{
     compare_keys, BatchOperation, CompareOp, Continuation, Entity, Filter, KeyColumn, Page, Query,
     StorageError, StorageResult, TableStore, MAX_TAKE,
@@ -97,6 +98,8 @@ pub struct SyntheticTable {
     ascii: bool,
     /// `starts[i]` is the global index of partition `i`'s first row; `starts[n]` is the total.
     starts: Vec<u64>,
+    /// Rows carry the simulated properties (`props`) when selected; otherwise keys only.
+    properties: bool,
 }
 
 /// Above this many partitions in range, a RowKey comparison is evaluated linearly instead.
@@ -122,7 +125,23 @@ impl SyntheticTable {
             keys,
             ascii,
             starts,
+            properties: false,
         }
+    }
+
+    /// The same table whose rows carry the simulated properties (`props`).
+    pub fn with_properties(mut self) -> Self {
+        self.properties = true;
+        self
+    }
+
+    /// The global index of the row (pk, rk), if the table has it.
+    pub fn row_of(&self, pk: &str, rk: &str) -> Option<u64> {
+        let p = self.partition_index(pk)?;
+        let count = self.starts[p + 1] - self.starts[p];
+        parse_row_key(rk)
+            .filter(|&i| i < count && row_key(i) == rk)
+            .map(|i| self.starts[p] + i)
     }
 
     pub fn total_rows(&self) -> u64 {
@@ -150,7 +169,7 @@ impl SyntheticTable {
     /// Row `row` as an entity. Rows carry their keys only: the model charges a full row's
     /// size (`Model::full_row_bytes`) for latency, and a property map per row (a B-tree node of
     /// ~600 bytes) was the simulator's biggest allocation churn.
-    fn entity(&self, row: u64) -> Entity {
+    pub fn entity(&self, row: u64) -> Entity {
         let p = self.partition_of(row);
         Entity::new(&*self.keys[p], row_key(row - self.starts[p]))
     }
@@ -279,7 +298,8 @@ impl SyntheticTable {
                 }
                 Some(union(all))
             }
-            // Row filters on other properties: the simulated tables have none.
+            // Row filters on other properties: every row here, checked row by row (`select`).
+            Filter::Where(_) if self.properties => Some(vec![dom]),
             Filter::Where(_) => None,
         }
     }
@@ -293,10 +313,19 @@ impl SyntheticTable {
         // No large up-front capacity: most queries return a few rows, and allocations of a
         // KiB or more make glibc consolidate its free lists (a hot spot in profiles).
         let mut rows = Vec::new();
+        // A condition on the simulated properties: checked on each row of the key ranges.
+        let residual = filter.filter(|f| self.properties && props::has_where(f));
+        let keep = |i: u64| {
+            residual.map_or(true, |f| {
+                let mut e = self.entity(i);
+                props::add(&mut e, i, None);
+                f.matches_entity(&e)
+            })
+        };
         match ranges {
             Some(ranges) => {
                 for (lo, hi) in ranges {
-                    for i in lo..hi {
+                    for i in (lo..hi).filter(|&i| keep(i)) {
                         if rows.len() == limit {
                             return (rows, true);
                         }
@@ -310,7 +339,7 @@ impl SyntheticTable {
                 let f = filter.expect("no filter always has ranges");
                 for i in dom.0..dom.1 {
                     let p = self.partition_of(i);
-                    if f.matches(&self.keys[p], &row_key(i - self.starts[p])) {
+                    if f.matches(&self.keys[p], &row_key(i - self.starts[p])) && keep(i) {
                         if rows.len() == limit {
                             return (rows, true);
                         }
@@ -367,7 +396,11 @@ impl SyntheticTable {
             while self.starts[p + 1] <= i {
                 p += 1;
             }
-            entities.push(Entity::new(&*self.keys[p], row_key(i - self.starts[p])));
+            let mut e = Entity::new(&*self.keys[p], row_key(i - self.starts[p]));
+            if self.properties {
+                props::add(&mut e, i, query.select.as_deref());
+            }
+            entities.push(e);
         }
         Ok(Page {
             entities,

@@ -25,7 +25,8 @@ use crate::app::state::AppState;
 use crate::storage::{MessageEncoding, QueueStore, ReceivedMessage};
 
 use super::blog::Blog;
-use super::cloud::{charge_cpu, CloudQueues, Cpu, SimStores, CPU};
+use super::cloud::{charge_cpu, CloudQueues, Cpu, CPU};
+use super::cloud_blob::SimStores;
 use super::model::{Flex, Model, Plan};
 
 pub type SimState = Arc<AppState<SimStores>>;

@@ -8,12 +8,16 @@
 //! cloud run in seconds and the same seed gives the same result. Every figure it produces is
 //! simulated, not measured.
 
+pub mod api;
 pub mod blog;
 pub mod cloud;
+pub mod cloud_blob;
 pub mod data;
 pub mod enqueue;
 pub mod host;
+pub mod index;
 pub mod model;
+pub mod props;
 pub mod report;
 pub mod scenario;
 pub mod summary;
@@ -23,12 +27,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::Request;
-use http_body_util::BodyExt;
 use serde_json::json;
 use tokio::time::{sleep, Instant};
-use tower::ServiceExt;
 
 use crate::app::config::Config;
 use crate::app::server::app;
@@ -39,7 +39,9 @@ use crate::lab::memory::MemoryTableStore;
 use crate::scan::{Scanner, StepBudget, Strategy};
 use crate::storage::QueueStore;
 
-use cloud::{Account, CloudQueues, CloudTables, Retry, SimStores};
+use api::start_scan;
+use cloud::{Account, CloudQueues, CloudTables, Retry};
+use cloud_blob::{CloudBlobs, SimStores};
 use data::{nuget_like, Sink, SyntheticStore};
 use enqueue::QueueSink;
 use host::{Host, ScanMode};
@@ -58,7 +60,8 @@ pub fn run_simulate(args: SimulateArgs) -> Result<(), String> {
     let jobs = args.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    let results = run_scenarios(&scenarios, &model, args.seed, args.horizon_minutes, jobs)?;
+    let mut results = run_scenarios(&scenarios, &model, args.seed, args.horizon_minutes, jobs)?;
+    pair_with_counts(&mut results);
     let out = json!({
         "simulated": true,
         "note": "Every figure is simulated by tablescan's cloud model (docs/simulator.md), not measured on Azure.",
@@ -78,6 +81,27 @@ pub fn run_simulate(args: SimulateArgs) -> Result<(), String> {
         .unwrap_or_else(|| args.out.with_extension("md"));
     write(&report_path, &report::render(&results, &model, args.seed))?;
     Ok(())
+}
+
+/// Sets each index build's ratio to the count of the same table (same rows, plan and label).
+pub fn pair_with_counts(results: &mut [ScenarioResult]) {
+    let count_of = |r: &ScenarioResult, results: &[ScenarioResult]| {
+        results
+            .iter()
+            .filter_map(|c| Some((c, c.index.as_ref()?)))
+            .find(|(c, f)| {
+                f.driver == "count" && (c.rows, c.plan, &c.label) == (r.rows, r.plan, &r.label)
+            })
+            .map(|(_, f)| f.requests.total)
+    };
+    for i in 0..results.len() {
+        let count = count_of(&results[i], results);
+        if let (Some(f), Some(count)) = (results[i].index.as_mut(), count) {
+            if f.driver == "index" && count > 0 {
+                f.ratio_to_count = Some(f.requests.total as f64 / count as f64);
+            }
+        }
+    }
 }
 
 fn write(path: &std::path::Path, text: &str) -> Result<(), String> {
@@ -140,7 +164,11 @@ pub fn run_scenario(
     if scenario.plan == Plan::Flex {
         scenario.flex.validate()?;
     }
-    let source = Arc::new(nuget_like(scenario.rows, model.mean_rows_per_key, seed));
+    let mut table = nuget_like(scenario.rows, model.mean_rows_per_key, seed);
+    if scenario.has_properties() {
+        table = table.with_properties();
+    }
+    let source = Arc::new(table);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -163,51 +191,6 @@ pub fn run_scenario(
     ))?;
     result.wall_seconds = wall.elapsed().as_secs_f64();
     Ok(result)
-}
-
-/// Starts tablescan's scan through its real HTTP API; returns the scan id.
-async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String> {
-    let mut body = json!({
-        "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
-        "strategy": d.strategy, "takeCount": d.take,
-        "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
-        "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
-    });
-    if let Some(e) = &d.enqueue {
-        let fields = body.as_object_mut().expect("an object");
-        fields.remove("destinationTable");
-        fields.remove("workSplit");
-        fields.insert("driver".into(), json!("enqueue"));
-        fields.insert("destinationQueue".into(), json!(enqueue::DESTINATION_QUEUE));
-        fields.insert("rowsPerMessage".into(), json!(e.rows_per_message));
-    }
-    if let Some(limit) = d.max_requests_per_second {
-        body["maxRequestsPerSecond"] = json!(limit);
-    }
-    let response = router
-        .clone()
-        .oneshot(
-            Request::builder()
-                .method("POST")
-                .uri("/api/scans")
-                .header("content-type", "application/json")
-                .body(Body::from(body.to_string()))
-                .expect("valid request"),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    let reply: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("starting the scan failed: {status} {reply}"));
-    }
-    Ok(reply["id"].as_str().ok_or("no scan id")?.to_string())
 }
 
 async fn simulate(
@@ -245,8 +228,11 @@ async fn simulate(
         messages_put: Arc::new(AtomicU64::new(0)),
         destination: destination.clone(),
     };
-    let state = app_state(&scenario.design, &model, tables.clone(), queues.clone())?;
+    let blobs = CloudBlobs::new(account.clone());
+    let stores = (tables.clone(), queues.clone(), blobs.clone());
+    let state = app_state(&scenario.design, &model, stores)?;
     let router = app(state.clone());
+    let api = router.clone();
     let blog = (scenario.variant != Variant::Prefix).then(|| {
         Arc::new(blog::Blog::new(
             tables.clone(),
@@ -297,6 +283,7 @@ async fn simulate(
     };
     let watched = watch.run().await?;
     host.stopped.store(true, Ordering::Relaxed);
+    let watched_completed = watched.completed;
     let run = Run {
         host: &host,
         account: &account,
@@ -308,15 +295,25 @@ async fn simulate(
         peak_requests_per_second: watched.peak_requests_per_second,
         destination: destination.as_deref(),
     };
-    Ok(summarize(scenario, &model, seed, run))
+    let mut result = summarize(scenario, &model, seed, run);
+    if scenario.has_properties() && watched_completed {
+        // After the figures: the check's own requests are not the build's.
+        let requests = index::Breakdown::of(&account);
+        let design = scenario.design.index.as_ref();
+        let figures = index::figures(&api, requests, &scan_id, design, &source).await?;
+        let figures = figures.with_executions(&host.executions.lock().unwrap());
+        result.rows_copied = figures.rows;
+        result.copy_verified = figures.verified(source.total_rows());
+        result.index = Some(figures);
+    }
+    Ok(result)
 }
 
 /// The real app's state over the modelled storage, configured as the scenario's design says.
 fn app_state(
     d: &Design,
     model: &Model,
-    tables: CloudTables,
-    queues: CloudQueues,
+    (tables, queues, blobs): (CloudTables, CloudQueues, CloudBlobs),
 ) -> Result<Arc<AppState<SimStores>>, String> {
     let settings: BTreeMap<&str, String> = [
         (
@@ -340,12 +337,12 @@ fn app_state(
         max_rows: usize::MAX,
         max_row_bytes: usize::MAX,
     };
-    Ok(AppState::new(
+    let own = || "AzureWebJobsStorage".to_string();
+    Ok(AppState::with_connections(
         config,
-        [("AzureWebJobsStorage".to_string(), tables)]
-            .into_iter()
-            .collect(),
-        queues,
+        [(own(), tables)].into(),
+        [(own(), queues)].into(),
+        [(own(), Ok(blobs))].into(),
         crate::app::drivers::registry(),
     ))
 }
@@ -400,6 +397,7 @@ impl Watch<'_> {
     fn requests(&self) -> u64 {
         self.account.table_counters.snapshot().total()
             + self.account.queue_counters.snapshot().total()
+            + self.account.blob_counters.snapshot().total()
     }
 
     /// Whether the copy completed, rows copied over (simulated) time, and the peak request rate.

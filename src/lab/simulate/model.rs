@@ -167,6 +167,16 @@ pub struct Model {
     /// Messages per second one queue accepts (enqueues; deliveries are not capped).
     pub queue_messages_per_sec: f64,
 
+    // --- Blob Storage (index builds; requests count against the account's rate) ---
+    /// Put Blob / Put Block / Put Block List, before the body's transfer.
+    pub blob_write_ms: f64,
+    /// Get Blob (whole or a range) and Get Blob Properties, before the body's transfer.
+    pub blob_read_ms: f64,
+    /// List Blobs (one page) and Create Container.
+    pub blob_list_ms: f64,
+    /// Transfer of a body, per MiB.
+    pub blob_per_mib_ms: f64,
+
     // --- Retry policy of the storage adapters (mirrors `storage::retry_policy::RetryPolicy::default()`;
     // checked by tests/lab/simulate.rs) ---
     pub retry_max_attempts: u32,
@@ -231,6 +241,11 @@ impl Default for Model {
             queue_delete_ms: 7.0,
             queue_update_ms: 9.0,
             queue_messages_per_sec: 2_000.0,
+
+            blob_write_ms: 12.0,
+            blob_read_ms: 8.0,
+            blob_list_ms: 15.0,
+            blob_per_mib_ms: 20.0,
 
             retry_max_attempts: 8,
             retry_base_ms: 100.0,

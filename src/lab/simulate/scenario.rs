@@ -50,6 +50,9 @@ pub enum Suite {
     Sensitivity35m,
     /// tablescan's enqueue driver on Flex at 35,000,000 rows, `rowsPerMessage` 1 and 32.
     Enqueue,
+    /// An index build of `--index-property` at 35,000,000 rows on Consumption, and the count
+    /// scan of the same table it is compared with.
+    Index,
 }
 
 /// What tablescan's scan does with the rows (`prefix` variant only).
@@ -60,6 +63,23 @@ pub enum DriverArg {
     Copy,
     /// Put every row on a queue (docs/enqueue.md), `--rows-per-message` rows a message.
     Enqueue,
+    /// Build a secondary index of `--index-property` (docs/index.md); each index scenario runs
+    /// with a count scan of the same table, its comparison.
+    Index,
+    /// Count the rows (the index build's comparison).
+    Count,
+}
+
+/// An index build's settings (docs/index.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IndexDesign {
+    /// The property indexed: `Id` (a different value on every row) or `Authors` (~1,000
+    /// values); see `props`.
+    pub property: String,
+    pub container: String,
+    pub prefix: String,
+    /// Values looked up after the build, each checked against the table's own data.
+    pub check_values: usize,
 }
 
 /// An enqueue scan's settings.
@@ -104,12 +124,16 @@ pub struct SimulateArgs {
     /// tablescan design (`prefix` variant): copy work split, `page` or `partition-key`.
     #[arg(long, value_enum, default_value_t = SplitArg::Page)]
     pub work_split: SplitArg,
-    /// tablescan design: the scan's driver, `copy` or `enqueue`.
+    /// tablescan design: the scan's driver, `copy`, `enqueue`, `index` (with a count of the same
+    /// table beside each) or `count`.
     #[arg(long, value_enum, default_value_t = DriverArg::Copy)]
     pub driver: DriverArg,
     /// tablescan design, `--driver enqueue`: the scan's `rowsPerMessage`.
     #[arg(long, default_value_t = 1)]
     pub rows_per_message: u32,
+    /// `--driver index` options (boxed: the CLI's command enum stays small).
+    #[command(flatten)]
+    pub index: Box<IndexArgs>,
     /// tablescan design: page size (takeCount).
     #[arg(long, default_value_t = 1000)]
     pub take: u32,
@@ -151,6 +175,25 @@ pub struct SimulateArgs {
     /// (results do not depend on it). Default: the machine's available parallelism.
     #[arg(long)]
     pub jobs: Option<usize>,
+}
+
+/// `tablescan simulate --driver index` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IndexArgs {
+    /// tablescan design, `--driver index`: the property indexed, `Authors` (~1,000 distinct
+    /// values) or `Id` (a different value on every row).
+    #[arg(long, default_value = "Authors")]
+    pub index_property: String,
+    /// tablescan design, `--driver index`: the index's container.
+    #[arg(long, default_value = "indexes")]
+    pub index_container: String,
+    /// tablescan design, `--driver index`: the index's prefix in its container.
+    #[arg(long, default_value = "sim")]
+    pub index_prefix: String,
+    /// `--driver index`: values looked up after the build (through the real lookup API), each
+    /// lookup's rows checked against the simulated table's data.
+    #[arg(long, default_value_t = 4)]
+    pub index_check_values: usize,
 }
 
 /// `tablescan simulate` options for the cloud model and the hosting plans.
@@ -236,6 +279,12 @@ pub struct Design {
     /// An enqueue scan instead of a copy (tablescan's app only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enqueue: Option<EnqueueDesign>,
+    /// An index build instead of a copy (tablescan's app only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexDesign>,
+    /// A count scan instead of a copy (tablescan's app only).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub count: bool,
 }
 
 /// One scenario to run.
@@ -320,6 +369,8 @@ impl Scenario {
             visibility_timeout_ms: model.failed_visibility_ms,
             max_requests_per_second: None,
             enqueue: None,
+            index: None,
+            count: false,
         };
         let design = match variant {
             Variant::Serial => Design {
@@ -358,6 +409,12 @@ impl Scenario {
         );
         if let Some(e) = &self.design.enqueue {
             name.push_str(&format!(", enqueue {} rows a message", e.rows_per_message));
+        }
+        if let Some(i) = &self.design.index {
+            name.push_str(&format!(", index of {}", i.property));
+        }
+        if self.design.count {
+            name.push_str(", count");
         }
         if let Some(label) = &self.label {
             name.push_str(&format!(" ({label})"));
@@ -407,6 +464,42 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
         enqueue: (args.driver == DriverArg::Enqueue).then_some(EnqueueDesign {
             rows_per_message: args.rows_per_message,
         }),
+        index: (args.driver == DriverArg::Index).then(|| index_design(args)),
+        count: args.driver == DriverArg::Count,
+    }
+}
+
+fn index_design(args: &SimulateArgs) -> IndexDesign {
+    IndexDesign {
+        property: args.index.index_property.clone(),
+        container: args.index.index_container.clone(),
+        prefix: args.index.index_prefix.clone(),
+        check_values: args.index.index_check_values,
+    }
+}
+
+impl Scenario {
+    /// The same scenario as an index build (tablescan's design only).
+    pub fn index(mut self, args: &SimulateArgs) -> Self {
+        if self.variant == Variant::Prefix {
+            (self.design.enqueue, self.design.count) = (None, false);
+            self.design.index = Some(index_design(args));
+        }
+        self
+    }
+
+    /// The same scenario as a count scan (tablescan's design only).
+    pub fn count(mut self) -> Self {
+        if self.variant == Variant::Prefix {
+            (self.design.enqueue, self.design.index) = (None, None);
+            self.design.count = true;
+        }
+        self
+    }
+
+    /// Whether the table's rows carry the simulated properties (index builds and counts).
+    pub fn has_properties(&self) -> bool {
+        self.design.index.is_some() || self.design.count
     }
 }
 
@@ -494,7 +587,14 @@ pub fn scenarios(args: &SimulateArgs) -> Vec<Scenario> {
                 } else {
                     &[Plan::Consumption]
                 };
-                out.extend(plans.iter().map(|&p| Scenario::new(r, v, args).on(p)));
+                for &p in plans {
+                    let scenario = Scenario::new(r, v, args).on(p);
+                    // An index build is compared with a count of the same table.
+                    if scenario.design.index.is_some() {
+                        out.push(scenario.clone().count());
+                    }
+                    out.push(scenario);
+                }
             }
         }
     }
@@ -522,6 +622,10 @@ pub fn suite(suite: Suite, args: &SimulateArgs) -> Vec<Scenario> {
             .iter()
             .map(|&n| prefix(BLOG_ROWS[2], Plan::Flex).enqueue(n))
             .collect(),
+        Suite::Index => {
+            let base = prefix(35_000_000, Plan::Consumption);
+            vec![base.clone().count(), base.index(args)]
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use super::cloud::{Account, CloudQueues};
 use super::data::{Sink, SyntheticTable};
 use super::enqueue::{figures, EnqueueFigures, QueueSink};
 use super::host::Host;
+use super::index::IndexFigures;
 use super::model::{prices, Flex, Model, Plan};
 use super::scenario::{Design, Scenario};
 
@@ -39,7 +40,7 @@ pub struct ScenarioResult {
     /// The floor the storage account's limits alone impose on copying this table.
     pub floor: Floor,
     pub cost: Cost,
-    /// Table and queue requests, every attempt (throttled ones too).
+    /// Table, queue and blob requests, every attempt (throttled ones too).
     pub requests: u64,
     /// Most requests (tables and queues, every attempt) in one simulated second.
     pub peak_requests_per_second: u64,
@@ -68,6 +69,11 @@ pub struct ScenarioResult {
     /// then count the rows found in the destination queue's messages).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enqueue: Option<EnqueueFigures>,
+    /// An index build's or its comparison count's figures (those scenarios only; then
+    /// `rows_copied` is the rows indexed or counted, and `copy_verified` says every row was and
+    /// every checked lookup returned exactly its value's rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexFigures>,
     /// Real (wall-clock) seconds the simulation took.
     pub wall_seconds: f64,
 }
@@ -228,7 +234,9 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         .map(|i| i.busy_time().as_secs_f64())
         .sum();
     let table_requests = run.account.table_counters.snapshot().table_total();
-    let requests = table_requests + run.account.queue_counters.snapshot().queue_total();
+    let requests = table_requests
+        + run.account.queue_counters.snapshot().queue_total()
+        + run.account.blob_counters.snapshot().total();
     let rows = scenario.rows as f64;
     let cost = cost(
         scenario.plan,
@@ -293,6 +301,7 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         instances_over_time: host.instance_timeline.lock().unwrap().clone(),
         rows_over_time: run.rows_over_time,
         enqueue,
+        index: None,
         wall_seconds: 0.0,
     }
 }

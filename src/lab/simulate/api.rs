@@ -1,0 +1,80 @@
+//! tablescan's HTTP API as the simulator calls it: through the real router (`oneshot`), as a
+//! client would.
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::enqueue;
+use super::scenario::{Design, SplitArg};
+
+/// One call of the API: the status and the JSON reply (`null` for an empty body).
+pub async fn call(
+    router: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Value), String> {
+    let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    let response = router
+        .clone()
+        .oneshot(request.body(body).expect("valid request"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let reply = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())?
+    };
+    Ok((status, reply))
+}
+
+/// Starts tablescan's scan through its real HTTP API; returns the scan id.
+pub async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String> {
+    let mut body = json!({
+        "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
+        "strategy": d.strategy, "takeCount": d.take,
+        "workSplit": match d.work_split { SplitArg::Page => "page", SplitArg::PartitionKey => "partitionKey" },
+        "segmentsPerFirstPrefix": d.segments_first, "segmentsPerSubsequentPrefix": d.segments_subsequent,
+    });
+    let fields = body.as_object_mut().expect("an object");
+    if d.enqueue.is_some() || d.index.is_some() || d.count {
+        fields.remove("destinationTable");
+        fields.remove("workSplit");
+    }
+    if let Some(e) = &d.enqueue {
+        fields.insert("driver".into(), json!("enqueue"));
+        fields.insert("destinationQueue".into(), json!(enqueue::DESTINATION_QUEUE));
+        fields.insert("rowsPerMessage".into(), json!(e.rows_per_message));
+    }
+    if let Some(i) = &d.index {
+        fields.insert("driver".into(), json!("index"));
+        fields.insert("property".into(), json!(i.property));
+        fields.insert("destinationContainer".into(), json!(i.container));
+        fields.insert("destinationPrefix".into(), json!(i.prefix));
+    }
+    if d.count {
+        fields.insert("driver".into(), json!("count"));
+    }
+    if let Some(limit) = d.max_requests_per_second {
+        body["maxRequestsPerSecond"] = json!(limit);
+    }
+    let (status, reply) = call(router, "POST", "/api/scans", Some(&body)).await?;
+    if !(200..300).contains(&status) {
+        return Err(format!("starting the scan failed: {status} {reply}"));
+    }
+    Ok(reply["id"].as_str().ok_or("no scan id")?.to_string())
+}
