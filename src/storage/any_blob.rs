@@ -103,4 +103,7 @@ impl BlobStore for AnyBlobStore {
     ) -> StorageResult<BlobListPage> {
         delegate!(self, s => s.list(container, prefix, max_results, marker))
     }
+    async fn delete(&self, container: &str, name: &str) -> StorageResult<bool> {
+        delegate!(self, s => s.delete(container, name))
+    }
 }

@@ -10,6 +10,7 @@
 //! Faults during a build (duplicated messages, storage faults; kills are here): [`faults`].
 
 mod faults;
+mod prune;
 #[path = "../support/mod.rs"]
 mod support;
 

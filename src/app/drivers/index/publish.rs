@@ -5,12 +5,14 @@
 //!   refused (400 naming `destinationPrefix`); one whose build ended (completed, failed,
 //!   cancelled, or a start that never recorded its scan) is taken over with `If-Match` on the
 //!   reservation's ETag, so of two builds started at once exactly one wins.
-//! - **Publication** ([`publish`], the completion step; may run more than once): checks the
+//! - **Publication** ([`publish`]: phase 2's item [`publish_item`], then again as the completion
+//!   step, which finds it done; may run more than once): checks the
 //!   reservation still names this build, lists the segment items' descriptors, writes the
 //!   build's manifest (`If-None-Match: *`: a rerun leaves it as it is), then switches
 //!   `<prefix>index.json` to it in ONE write, `If-Match` on the pointer's ETag as read (or
 //!   `If-None-Match: *` for a prefix's first index). Until that write, lookups answer from the
-//!   previous build; after it, from this one. A failed build never writes the pointer.
+//!   previous build; after it, from this one. A failed build never writes the pointer. Once it
+//!   is switched, the item queues the deletion of the build's staging records (`prune::Cleanup::Staging`).
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -21,7 +23,8 @@ use crate::app::index_files::{
     IndexLayout, IndexManifest, Pointer, Reservation, SegmentEntry, JSON_CONTENT_TYPE,
     MANIFEST_FORMAT, MAX_POINTER_BYTES, POINTER_FORMAT,
 };
-use crate::app::job::{ScanContext, WorkError};
+use crate::app::job::{item_child, Begun, ScanContext, WorkError, WorkOutcome};
+use crate::app::messages::ItemMessage;
 use crate::app::pace::Meter;
 use crate::app::state::AppState;
 use crate::app::tracking::retention::record_may_appear;
@@ -30,7 +33,7 @@ use crate::storage::blob::{BlobStore, BlobWrite, Downloaded, WriteCondition};
 use crate::storage::stores::Stores;
 use crate::storage::{StorageError, StorageErrorKind};
 
-use super::IndexOptions;
+use super::{prune, IndexDriver, IndexOptions};
 
 /// Most segments one build may have (its manifest stays under a few MiB).
 pub const MAX_SEGMENTS: usize = 20_000;
@@ -110,7 +113,22 @@ pub async fn reserve<S: Stores, B: BlobStore>(
     }
 }
 
-/// The completion step (see the module documentation).
+/// Phase 2's item: [`publish`], then the cleanup of the build's staging records.
+pub async fn publish_item<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+) -> Result<WorkOutcome, WorkError> {
+    publish(state, &begun.scan).await?;
+    Ok(WorkOutcome {
+        children: vec![item_child::<IndexDriver>(&prune::item(
+            prune::Cleanup::Staging,
+            None,
+        ))?],
+        ..WorkOutcome::default()
+    })
+}
+
+/// The switch (see the module documentation): phase 2's item, and the completion step.
 pub async fn publish<S: Stores>(
     state: &AppState<S>,
     context: &ScanContext,

@@ -1,0 +1,344 @@
+//! What an index build deletes, in bounded items: the blobs no lookup reads any more.
+//!
+//! - **Old builds** ([`Cleanup::OldBuilds`], phase 1, queued by the first chunk item): one item lists one page
+//!   (at most [`PAGE`] blobs) of the prefix's `builds/` folder, judges each build it names
+//!   ([`judge`]) and deletes what the judgement allows, then queues the next page's item.
+//! - **The build's own staging records** ([`Cleanup::Staging`], phase 2, queued by the publication item
+//!   once the pointer names this build): one page of the build's `staging/` folder per item.
+//!
+//! The rule ([`judge`]), for a build `B` found under `builds/` by build `N` (the one pruning),
+//! with `C` the build the pointer names when `N`'s phase 1 runs (`N` has not switched yet:
+//! only the reservation's holder switches, and that is `N`):
+//! - **Never touched**: `N`; the reservation's holder; `B` started at or after `N` (a newer build,
+//!   perhaps still running: only a late duplicate of this item could meet one); a folder whose
+//!   name is not a build id this version makes.
+//! - Every other build has **ended**: `N` took the reservation over from it (or it was refused,
+//!   and wrote nothing), which a running build never allows. Its **staging records** are never
+//!   read again (segments are built from them in the build's own phase 1): deleted, `C`'s too.
+//! - Its **manifest and segments**: `C`'s are kept (lookups answer from it). A build without a
+//!   manifest was never named by the pointer (the manifest is written before the switch), so no
+//!   lookup pages through it: deleted. A build with one may have been current, and a
+//!   continuation token may name it: it was superseded at or before the pointer switched to `C`
+//!   (`switchedAt`), so it is deleted only once `switchedAt + keepSupersededSeconds` is at or
+//!   before `N`'s start; until then it is kept (a later build deletes it).
+//! - Within a build, the manifest is deleted before the rest: a lookup naming a build being
+//!   deleted answers 404 ("index build … is gone"), never a partial index.
+//!
+//! Both items are idempotent (a delete of a missing blob is not an error; a redelivery lists
+//! its page again) and never fail the build: a cleanup error is logged and its blobs are left
+//! for the next build's [`Cleanup::OldBuilds`], which deletes any ended build's staging records.
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use time::{Duration, OffsetDateTime};
+
+use crate::app::error::ApiError;
+use crate::app::index_files::{Pointer, Reservation, MAX_POINTER_BYTES};
+use crate::app::job::{item_child, Begun, WorkError, WorkOutcome};
+use crate::app::messages::ItemMessage;
+use crate::app::state::AppState;
+use crate::app::tracking::retention::started_at;
+use crate::storage::blob::{BlobStore, Downloaded};
+use crate::storage::stores::Stores;
+use crate::storage::StorageError;
+
+use super::{BuildWork, IndexDriver, IndexOptions, IndexWork};
+
+/// A superseded build is kept at least this long (seconds) by default: an hour of paging.
+pub const DEFAULT_KEEP_SUPERSEDED_SECONDS: u64 = 3600;
+/// The longest `keepSupersededSeconds` accepted: 30 days.
+pub const MAX_KEEP_SUPERSEDED_SECONDS: u64 = 30 * 24 * 3600;
+
+pub fn default_keep() -> u64 {
+    DEFAULT_KEEP_SUPERSEDED_SECONDS
+}
+
+/// 4xx naming `keepSupersededSeconds` past [`MAX_KEEP_SUPERSEDED_SECONDS`].
+pub fn check_keep(seconds: u64) -> Result<(), ApiError> {
+    if seconds > MAX_KEEP_SUPERSEDED_SECONDS {
+        return Err(ApiError::field(
+            "keepSupersededSeconds",
+            format!("{seconds} is over {MAX_KEEP_SUPERSEDED_SECONDS} (30 days)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Blobs one item lists, and so at most deletes: about a second of deletes.
+pub const PAGE: u32 = 1000;
+/// Deletes in flight at once.
+const DELETES_IN_FLIGHT: usize = 16;
+
+/// What a build's blobs come to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing is deleted.
+    Keep,
+    /// Its staging records are deleted.
+    Staging,
+    /// Everything is deleted (the manifest first).
+    All,
+}
+
+/// What [`judge`] knows of the prefix when build `pruning` runs its phase 1.
+#[derive(Debug, Clone)]
+pub struct Prefix<'a> {
+    /// The build pruning.
+    pub pruning: &'a str,
+    /// When it started (its recorded `startedAt`): the clock the grace is measured on.
+    pub now: OffsetDateTime,
+    /// The pointer's build and when the pointer switched to it (`None`: no pointer).
+    pub current: Option<(&'a str, OffsetDateTime)>,
+    /// The reservation's holder, if readable.
+    pub holder: Option<&'a str>,
+    /// How long a superseded build is kept (`keepSupersededSeconds`).
+    pub keep: Duration,
+}
+
+/// The rule of the module documentation, for build `build` (`manifest`: whether it has one).
+pub fn judge(prefix: &Prefix<'_>, build: &str, manifest: bool) -> Verdict {
+    let (Some(started), Some(pruning)) = (started_at(build), started_at(prefix.pruning)) else {
+        return Verdict::Keep;
+    };
+    if build == prefix.pruning || prefix.holder == Some(build) || started >= pruning {
+        return Verdict::Keep;
+    }
+    match prefix.current {
+        Some((current, _)) if current == build => Verdict::Staging,
+        _ if !manifest => Verdict::All,
+        Some((_, switched)) if switched + prefix.keep <= prefix.now => Verdict::All,
+        // No pointer, yet a manifest: it may have been current; its supersession is unknown.
+        _ => Verdict::Staging,
+    }
+}
+
+/// A small JSON blob, `None` if it is missing or unreadable.
+async fn read_json<J: serde::de::DeserializeOwned, B: BlobStore>(
+    blobs: &B,
+    container: &str,
+    name: &str,
+) -> Result<Option<J>, StorageError> {
+    match blobs.download(container, name, MAX_POINTER_BYTES).await {
+        Ok(Downloaded { bytes, .. }) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes `names`, [`DELETES_IN_FLIGHT`] at a time; returns how many were there.
+async fn delete_all<B: BlobStore>(
+    blobs: &B,
+    container: &str,
+    names: &[String],
+) -> Result<usize, StorageError> {
+    let deleted: Vec<bool> = stream::iter(names.iter().cloned())
+        .map(|name| async move { blobs.delete(container, &name).await })
+        .buffer_unordered(DELETES_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    Ok(deleted.into_iter().filter(|d| *d).count())
+}
+
+/// The two cleanups: what a page lists, and what of it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Phase 1: the prefix's `builds/` folder, judged by [`judge`].
+    OldBuilds,
+    /// Phase 2, once the pointer names this build: its own staging records, all of them.
+    Staging,
+}
+
+/// One cleanup item: one page, its deletes, the next page's item. An error is logged and the
+/// item finishes: cleanup never fails a build (the next build's [`Cleanup::OldBuilds`] finds
+/// what is left).
+pub async fn cleanup<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+    cleanup: Cleanup,
+    marker: Option<String>,
+) -> Result<WorkOutcome, WorkError> {
+    let scan = &begun.scan.scan_id;
+    Ok(page(state, begun, cleanup, marker)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(scan = %scan, error = %e, ?cleanup, "index cleanup left blobs for the next build");
+            WorkOutcome::default()
+        }))
+}
+
+async fn page<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+    cleanup: Cleanup,
+    marker: Option<String>,
+) -> Result<WorkOutcome, WorkError> {
+    let scan = &*begun.scan;
+    let options: IndexOptions = scan.options()?;
+    let layout = options.layout()?;
+    let blobs = state.blob_store(&options.connection, &begun.requests)?;
+    let container = &options.container;
+    let folder = match cleanup {
+        Cleanup::OldBuilds => layout.blob("builds/"),
+        Cleanup::Staging => layout.staging_folder(&scan.scan_id),
+    };
+    let page = blobs
+        .list(container, &folder, PAGE, marker.as_deref())
+        .await?;
+    let names: Vec<&str> = page.blobs.iter().map(|b| b.name.as_str()).collect();
+    let (first, rest) = match cleanup {
+        Cleanup::OldBuilds => {
+            let pointer: Option<Pointer> = read_json(&blobs, container, &layout.pointer()).await?;
+            let reservation: Option<Reservation> =
+                read_json(&blobs, container, &layout.reservation()).await?;
+            let prefix = Prefix {
+                pruning: &scan.scan_id,
+                now: options.started_at,
+                current: pointer.as_ref().map(|p| (p.build.as_str(), p.switched_at)),
+                holder: reservation.as_ref().map(|r| r.scan_id.as_str()),
+                keep: Duration::seconds(options.keep_superseded_seconds as i64),
+            };
+            doomed(&blobs, container, &folder, &prefix, &names).await?
+        }
+        Cleanup::Staging => (Vec::new(), names.iter().map(|n| n.to_string()).collect()),
+    };
+    let deleted =
+        delete_all(&blobs, container, &first).await? + delete_all(&blobs, container, &rest).await?;
+    if deleted > 0 {
+        tracing::info!(scan = %scan.scan_id, deleted, ?cleanup, "index cleanup: blobs deleted");
+    }
+    let mut outcome = WorkOutcome::default();
+    if let Some(next) = page.next_marker {
+        let work = item(cleanup, Some(next));
+        outcome.children.push(item_child::<IndexDriver>(&work)?);
+    }
+    Ok(outcome)
+}
+
+/// The item of a cleanup's page from `marker` (`None`: its first page).
+pub fn item(cleanup: Cleanup, marker: Option<String>) -> IndexWork {
+    IndexWork::Build(match cleanup {
+        Cleanup::OldBuilds => BuildWork::Prune { marker },
+        Cleanup::Staging => BuildWork::Clean { marker },
+    })
+}
+
+/// The blobs of one listing page the rule deletes: manifests (deleted first), then the rest.
+async fn doomed<B: BlobStore>(
+    blobs: &B,
+    container: &str,
+    folder: &str,
+    prefix: &Prefix<'_>,
+    names: &[&str],
+) -> Result<(Vec<String>, Vec<String>), StorageError> {
+    let build_of = |name: &str| -> Option<String> {
+        let (build, _) = name.strip_prefix(folder)?.split_once('/')?;
+        Some(build.to_string())
+    };
+    let mut verdicts: Vec<(String, Verdict)> = Vec::new();
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for &name in names {
+        let Some(build) = build_of(name) else {
+            continue;
+        };
+        let verdict = match verdicts.iter().find(|(b, _)| *b == build) {
+            Some((_, v)) => *v,
+            None => {
+                let mut v = judge(prefix, &build, true);
+                // The manifest is read only when it decides (one request per build a page names).
+                if v != judge(prefix, &build, false) {
+                    let manifest = format!("{folder}{build}/manifest.json");
+                    let has_manifest = names.contains(&manifest.as_str())
+                        || blobs.properties(container, &manifest).await?.is_some();
+                    v = judge(prefix, &build, has_manifest);
+                }
+                verdicts.push((build.clone(), v));
+                v
+            }
+        };
+        let in_build = &name[folder.len() + build.len() + 1..];
+        match verdict {
+            Verdict::All if in_build == "manifest.json" => first.push(name.to_string()),
+            Verdict::All => rest.push(name.to_string()),
+            Verdict::Staging if in_build.starts_with("staging/") => rest.push(name.to_string()),
+            _ => {}
+        }
+    }
+    Ok((first, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scan id started `millis` after the epoch (the format `start_scan` makes).
+    fn id(millis: u64) -> String {
+        format!("{:013}-0000abcd", 9_999_999_999_999u64 - millis)
+    }
+
+    fn at(millis: u64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000).unwrap()
+    }
+
+    /// The cleanup items' JSON (their identity): kinds no range item has.
+    #[test]
+    fn cleanup_items_serialize_as_their_kinds() {
+        use crate::app::messages::ItemJson;
+        for (item, text) in [
+            (item(Cleanup::OldBuilds, None), r#"{"kind":"prune"}"#),
+            (item(Cleanup::Staging, None), r#"{"kind":"clean"}"#),
+            (
+                IndexWork::Build(BuildWork::Publish),
+                r#"{"kind":"publish"}"#,
+            ),
+            (
+                IndexWork::Build(BuildWork::Clean {
+                    marker: Some("m".into()),
+                }),
+                r#"{"kind":"clean","marker":"m"}"#,
+            ),
+        ] {
+            let json = ItemJson::from_item(&item).unwrap();
+            assert_eq!(json.as_str(), text);
+            assert_eq!(json.parse::<IndexWork>().unwrap(), item);
+        }
+    }
+
+    #[test]
+    fn the_rule_keeps_what_a_lookup_or_a_build_may_still_read() {
+        let (old, current, pruning, newer) = (id(1_000), id(2_000), id(3_000), id(4_000));
+        let prefix = |keep_secs: i64, now: u64| Prefix {
+            pruning: &pruning,
+            now: at(now),
+            current: Some((&current, at(2_500))),
+            holder: Some(&pruning),
+            keep: Duration::seconds(keep_secs),
+        };
+        let within = prefix(10, 3_000); // switched at 2.5 s, kept 10 s: not yet
+        let past = prefix(10, 12_500);
+        // The pruning build, a newer one (maybe running), a foreign folder: never touched.
+        for p in [&within, &past] {
+            assert_eq!(judge(p, &pruning, false), Verdict::Keep);
+            assert_eq!(judge(p, &newer, false), Verdict::Keep);
+            assert_eq!(judge(p, "not-a-build", false), Verdict::Keep);
+            // The current build keeps its segments; its staging records go.
+            assert_eq!(judge(p, &current, true), Verdict::Staging);
+            // Never published (no manifest): no lookup pages through it.
+            assert_eq!(judge(p, &old, false), Verdict::All);
+        }
+        // Superseded: kept until the grace has passed, measured from the current's switch.
+        assert_eq!(judge(&within, &old, true), Verdict::Staging);
+        assert_eq!(judge(&past, &old, true), Verdict::All);
+        // The reservation's holder is never touched, whatever its age.
+        let held = Prefix {
+            holder: Some(&old),
+            ..past.clone()
+        };
+        assert_eq!(judge(&held, &old, false), Verdict::Keep);
+        // No pointer: a build with a manifest may have been current; only its staging goes.
+        let none = Prefix {
+            current: None,
+            ..past.clone()
+        };
+        assert_eq!(judge(&none, &old, true), Verdict::Staging);
+        assert_eq!(judge(&none, &old, false), Verdict::All);
+    }
+}
