@@ -10,8 +10,8 @@
 //!   sorts their ranges by key and merges ranges that overlap (the union of their values), builds
 //!   the segment (`crate::index::build_segment`) and writes it, named after its first record.
 //!   Its descriptor (`SegmentEntry`) is the item's result, which the completion step lists.
-//! - The first chunk item (no marker) also queues the first item of the old builds' deletion
-//!   (`prune`), which runs beside assembly.
+//! - The first chunk item (no marker) also deletes the first page of old builds (`prune`);
+//!   further pages are items of their own, beside assembly.
 //! - A page that is the only one and makes one group (every build of up to about 3 million
 //!   distinct values per range summed: all small builds) is built by the chunk item itself, the
 //!   same way: one item, one listing.
@@ -64,15 +64,12 @@ pub async fn chunk<S: Stores>(
         )
         .await?;
     let groups = groups(&page.blobs, SEGMENT_STAGING_BYTES);
-    // The first chunk also queues the deletion of old builds (`prune`), beside assembly.
+    // The first chunk also deletes the first page of old builds (`prune`; further pages are
+    // its children), beside assembly.
     let mut outcome = WorkOutcome::default();
     if marker.is_none() {
-        outcome
-            .children
-            .push(item_child::<IndexDriver>(&prune::item(
-                prune::Cleanup::OldBuilds,
-                None,
-            ))?);
+        let cleanup = prune::cleanup(state, begun, prune::Cleanup::OldBuilds, None).await;
+        outcome.children = cleanup.children;
     }
     if page.next_marker.is_none() && groups.len() == 1 {
         let names = page.blobs.into_iter().map(|b| b.name).collect();

@@ -282,11 +282,11 @@ impl Driver for IndexDriver {
                 last,
             }) => assemble::segment(state, begun, marker, &first, &last).await,
             IndexWork::Build(BuildWork::Prune { marker }) => {
-                prune::cleanup(state, begun, prune::Cleanup::OldBuilds, marker).await
+                Ok(prune::cleanup(state, begun, prune::Cleanup::OldBuilds, marker).await)
             }
             IndexWork::Build(BuildWork::Publish) => publish::publish_item(state, begun).await,
             IndexWork::Build(BuildWork::Clean { marker }) => {
-                prune::cleanup(state, begun, prune::Cleanup::Staging, marker).await
+                Ok(prune::cleanup(state, begun, prune::Cleanup::Staging, marker).await)
             }
         }
     }
@@ -301,12 +301,10 @@ impl Driver for IndexDriver {
         }
     }
 
-    /// Phase 2 switched the pointer: this finds it done (two reads), or switches it.
-    async fn complete<S: Stores>(
-        state: &AppState<S>,
-        context: &ScanContext,
-    ) -> Result<(), WorkError> {
-        publish::publish(state, context).await
+    /// Nothing left to do: phase 2 switched the pointer (`COMPLETES` stays true so that a
+    /// status read never ends the scan between phases: `get_scan::scan_status`).
+    async fn complete<S: Stores>(_: &AppState<S>, _: &ScanContext) -> Result<(), WorkError> {
+        Ok(())
     }
 }
 

@@ -1,10 +1,12 @@
 //! What an index build deletes, in bounded items: the blobs no lookup reads any more.
 //!
-//! - **Old builds** ([`Cleanup::OldBuilds`], phase 1, queued by the first chunk item): one item lists one page
+//! - **Old builds** ([`Cleanup::OldBuilds`], phase 1, its first page run by the first chunk
+//!   item): one page
 //!   (at most [`PAGE`] blobs) of the prefix's `builds/` folder, judges each build it names
 //!   ([`judge`]) and deletes what the judgement allows, then queues the next page's item.
-//! - **The build's own staging records** ([`Cleanup::Staging`], phase 2, queued by the publication item
-//!   once the pointer names this build): one page of the build's `staging/` folder per item.
+//! - **The build's own staging records** ([`Cleanup::Staging`], phase 2, its first page run by
+//!   the publication item once the pointer names this build): one page of the build's
+//!   `staging/` folder per item.
 //!
 //! The rule ([`judge`]), for a build `B` found under `builds/` by build `N` (the one pruning),
 //! with `C` the build the pointer names when `N`'s phase 1 runs (`N` has not switched yet:
@@ -18,9 +20,12 @@
 //! - Its **manifest and segments**: `C`'s are kept (lookups answer from it). A build without a
 //!   manifest was never named by the pointer (the manifest is written before the switch), so no
 //!   lookup pages through it: deleted. A build with one may have been current, and a
-//!   continuation token may name it: it was superseded at or before the pointer switched to `C`
-//!   (`switchedAt`), so it is deleted only once `switchedAt + keepSupersededSeconds` is at or
-//!   before `N`'s start; until then it is kept (a later build deletes it).
+//!   continuation token may name it: it is deleted only once `superseded + keepSupersededSeconds`
+//!   is at or before `N`'s start (until then it is kept, and a later build deletes it), where
+//!   `superseded` is when the pointer moved away from it, as the pointer remembers
+//!   (`Pointer::superseded`), or, for a build it does not remember, a time no earlier: its
+//!   oldest remembered entry's (a forgotten build was superseded before that one), else
+//!   `switchedAt` (every non-current build was superseded by then).
 //! - Within a build, the manifest is deleted before the rest: a lookup naming a build being
 //!   deleted answers 404 ("index build … is gone"), never a partial index.
 //!
@@ -32,7 +37,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use time::{Duration, OffsetDateTime};
 
 use crate::app::error::ApiError;
-use crate::app::index_files::{Pointer, Reservation, MAX_POINTER_BYTES};
+use crate::app::index_files::{Pointer, Reservation, Superseded, MAX_POINTER_BYTES};
 use crate::app::job::{item_child, Begun, WorkError, WorkOutcome};
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
@@ -88,6 +93,8 @@ pub struct Prefix<'a> {
     pub now: OffsetDateTime,
     /// The pointer's build and when the pointer switched to it (`None`: no pointer).
     pub current: Option<(&'a str, OffsetDateTime)>,
+    /// The builds the pointer remembers superseding, most recent first, and when.
+    pub superseded: &'a [Superseded],
     /// The reservation's holder, if readable.
     pub holder: Option<&'a str>,
     /// How long a superseded build is kept (`keepSupersededSeconds`).
@@ -102,12 +109,32 @@ pub fn judge(prefix: &Prefix<'_>, build: &str, manifest: bool) -> Verdict {
     if build == prefix.pruning || prefix.holder == Some(build) || started >= pruning {
         return Verdict::Keep;
     }
-    match prefix.current {
-        Some((current, _)) if current == build => Verdict::Staging,
-        _ if !manifest => Verdict::All,
-        Some((_, switched)) if switched + prefix.keep <= prefix.now => Verdict::All,
+    let Some((current, switched)) = prefix.current else {
         // No pointer, yet a manifest: it may have been current; its supersession is unknown.
-        _ => Verdict::Staging,
+        return if manifest {
+            Verdict::Staging
+        } else {
+            Verdict::All
+        };
+    };
+    if current == build {
+        return Verdict::Staging;
+    }
+    if !manifest {
+        return Verdict::All;
+    }
+    // When it was superseded, or a time no earlier: a build the pointer does not remember was
+    // superseded before the oldest one it does (or, remembering none, before the switch to the
+    // current build).
+    let superseded = prefix
+        .superseded
+        .iter()
+        .find(|s| s.build == build)
+        .or(prefix.superseded.last())
+        .map_or(switched, |s| s.at);
+    match superseded + prefix.keep <= prefix.now {
+        true => Verdict::All,
+        false => Verdict::Staging,
     }
 }
 
@@ -147,22 +174,23 @@ pub enum Cleanup {
     Staging,
 }
 
-/// One cleanup item: one page, its deletes, the next page's item. An error is logged and the
-/// item finishes: cleanup never fails a build (the next build's [`Cleanup::OldBuilds`] finds
-/// what is left).
+/// One page of a cleanup, its deletes, and the item of the next page (the children). An error
+/// is logged and the page counts as done: cleanup never fails a build (the next build's
+/// [`Cleanup::OldBuilds`] finds what is left). The first page runs inside another item (the
+/// first chunk, the publication), so a build whose cleanups fit a page queues no item for them.
 pub async fn cleanup<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
     cleanup: Cleanup,
     marker: Option<String>,
-) -> Result<WorkOutcome, WorkError> {
+) -> WorkOutcome {
     let scan = &begun.scan.scan_id;
-    Ok(page(state, begun, cleanup, marker)
+    page(state, begun, cleanup, marker)
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(scan = %scan, error = %e, ?cleanup, "index cleanup left blobs for the next build");
             WorkOutcome::default()
-        }))
+        })
 }
 
 async fn page<S: Stores>(
@@ -193,6 +221,7 @@ async fn page<S: Stores>(
                 pruning: &scan.scan_id,
                 now: options.started_at,
                 current: pointer.as_ref().map(|p| (p.build.as_str(), p.switched_at)),
+                superseded: pointer.as_ref().map_or(&[], |p| p.superseded.as_slice()),
                 holder: reservation.as_ref().map(|r| r.scan_id.as_str()),
                 keep: Duration::seconds(options.keep_superseded_seconds as i64),
             };
@@ -268,6 +297,7 @@ async fn doomed<B: BlobStore>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::index_files::MAX_SUPERSEDED;
 
     /// A scan id started `millis` after the epoch (the format `start_scan` makes).
     fn id(millis: u64) -> String {
@@ -309,6 +339,7 @@ mod tests {
             pruning: &pruning,
             now: at(now),
             current: Some((&current, at(2_500))),
+            superseded: &[],
             holder: Some(&pruning),
             keep: Duration::seconds(keep_secs),
         };
@@ -340,5 +371,60 @@ mod tests {
         };
         assert_eq!(judge(&none, &old, true), Verdict::Staging);
         assert_eq!(judge(&none, &old, false), Verdict::All);
+    }
+
+    /// Rebuilds more often than the grace: each superseded build goes once its own grace has
+    /// passed (as the pointer remembers it), so the builds kept do not grow with the rebuilds.
+    #[test]
+    fn frequent_rebuilds_delete_each_build_after_its_own_grace() {
+        let ids: Vec<String> = (0..6).map(|i| id(500 + 1_000 * i)).collect();
+        // ids[4] is current (switched at 4.8 s); ids[5] prunes. The pointer remembers ids[3],
+        // ids[2] and ids[1] (superseded at 4.8, 3.8, 2.8 s); ids[0] it forgot.
+        let remembered: Vec<Superseded> = (1..4)
+            .rev()
+            .map(|i| Superseded {
+                build: ids[i].clone(),
+                at: at(1_800 + 1_000 * i as u64),
+            })
+            .collect();
+        let prefix = |now: u64| Prefix {
+            pruning: &ids[5],
+            now: at(now),
+            current: Some((&ids[4], at(4_800))),
+            superseded: &remembered,
+            holder: Some(&ids[5]),
+            keep: Duration::seconds(10),
+        };
+        let verdicts = |now: u64| -> Vec<Verdict> {
+            (0..4).map(|i| judge(&prefix(now), &ids[i], true)).collect()
+        };
+        use Verdict::{All, Staging};
+        assert_eq!(verdicts(12_700), [Staging, Staging, Staging, Staging]);
+        // The forgotten build goes with the oldest remembered one (superseded no later).
+        assert_eq!(verdicts(12_800), [All, All, Staging, Staging]);
+        assert_eq!(verdicts(13_800), [All, All, All, Staging]);
+        assert_eq!(verdicts(14_800), [All, All, All, All]);
+    }
+
+    #[test]
+    fn a_pointer_remembers_a_bounded_list_of_superseded_builds() {
+        let pointer = |build: &str, superseded: Vec<Superseded>| Pointer {
+            format: "f".into(),
+            build: build.into(),
+            manifest: "m".into(),
+            switched_at: at(0),
+            superseded,
+        };
+        let mut list = Vec::new();
+        for i in 0..(MAX_SUPERSEDED as u64 + 5) {
+            list =
+                super::super::publish::superseded_after(Some(pointer(&i.to_string(), list)), at(i));
+        }
+        assert_eq!(list.len(), MAX_SUPERSEDED);
+        let last = MAX_SUPERSEDED as u64 + 4;
+        assert_eq!(list[0].build, last.to_string());
+        assert_eq!(list[0].at, at(last));
+        assert!(list.windows(2).all(|w| w[0].at > w[1].at));
+        assert!(super::super::publish::superseded_after(None, at(1)).is_empty());
     }
 }

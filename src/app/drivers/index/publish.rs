@@ -5,13 +5,16 @@
 //!   refused (400 naming `destinationPrefix`); one whose build ended (completed, failed,
 //!   cancelled, or a start that never recorded its scan) is taken over with `If-Match` on the
 //!   reservation's ETag, so of two builds started at once exactly one wins.
-//! - **Publication** ([`publish`]: phase 2's item [`publish_item`], then again as the completion
-//!   step, which finds it done; may run more than once): checks the
+//! - **Publication** ([`publish`]: phase 2's item [`publish_item`]; may run more than once):
+//!   checks the
 //!   reservation still names this build, lists the segment items' descriptors, writes the
 //!   build's manifest (`If-None-Match: *`: a rerun leaves it as it is), then switches
 //!   `<prefix>index.json` to it in ONE write, `If-Match` on the pointer's ETag as read (or
 //!   `If-None-Match: *` for a prefix's first index). Until that write, lookups answer from the
-//!   previous build; after it, from this one. A failed build never writes the pointer. Once it
+//!   previous build; after it, from this one. A failed build never writes the pointer. The
+//!   new pointer remembers the builds it supersedes and when (`superseded`: the replaced
+//!   pointer's build at the switch's time, then the replaced pointer's own list), which is
+//!   what `prune` measures a superseded build's grace from. Once it
 //!   is switched, the item queues the deletion of the build's staging records (`prune::Cleanup::Staging`).
 
 use bytes::Bytes;
@@ -20,10 +23,10 @@ use time::OffsetDateTime;
 
 use crate::app::error::ApiError;
 use crate::app::index_files::{
-    IndexLayout, IndexManifest, Pointer, Reservation, SegmentEntry, JSON_CONTENT_TYPE,
-    MANIFEST_FORMAT, MAX_POINTER_BYTES, POINTER_FORMAT,
+    IndexLayout, IndexManifest, Pointer, Reservation, SegmentEntry, Superseded, JSON_CONTENT_TYPE,
+    MANIFEST_FORMAT, MAX_POINTER_BYTES, MAX_SUPERSEDED, POINTER_FORMAT,
 };
-use crate::app::job::{item_child, Begun, ScanContext, WorkError, WorkOutcome};
+use crate::app::job::{Begun, ScanContext, WorkError, WorkOutcome};
 use crate::app::messages::ItemMessage;
 use crate::app::pace::Meter;
 use crate::app::state::AppState;
@@ -33,7 +36,7 @@ use crate::storage::blob::{BlobStore, BlobWrite, Downloaded, WriteCondition};
 use crate::storage::stores::Stores;
 use crate::storage::{StorageError, StorageErrorKind};
 
-use super::{prune, IndexDriver, IndexOptions};
+use super::{prune, IndexOptions};
 
 /// Most segments one build may have (its manifest stays under a few MiB).
 pub const MAX_SEGMENTS: usize = 20_000;
@@ -113,22 +116,17 @@ pub async fn reserve<S: Stores, B: BlobStore>(
     }
 }
 
-/// Phase 2's item: [`publish`], then the cleanup of the build's staging records.
+/// Phase 2's item: [`publish`], then the first page of the build's staging records deleted
+/// (`prune`; further pages are its children).
 pub async fn publish_item<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
 ) -> Result<WorkOutcome, WorkError> {
     publish(state, &begun.scan).await?;
-    Ok(WorkOutcome {
-        children: vec![item_child::<IndexDriver>(&prune::item(
-            prune::Cleanup::Staging,
-            None,
-        ))?],
-        ..WorkOutcome::default()
-    })
+    Ok(prune::cleanup(state, begun, prune::Cleanup::Staging, None).await)
 }
 
-/// The switch (see the module documentation): phase 2's item, and the completion step.
+/// The switch (see the module documentation).
 pub async fn publish<S: Stores>(
     state: &AppState<S>,
     context: &ScanContext,
@@ -157,17 +155,20 @@ pub async fn publish<S: Stores>(
     let pointer_name = layout.pointer();
     let current = read(&blobs, container, &pointer_name).await?;
     let manifest_name = IndexLayout::manifest_name(scan_id);
-    if let Some(found) = &current {
-        if serde_json::from_slice::<Pointer>(&found.bytes).is_ok_and(|p| &p.build == scan_id) {
-            return Ok(());
-        }
+    let previous = current
+        .as_ref()
+        .and_then(|found| serde_json::from_slice::<Pointer>(&found.bytes).ok());
+    if previous.as_ref().is_some_and(|p| &p.build == scan_id) {
+        return Ok(());
     }
     write_manifest(state, &blobs, context, &options, &layout).await?;
+    let switched_at = OffsetDateTime::now_utc();
     let pointer = json(&Pointer {
         format: POINTER_FORMAT.to_string(),
         build: scan_id.clone(),
         manifest: manifest_name,
-        switched_at: OffsetDateTime::now_utc(),
+        switched_at,
+        superseded: superseded_after(previous, switched_at),
     });
     let condition = match current {
         Some(found) => WriteCondition::IfMatch(found.properties.etag),
@@ -193,6 +194,21 @@ pub async fn publish<S: Stores>(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The builds the new pointer remembers: the one it replaces (superseded `now`), then those the
+/// replaced pointer remembered, at most [`MAX_SUPERSEDED`].
+pub fn superseded_after(previous: Option<Pointer>, now: OffsetDateTime) -> Vec<Superseded> {
+    let Some(previous) = previous else {
+        return Vec::new();
+    };
+    let mut list = vec![Superseded {
+        build: previous.build,
+        at: now,
+    }];
+    list.extend(previous.superseded);
+    list.truncate(MAX_SUPERSEDED);
+    list
 }
 
 /// Writes the build's manifest from its segment items' results (once: a rerun finds it).
