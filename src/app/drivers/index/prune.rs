@@ -213,6 +213,14 @@ async fn page<S: Stores>(
         .await?;
     let names: Vec<&str> = page.blobs.iter().map(|b| b.name.as_str()).collect();
     let (first, rest) = match cleanup {
+        // A page holding only this build's blobs (a first build's) needs no judgement.
+        Cleanup::OldBuilds
+            if names
+                .iter()
+                .all(|n| build_of(&folder, n).map_or(true, |b| b == scan.scan_id)) =>
+        {
+            (Vec::new(), Vec::new())
+        }
         Cleanup::OldBuilds => {
             let pointer: Option<Pointer> = read_json(&blobs, container, &layout.pointer()).await?;
             let reservation: Option<Reservation> =
@@ -250,6 +258,12 @@ pub fn item(cleanup: Cleanup, marker: Option<String>) -> IndexWork {
     })
 }
 
+/// The build a blob of the `builds/` folder belongs to.
+fn build_of<'a>(folder: &str, name: &'a str) -> Option<&'a str> {
+    let (build, _) = name.strip_prefix(folder)?.split_once('/')?;
+    Some(build)
+}
+
 /// The blobs of one listing page the rule deletes: manifests (deleted first), then the rest.
 async fn doomed<B: BlobStore>(
     blobs: &B,
@@ -258,14 +272,10 @@ async fn doomed<B: BlobStore>(
     prefix: &Prefix<'_>,
     names: &[&str],
 ) -> Result<(Vec<String>, Vec<String>), StorageError> {
-    let build_of = |name: &str| -> Option<String> {
-        let (build, _) = name.strip_prefix(folder)?.split_once('/')?;
-        Some(build.to_string())
-    };
     let mut verdicts: Vec<(String, Verdict)> = Vec::new();
     let (mut first, mut rest) = (Vec::new(), Vec::new());
     for &name in names {
-        let Some(build) = build_of(name) else {
+        let Some(build) = build_of(folder, name).map(str::to_string) else {
             continue;
         };
         let verdict = match verdicts.iter().find(|(b, _)| *b == build) {
