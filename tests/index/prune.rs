@@ -173,7 +173,11 @@ async fn a_blob_delete_is_idempotent() {
 /// its grace runs: a lookup paging through it still answers from it. A rebuild started after
 /// the grace deletes it (and every build superseded before), and a never-published build at
 /// once; a build newer than the one pruning (as a running one would be) is never touched. A
-/// token of a deleted build answers 404.
+/// staging record left in an ended build (the current one included) is deleted by the next
+/// build. A token of a deleted build answers 404. (A build really running beside another's
+/// cleanup cannot be set up: the reservation refuses a second build of a prefix; a late
+/// duplicate of an old build's item is the only way one meets it, and the newer build planted
+/// here stands for it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_build() {
     let app = TestApp::start(1, &[]).await;
@@ -209,7 +213,18 @@ async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_buil
     let b = id(build(&app, &body(3600)).await);
     published(&files(&raw, &container, prefix, &a).await, "A after B");
     published(&files(&raw, &container, prefix, &b).await, "B");
-    // C: A was superseded when B switched, within C's grace: kept.
+    // A staging record left in A (as a cleanup that failed would leave it): C deletes it.
+    let store = blobs();
+    let write = BlobWrite::new("application/octet-stream");
+    let plant = |name: String| {
+        let (store, write, container) = (&store, &write, &container);
+        async move {
+            let bytes = bytes::Bytes::from_static(b"x");
+            store.upload(container, &name, bytes, write).await.unwrap();
+        }
+    };
+    plant(format!("{prefix}/builds/{a}/staging/left.rec")).await;
+    // C: A was superseded when B switched, within C's grace: kept, but for its staging.
     let c = id(build(&app, &body(3600)).await);
     published(&files(&raw, &container, prefix, &a).await, "A after C");
     // The lookup that started on A pages on through A, whole.
@@ -228,20 +243,16 @@ async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_buil
     }
     check_rows("'alice'", &rows, &written, &raw_rows);
 
-    // A never-published build older than D (no manifest), and one newer than D.
-    let store = blobs();
+    // A never-published build older than D (no manifest), one newer than D, and a staging
+    // record left in C, the build current when D starts.
     let (failed, newer) = (build_id(-600_000), build_id(3_600_000));
-    let write = BlobWrite::new("application/octet-stream");
     for name in [
         format!("{prefix}/builds/{failed}/staging/x.rec"),
         format!("{prefix}/builds/{failed}/segments/x.seg"),
         format!("{prefix}/builds/{newer}/staging/x.rec"),
+        format!("{prefix}/builds/{c}/staging/left.rec"),
     ] {
-        let bytes = bytes::Bytes::from_static(b"x");
-        store
-            .upload(&container, &name, bytes, &write)
-            .await
-            .unwrap();
+        plant(name).await;
     }
     // D, started more than its 2 s of grace after C switched: A and B go, C stays (current at
     // D's start), the never-published build goes, the newer one stays.
