@@ -1,9 +1,8 @@
 //! What an index build deletes, in bounded items: the blobs no lookup reads any more.
 //!
 //! - **Old builds** ([`Cleanup::OldBuilds`], phase 1, its first page run by the first chunk
-//!   item): one page
-//!   (at most [`PAGE`] blobs) of the prefix's `builds/` folder, judges each build it names
-//!   ([`judge`]) and deletes what the judgement allows, then queues the next page's item.
+//!   item): one page (at most [`PAGE`] blobs) of the prefix's `builds/` folder, each build it
+//!   names judged ([`judge`]) and what the judgement allows deleted; then the next page's item.
 //! - **The build's own staging records** ([`Cleanup::Staging`], phase 2, its first page run by
 //!   the publication item once the pointer names this build): one page of the build's
 //!   `staging/` folder per item.
@@ -38,7 +37,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::app::error::ApiError;
 use crate::app::index_files::{Pointer, Reservation, Superseded, MAX_POINTER_BYTES};
-use crate::app::job::{item_child, Begun, WorkError, WorkOutcome};
+use crate::app::job::{is_valid_scan_id, item_child, Begun, WorkError, WorkOutcome};
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
 use crate::app::tracking::retention::started_at;
@@ -106,6 +105,9 @@ pub fn judge(prefix: &Prefix<'_>, build: &str, manifest: bool) -> Verdict {
     let (Some(started), Some(pruning)) = (started_at(build), started_at(prefix.pruning)) else {
         return Verdict::Keep;
     };
+    if !is_valid_scan_id(build) {
+        return Verdict::Keep;
+    }
     if build == prefix.pruning || prefix.holder == Some(build) || started >= pruning {
         return Verdict::Keep;
     }
@@ -360,6 +362,7 @@ mod tests {
             assert_eq!(judge(p, &pruning, false), Verdict::Keep);
             assert_eq!(judge(p, &newer, false), Verdict::Keep);
             assert_eq!(judge(p, "not-a-build", false), Verdict::Keep);
+            assert_eq!(judge(p, "0000000000001-mine", false), Verdict::Keep);
             // The current build keeps its segments; its staging records go.
             assert_eq!(judge(p, &current, true), Verdict::Staging);
             // Never published (no manifest): no lookup pages through it.
