@@ -1,5 +1,5 @@
-//! What an index build deletes (docs/index.md, "Retention"): its own staging records once the
-//! pointer names it; old builds' staging records; superseded builds once their grace
+//! What an index build deletes once the pointer names it (docs/index.md, "Retention"): its own
+//! staging records; old builds' staging records; superseded builds once their grace
 //! (`keepSupersededSeconds`) has passed — not before, so a lookup paging through one still
 //! answers from it; never-published builds at once; never a build newer than the one deleting.
 //!
@@ -168,13 +168,12 @@ async fn a_blob_delete_is_idempotent() {
     assert_eq!(counters.snapshot().delete, 3);
 }
 
-/// Four builds of one prefix. A build's staging records are gone once it completed. A rebuild
-/// keeps the build it replaces (current at its start), and the next rebuild keeps it too while
-/// its grace runs: a lookup paging through it still answers from it. A rebuild started after
-/// the grace deletes it (and every build superseded before), and a never-published build at
-/// once; a build newer than the one pruning (as a running one would be) is never touched. A
-/// staging record left in an ended build (the current one included) is deleted by the next
-/// build. A token of a deleted build answers 404. (A build really running beside another's
+/// Four builds of one prefix, each cleaning up once it switched. A build's staging records are
+/// gone once it completed. A rebuild keeps the build it replaces, and the next rebuild keeps it
+/// too while its grace runs: a lookup paging through it still answers from it. A rebuild
+/// started after the grace deletes it (and every build superseded before), and a
+/// never-published build at once; a build newer than the one cleaning (as a running one would
+/// be) is never touched. A staging record left in an ended build is deleted by the next build. A token of a deleted build answers 404. (A build really running beside another's
 /// cleanup cannot be set up: the reservation refuses a second build of a prefix; a late
 /// duplicate of an old build's item is the only way one meets it, and the newer build planted
 /// here stands for it.)
@@ -209,7 +208,7 @@ async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_buil
         .expect("paged")
         .to_string();
 
-    // B: A is current when B starts: kept whole.
+    // B: A, superseded by B's own switch, is in its grace: kept whole.
     let b = id(build(&app, &body(3600)).await);
     published(&files(&raw, &container, prefix, &a).await, "A after B");
     published(&files(&raw, &container, prefix, &b).await, "B");
@@ -244,7 +243,7 @@ async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_buil
     check_rows("'alice'", &rows, &written, &raw_rows);
 
     // A never-published build older than D (no manifest), one newer than D, and a staging
-    // record left in C, the build current when D starts.
+    // record left in C, which D supersedes.
     let (failed, newer) = (build_id(-600_000), build_id(3_600_000));
     for name in [
         format!("{prefix}/builds/{failed}/staging/x.rec"),
@@ -254,8 +253,9 @@ async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_buil
     ] {
         plant(name).await;
     }
-    // D, started more than its 2 s of grace after C switched: A and B go, C stays (current at
-    // D's start), the never-published build goes, the newer one stays.
+    // D, started more than its 2 s of grace after C switched: A and B go (superseded when B and
+    // C switched), C stays (superseded by D's own switch) but for its staging, the
+    // never-published build goes, the newer one stays.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let d = id(build(&app, &body(2)).await);
     for (gone, what) in [(&a, "A"), (&b, "B"), (&failed, "the failed build")] {

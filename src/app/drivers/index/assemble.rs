@@ -10,8 +10,6 @@
 //!   sorts their ranges by key and merges ranges that overlap (the union of their values), builds
 //!   the segment (`crate::index::build_segment`) and writes it, named after its first record.
 //!   Its descriptor (`SegmentEntry`) is the item's result, which the completion step lists.
-//! - The first chunk item (no marker) also deletes the first page of old builds (`prune`);
-//!   further pages are items of their own, beside assembly.
 //! - A page that is the only one and makes one group (every build of up to about 3 million
 //!   distinct values per range summed: all small builds) is built by the chunk item itself, the
 //!   same way: one item, one listing.
@@ -31,7 +29,7 @@ use crate::storage::compare_keys;
 use crate::storage::stores::Stores;
 
 use super::stage::BINARY_CONTENT_TYPE;
-use super::{prune, BuildWork, IndexDriver, IndexOptions, IndexWork};
+use super::{BuildWork, IndexDriver, IndexOptions, IndexWork};
 
 /// A segment item reads about this many bytes of staging records (a record past it starts the
 /// next segment): 8 bytes per distinct value of a range, so about 3 million values, whose
@@ -64,19 +62,11 @@ pub async fn chunk<S: Stores>(
         )
         .await?;
     let groups = groups(&page.blobs, SEGMENT_STAGING_BYTES);
-    // The first chunk also deletes the first page of old builds (`prune`; further pages are
-    // its children), beside assembly.
-    let mut outcome = WorkOutcome::default();
-    if marker.is_none() {
-        let cleanup = prune::cleanup(state, begun, prune::Cleanup::OldBuilds, None).await;
-        outcome.children = cleanup.children;
-    }
     if page.next_marker.is_none() && groups.len() == 1 {
         let names = page.blobs.into_iter().map(|b| b.name).collect();
-        let mut built = build(state, begun, names).await?;
-        built.children.append(&mut outcome.children);
-        return Ok(built);
+        return build(state, begun, names).await;
     }
+    let mut outcome = WorkOutcome::default();
     for (first, last) in groups {
         let work = IndexWork::Build(BuildWork::Segment {
             marker: marker.clone(),

@@ -21,8 +21,8 @@
 //!   index's cost per step (one staging write, one read in assembly) weighs less per row.
 //! - **Phase 2, publication** ([`publish`]): the manifest, then the pointer switched in one
 //!   conditional write (the completion step runs it again and finds it done).
-//! - **Cleanup** ([`prune`]): beside assembly, old builds no lookup reads any more; after the
-//!   switch, this build's staging records. Bounded pages, never failing the build.
+//! - **Cleanup** ([`prune`]): after the switch, this build's staging records and the old
+//!   builds no lookup reads any more. Bounded pages, never failing the build.
 //!
 //! Invariants:
 //! - **Deterministic names.** A staging record is named after its first row's keys, a segment
@@ -139,14 +139,10 @@ pub enum BuildWork {
         first: String,
         last: String,
     },
-    /// Deletes what one page of the prefix's `builds/` folder holds of old builds (`prune`).
-    Prune {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        marker: Option<String>,
-    },
-    /// Phase 2's root: switches the pointer to this build (`publish`).
+    /// Phase 2's root: switches the pointer to this build (`publish`), then cleans up.
     Publish,
-    /// Deletes one page of this build's staging records, once the pointer names it (`prune`).
+    /// Deletes what one page of the prefix's `builds/` folder, from `marker`, holds that no
+    /// lookup or build reads any more, once the pointer names this build (`prune`).
     Clean {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         marker: Option<String>,
@@ -281,12 +277,9 @@ impl Driver for IndexDriver {
                 first,
                 last,
             }) => assemble::segment(state, begun, marker, &first, &last).await,
-            IndexWork::Build(BuildWork::Prune { marker }) => {
-                Ok(prune::cleanup(state, begun, prune::Cleanup::OldBuilds, marker).await)
-            }
             IndexWork::Build(BuildWork::Publish) => publish::publish_item(state, begun).await,
             IndexWork::Build(BuildWork::Clean { marker }) => {
-                Ok(prune::cleanup(state, begun, prune::Cleanup::Staging, marker).await)
+                Ok(prune::cleanup(state, begun, marker).await)
             }
         }
     }

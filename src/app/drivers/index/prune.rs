@@ -1,36 +1,36 @@
-//! What an index build deletes, in bounded items: the blobs no lookup reads any more.
+//! What an index build deletes, in bounded items, once it is published: the blobs no lookup
+//! and no build reads any more.
 //!
-//! - **Old builds** ([`Cleanup::OldBuilds`], phase 1, its first page run by the first chunk
-//!   item): one page (at most [`PAGE`] blobs) of the prefix's `builds/` folder, each build it
-//!   names judged ([`judge`]) and what the judgement allows deleted; then the next page's item.
-//! - **The build's own staging records** ([`Cleanup::Staging`], phase 2, its first page run by
-//!   the publication item once the pointer names this build): one page of the build's
-//!   `staging/` folder per item.
+//! One chain of items, started by the publication item (which runs its first page itself) once
+//! the pointer names the build: each lists one page (at most [`PAGE`] blobs) of the prefix's
+//! `builds/` folder, judges each build the page names ([`judge`]), deletes what the judgement
+//! allows, and queues the next page's item. Publication happens before: a build that fails
+//! deletes nothing, and old garbage never delays a switch.
 //!
-//! The rule ([`judge`]), for a build `B` found under `builds/` by build `N` (the one pruning),
-//! with `C` the build the pointer names when `N`'s phase 1 runs (`N` has not switched yet:
-//! only the reservation's holder switches, and that is `N`):
-//! - **Never touched**: `N`; the reservation's holder; `B` started at or after `N` (a newer build,
-//!   perhaps still running: only a late duplicate of this item could meet one); a folder whose
-//!   name is not a build id this version makes.
+//! The rule ([`judge`]), for a build `B` found under `builds/` by build `N` (the one cleaning),
+//! with the pointer as it is then (naming `N`, or in a late duplicate a newer build):
+//! - **Never touched**: a folder whose name is not a scan id; a build started after `N` (a
+//!   newer build, perhaps running: only a late duplicate of this item could meet one); the
+//!   reservation's holder unless it is `N`; another build started in `N`'s millisecond.
+//! - **`N` itself**: published, so its **staging records** go (segments are built from them in
+//!   phase 1, and nothing reads them after the switch); its manifest and segments stay.
 //! - Every other build has **ended**: `N` took the reservation over from it (or it was refused,
-//!   and wrote nothing), which a running build never allows. Its **staging records** are never
-//!   read again (segments are built from them in the build's own phase 1): deleted, `C`'s too.
-//! - Its **manifest and segments**: `C`'s are kept (lookups answer from it). A build without a
-//!   manifest was never named by the pointer (the manifest is written before the switch), so no
-//!   lookup pages through it: deleted. A build with one may have been current, and a
-//!   continuation token may name it: it is deleted only once `superseded + keepSupersededSeconds`
-//!   is at or before `N`'s start (until then it is kept, and a later build deletes it), where
-//!   `superseded` is when the pointer moved away from it, as the pointer remembers
-//!   (`Pointer::superseded`), or, for a build it does not remember, a time no earlier: its
-//!   oldest remembered entry's (a forgotten build was superseded before that one), else
-//!   `switchedAt` (every non-current build was superseded by then).
+//!   and wrote nothing), which a running build never allows. Its staging records go. The
+//!   current build's manifest and segments stay. A build without a manifest was never named by
+//!   the pointer (the manifest is written before the switch), so no lookup pages through it:
+//!   all of it goes. A build with one may have been current, and a continuation token may name
+//!   it: it goes only once `superseded + keepSupersededSeconds` is at or before `N`'s start
+//!   (until then it stays, and a later build deletes it), where `superseded` is when the
+//!   pointer moved away from it, as the pointer remembers (`Pointer::superseded`), or, for a
+//!   build it does not remember, a time no earlier: its oldest remembered entry's (a forgotten
+//!   build was superseded before that one), else `switchedAt` (every non-current build was
+//!   superseded by then).
 //! - Within a build, the manifest is deleted before the rest: a lookup naming a build being
 //!   deleted answers 404 ("index build … is gone"), never a partial index.
 //!
-//! Both items are idempotent (a delete of a missing blob is not an error; a redelivery lists
-//! its page again) and never fail the build: a cleanup error is logged and its blobs are left
-//! for the next build's [`Cleanup::OldBuilds`], which deletes any ended build's staging records.
+//! The items are idempotent (a delete of a missing blob is not an error; a redelivery lists its
+//! page again) and never fail the build: an error is logged, and what it left is found by the
+//! next build, which deletes any ended build's staging records.
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use time::{Duration, OffsetDateTime};
@@ -83,7 +83,7 @@ pub enum Verdict {
     All,
 }
 
-/// What [`judge`] knows of the prefix when build `pruning` runs its phase 1.
+/// What [`judge`] knows of the prefix when build `pruning` cleans, once published.
 #[derive(Debug, Clone)]
 pub struct Prefix<'a> {
     /// The build pruning.
@@ -105,10 +105,14 @@ pub fn judge(prefix: &Prefix<'_>, build: &str, manifest: bool) -> Verdict {
     let (Some(started), Some(pruning)) = (started_at(build), started_at(prefix.pruning)) else {
         return Verdict::Keep;
     };
-    if !is_valid_scan_id(build) {
+    if !is_valid_scan_id(build) || started > pruning {
         return Verdict::Keep;
     }
-    if build == prefix.pruning || prefix.holder == Some(build) || started >= pruning {
+    if build == prefix.pruning {
+        // Published (this runs after the switch): only its staging records are done with.
+        return Verdict::Staging;
+    }
+    if prefix.holder == Some(build) || started == pruning {
         return Verdict::Keep;
     }
     let Some((current, switched)) = prefix.current else {
@@ -167,38 +171,25 @@ async fn delete_all<B: BlobStore>(
     Ok(deleted.into_iter().filter(|d| *d).count())
 }
 
-/// The two cleanups: what a page lists, and what of it goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cleanup {
-    /// Phase 1: the prefix's `builds/` folder, judged by [`judge`].
-    OldBuilds,
-    /// Phase 2, once the pointer names this build: its own staging records, all of them.
-    Staging,
-}
-
-/// One page of a cleanup, its deletes, and the item of the next page (the children). An error
-/// is logged and the page counts as done: cleanup never fails a build (the next build's
-/// [`Cleanup::OldBuilds`] finds what is left). The first page runs inside another item (the
-/// first chunk, the publication), so a build whose cleanups fit a page queues no item for them.
+/// One page of the cleanup, its deletes, and the item of the next page (the children). An
+/// error is logged and the page counts as done: cleanup never fails a build (the next build
+/// finds what is left). The first page runs inside the publication item, so a build whose
+/// cleanup fits a page queues no item for it.
 pub async fn cleanup<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
-    cleanup: Cleanup,
     marker: Option<String>,
 ) -> WorkOutcome {
     let scan = &begun.scan.scan_id;
-    page(state, begun, cleanup, marker)
-        .await
-        .unwrap_or_else(|e| {
-            tracing::warn!(scan = %scan, error = %e, ?cleanup, "index cleanup left blobs for the next build");
-            WorkOutcome::default()
-        })
+    page(state, begun, marker).await.unwrap_or_else(|e| {
+        tracing::warn!(scan = %scan, error = %e, "index cleanup left blobs for the next build");
+        WorkOutcome::default()
+    })
 }
 
 async fn page<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
-    cleanup: Cleanup,
     marker: Option<String>,
 ) -> Result<WorkOutcome, WorkError> {
     let scan = &*begun.scan;
@@ -206,58 +197,43 @@ async fn page<S: Stores>(
     let layout = options.layout()?;
     let blobs = state.blob_store(&options.connection, &begun.requests)?;
     let container = &options.container;
-    let folder = match cleanup {
-        Cleanup::OldBuilds => layout.blob("builds/"),
-        Cleanup::Staging => layout.staging_folder(&scan.scan_id),
-    };
+    let folder = layout.blob("builds/");
     let page = blobs
         .list(container, &folder, PAGE, marker.as_deref())
         .await?;
     let names: Vec<&str> = page.blobs.iter().map(|b| b.name.as_str()).collect();
-    let (first, rest) = match cleanup {
-        // A page holding only this build's blobs (a first build's) needs no judgement.
-        Cleanup::OldBuilds
-            if names
-                .iter()
-                .all(|n| build_of(&folder, n).map_or(true, |b| b == scan.scan_id)) =>
-        {
-            (Vec::new(), Vec::new())
-        }
-        Cleanup::OldBuilds => {
-            let pointer: Option<Pointer> = read_json(&blobs, container, &layout.pointer()).await?;
-            let reservation: Option<Reservation> =
-                read_json(&blobs, container, &layout.reservation()).await?;
-            let prefix = Prefix {
-                pruning: &scan.scan_id,
-                now: options.started_at,
-                current: pointer.as_ref().map(|p| (p.build.as_str(), p.switched_at)),
-                superseded: pointer.as_ref().map_or(&[], |p| p.superseded.as_slice()),
-                holder: reservation.as_ref().map(|r| r.scan_id.as_str()),
-                keep: Duration::seconds(options.keep_superseded_seconds as i64),
-            };
-            doomed(&blobs, container, &folder, &prefix, &names).await?
-        }
-        Cleanup::Staging => (Vec::new(), names.iter().map(|n| n.to_string()).collect()),
+    let own = |n: &&str| build_of(&folder, n) == Some(scan.scan_id.as_str());
+    let (first, rest) = if names.iter().all(own) {
+        // Only this build's blobs (a first build's page): its staging records, without reading
+        // the pointer and the reservation (the rule needs neither for them).
+        let staging = layout.staging_folder(&scan.scan_id);
+        let rest = names.iter().filter(|n| n.starts_with(&staging));
+        (Vec::new(), rest.map(|n| n.to_string()).collect())
+    } else {
+        let pointer: Option<Pointer> = read_json(&blobs, container, &layout.pointer()).await?;
+        let reservation: Option<Reservation> =
+            read_json(&blobs, container, &layout.reservation()).await?;
+        let prefix = Prefix {
+            pruning: &scan.scan_id,
+            now: options.started_at,
+            current: pointer.as_ref().map(|p| (p.build.as_str(), p.switched_at)),
+            superseded: pointer.as_ref().map_or(&[], |p| p.superseded.as_slice()),
+            holder: reservation.as_ref().map(|r| r.scan_id.as_str()),
+            keep: Duration::seconds(options.keep_superseded_seconds as i64),
+        };
+        doomed(&blobs, container, &folder, &prefix, &names).await?
     };
     let deleted =
         delete_all(&blobs, container, &first).await? + delete_all(&blobs, container, &rest).await?;
     if deleted > 0 {
-        tracing::info!(scan = %scan.scan_id, deleted, ?cleanup, "index cleanup: blobs deleted");
+        tracing::info!(scan = %scan.scan_id, deleted, "index cleanup: blobs deleted");
     }
     let mut outcome = WorkOutcome::default();
     if let Some(next) = page.next_marker {
-        let work = item(cleanup, Some(next));
+        let work = IndexWork::Build(BuildWork::Clean { marker: Some(next) });
         outcome.children.push(item_child::<IndexDriver>(&work)?);
     }
     Ok(outcome)
-}
-
-/// The item of a cleanup's page from `marker` (`None`: its first page).
-pub fn item(cleanup: Cleanup, marker: Option<String>) -> IndexWork {
-    IndexWork::Build(match cleanup {
-        Cleanup::OldBuilds => BuildWork::Prune { marker },
-        Cleanup::Staging => BuildWork::Clean { marker },
-    })
 }
 
 /// The build a blob of the `builds/` folder belongs to.
@@ -320,13 +296,11 @@ mod tests {
         OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000).unwrap()
     }
 
-    /// The cleanup items' JSON (their identity): kinds no range item has.
+    /// The publication and cleanup items' JSON (their identity): kinds no range item has.
     #[test]
     fn cleanup_items_serialize_as_their_kinds() {
         use crate::app::messages::ItemJson;
         for (item, text) in [
-            (item(Cleanup::OldBuilds, None), r#"{"kind":"prune"}"#),
-            (item(Cleanup::Staging, None), r#"{"kind":"clean"}"#),
             (
                 IndexWork::Build(BuildWork::Publish),
                 r#"{"kind":"publish"}"#,
@@ -359,8 +333,11 @@ mod tests {
         let past = prefix(10, 12_500);
         // The pruning build, a newer one (maybe running), a foreign folder: never touched.
         for p in [&within, &past] {
-            assert_eq!(judge(p, &pruning, false), Verdict::Keep);
+            // The cleaning build is published: its staging records go, nothing else.
+            assert_eq!(judge(p, &pruning, true), Verdict::Staging);
             assert_eq!(judge(p, &newer, false), Verdict::Keep);
+            let same_millisecond = format!("{}ffff", &pruning[..pruning.len() - 4]);
+            assert_eq!(judge(p, &same_millisecond, false), Verdict::Keep);
             assert_eq!(judge(p, "not-a-build", false), Verdict::Keep);
             assert_eq!(judge(p, "0000000000001-mine", false), Verdict::Keep);
             // The current build keeps its segments; its staging records go.

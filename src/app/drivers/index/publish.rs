@@ -14,8 +14,9 @@
 //!   previous build; after it, from this one. A failed build never writes the pointer. The
 //!   new pointer remembers the builds it supersedes and when (`superseded`: the replaced
 //!   pointer's build at the switch's time, then the replaced pointer's own list), which is
-//!   what `prune` measures a superseded build's grace from. Once it
-//!   is switched, the item queues the deletion of the build's staging records (`prune::Cleanup::Staging`).
+//!   what `prune` measures a superseded build's grace from. Once it is switched, the item
+//!   starts the cleanup (`prune`): this build's staging records, and old builds no lookup
+//!   reads any more.
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -116,14 +117,14 @@ pub async fn reserve<S: Stores, B: BlobStore>(
     }
 }
 
-/// Phase 2's item: [`publish`], then the first page of the build's staging records deleted
-/// (`prune`; further pages are its children).
+/// Phase 2's item: [`publish`], then the first page of the cleanup (`prune`; further pages are
+/// its children).
 pub async fn publish_item<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
 ) -> Result<WorkOutcome, WorkError> {
     publish(state, &begun.scan).await?;
-    Ok(prune::cleanup(state, begun, prune::Cleanup::Staging, None).await)
+    Ok(prune::cleanup(state, begun, None).await)
 }
 
 /// The switch (see the module documentation).
