@@ -69,7 +69,7 @@ pub fn check_keep(seconds: u64) -> Result<(), ApiError> {
 
 /// Blobs one item lists, and so at most deletes: about a second of deletes.
 pub const PAGE: u32 = 1000;
-/// Deletes in flight at once.
+/// Deletes (and manifest reads) in flight at once.
 const DELETES_IN_FLIGHT: usize = 16;
 
 /// What a build's blobs come to.
@@ -250,32 +250,47 @@ async fn doomed<B: BlobStore>(
     prefix: &Prefix<'_>,
     names: &[&str],
 ) -> Result<(Vec<String>, Vec<String>), StorageError> {
-    let mut verdicts: Vec<(String, Verdict)> = Vec::new();
+    let mut builds: Vec<&str> = names.iter().filter_map(|n| build_of(folder, n)).collect();
+    builds.dedup(); // in name order, so a build's blobs are consecutive
+    let manifest = |build: &str| format!("{folder}{build}/manifest.json");
+    // A manifest is read only where it decides and the page does not show it: at most one
+    // properties read per build the page names, READS_IN_FLIGHT at a time.
+    let unsure: Vec<String> = builds
+        .iter()
+        .filter(|b| judge(prefix, b, true) != judge(prefix, b, false))
+        .map(|b| manifest(b))
+        .filter(|m| !names.contains(&m.as_str()))
+        .collect();
+    let found: Vec<String> = stream::iter(unsure)
+        .map(|name| async move {
+            let there = blobs.properties(container, &name).await?;
+            Ok::<_, StorageError>(there.map(|_| name))
+        })
+        .buffer_unordered(DELETES_IN_FLIGHT)
+        .try_filter_map(|found| async move { Ok(found) })
+        .try_collect()
+        .await?;
+    let has_manifest = |build: &str| {
+        let name = manifest(build);
+        names.contains(&name.as_str()) || found.contains(&name)
+    };
+    let verdicts: Vec<(&str, Verdict)> = builds
+        .iter()
+        .map(|b| (*b, judge(prefix, b, has_manifest(b))))
+        .collect();
     let (mut first, mut rest) = (Vec::new(), Vec::new());
     for &name in names {
-        let Some(build) = build_of(folder, name).map(str::to_string) else {
+        let Some(build) = build_of(folder, name) else {
             continue;
         };
-        let verdict = match verdicts.iter().find(|(b, _)| *b == build) {
-            Some((_, v)) => *v,
-            None => {
-                let mut v = judge(prefix, &build, true);
-                // The manifest is read only when it decides (one request per build a page names).
-                if v != judge(prefix, &build, false) {
-                    let manifest = format!("{folder}{build}/manifest.json");
-                    let has_manifest = names.contains(&manifest.as_str())
-                        || blobs.properties(container, &manifest).await?.is_some();
-                    v = judge(prefix, &build, has_manifest);
-                }
-                verdicts.push((build.clone(), v));
-                v
-            }
-        };
+        let verdict = verdicts.iter().find(|(b, _)| *b == build).map(|(_, v)| *v);
         let in_build = &name[folder.len() + build.len() + 1..];
         match verdict {
-            Verdict::All if in_build == "manifest.json" => first.push(name.to_string()),
-            Verdict::All => rest.push(name.to_string()),
-            Verdict::Staging if in_build.starts_with("staging/") => rest.push(name.to_string()),
+            Some(Verdict::All) if in_build == "manifest.json" => first.push(name.to_string()),
+            Some(Verdict::All) => rest.push(name.to_string()),
+            Some(Verdict::Staging) if in_build.starts_with("staging/") => {
+                rest.push(name.to_string())
+            }
             _ => {}
         }
     }
@@ -394,6 +409,72 @@ mod tests {
         assert_eq!(verdicts(12_800), [All, All, Staging, Staging]);
         assert_eq!(verdicts(13_800), [All, All, All, Staging]);
         assert_eq!(verdicts(14_800), [All, All, All, All]);
+    }
+
+    /// A page's blobs: the rule per build, a manifest the page does not show read from the
+    /// store, manifests first.
+    #[cfg(feature = "lab")]
+    #[tokio::test]
+    async fn a_page_deletes_what_the_rule_allows_manifests_first() {
+        use crate::lab::memory::MemoryBlobStore;
+        use crate::storage::blob::BlobWrite;
+        let (gone, kept, failed, pruning) = (id(1_000), id(2_000), id(2_500), id(3_000));
+        let store = MemoryBlobStore::new();
+        store.create_container("idx").await.unwrap();
+        let folder = "p/builds/";
+        let all = [
+            format!("{folder}{gone}/manifest.json"),
+            format!("{folder}{gone}/segments/a.seg"),
+            format!("{folder}{kept}/manifest.json"),
+            format!("{folder}{kept}/segments/a.seg"),
+            format!("{folder}{kept}/staging/a.rec"),
+            format!("{folder}{failed}/staging/a.rec"),
+            format!("{folder}{pruning}/manifest.json"),
+            format!("{folder}{pruning}/staging/a.rec"),
+        ];
+        for name in &all {
+            let write = BlobWrite::new("x");
+            store
+                .upload("idx", name, bytes::Bytes::new(), &write)
+                .await
+                .unwrap();
+        }
+        // `gone` superseded long ago, `kept` just now (by `pruning`, current).
+        let remembered = [
+            Superseded {
+                build: kept.clone(),
+                at: at(3_500),
+            },
+            Superseded {
+                build: gone.clone(),
+                at: at(2_100),
+            },
+        ];
+        let prefix = Prefix {
+            pruning: &pruning,
+            now: at(3_000 + 10_000),
+            current: Some((&pruning, at(3_500))),
+            superseded: &remembered,
+            holder: Some(&pruning),
+            keep: Duration::seconds(10),
+        };
+        // The page starts after `kept`'s manifest: it is read from the store.
+        let page: Vec<&str> = all
+            .iter()
+            .map(String::as_str)
+            .filter(|n| *n != all[2])
+            .collect();
+        let (first, rest) = doomed(&store, "idx", folder, &prefix, &page).await.unwrap();
+        assert_eq!(first, vec![all[0].clone()]);
+        assert_eq!(
+            rest,
+            vec![
+                all[1].clone(),
+                all[4].clone(),
+                all[5].clone(),
+                all[7].clone()
+            ]
+        );
     }
 
     #[test]
