@@ -325,6 +325,10 @@ async fn an_index_finds_every_row_of_every_type_and_nothing_else() {
             "destinationConnection",
             json!({"destinationConnection": "DefaultEndpointsProtocol=https;AccountName=x"}),
         ),
+        (
+            "keepSupersededSeconds",
+            json!({"keepSupersededSeconds": 30 * 24 * 3600 + 1}),
+        ),
     ] {
         let mut body = json!({"driver": "index", "sourceTable": table, "property": "V",
             "destinationContainer": unique_name("never"), "destinationPrefix": prefix});
