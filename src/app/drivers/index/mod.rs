@@ -20,7 +20,7 @@
 //! - Steps read up to [`MAX_STEP_ROWS`] rows (`Driver::STEP_ROWS`), as many as a count's: the
 //!   index's cost per step (one staging write, one read in assembly) weighs less per row.
 //! - **Phase 2, publication** ([`publish`]): the manifest, then the pointer switched in one
-//!   conditional write (the completion step runs it again and finds it done).
+//!   conditional write (the completion step has nothing left to do).
 //! - **Cleanup** ([`prune`]): after the switch, this build's staging records and the old
 //!   builds no lookup reads any more. Bounded pages, never failing the build.
 //!

@@ -6,9 +6,8 @@
 //!   cancelled, or a start that never recorded its scan) is taken over with `If-Match` on the
 //!   reservation's ETag, so of two builds started at once exactly one wins.
 //! - **Publication** ([`publish`]: phase 2's item [`publish_item`]; may run more than once):
-//!   checks the
-//!   reservation still names this build, lists the segment items' descriptors, writes the
-//!   build's manifest (`If-None-Match: *`: a rerun leaves it as it is), then switches
+//!   checks the reservation still names this build, lists the segment items' descriptors,
+//!   writes the build's manifest (`If-None-Match: *`: a rerun leaves it as it is), then switches
 //!   `<prefix>index.json` to it in ONE write, `If-Match` on the pointer's ETag as read (or
 //!   `If-None-Match: *` for a prefix's first index). Until that write, lookups answer from the
 //!   previous build; after it, from this one. A failed build never writes the pointer. The
@@ -17,6 +16,8 @@
 //!   what `prune` measures a superseded build's grace from. Once it is switched, the item
 //!   starts the cleanup (`prune`): this build's staging records, and old builds no lookup
 //!   reads any more.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -123,22 +124,20 @@ pub async fn publish_item<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
 ) -> Result<WorkOutcome, WorkError> {
-    publish(state, &begun.scan).await?;
+    publish(state, &begun.scan, &begun.requests).await?;
     Ok(prune::cleanup(state, begun, None).await)
 }
 
-/// The switch (see the module documentation).
+/// The switch (see the module documentation); its blob requests count in `requests` (the
+/// item's).
 pub async fn publish<S: Stores>(
     state: &AppState<S>,
     context: &ScanContext,
+    requests: &Arc<Meter>,
 ) -> Result<(), WorkError> {
     let options: IndexOptions = context.options()?;
     let layout = options.layout()?;
-    let requests = Meter::new();
-    if let Some(pacer) = state.pacer_for(context) {
-        requests.pace_by(pacer);
-    }
-    let blobs = state.blob_store(&options.connection, &requests)?;
+    let blobs = state.blob_store(&options.connection, requests)?;
     let container = &options.container;
     let scan_id = &context.scan_id;
     let reservation = layout.reservation();
