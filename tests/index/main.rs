@@ -644,6 +644,20 @@ async fn a_build_with_killed_handlers_has_no_false_negatives() {
     )
     .await;
     let kills = support::faults::kill_while_running(&app, &id, 2, 2).await;
+    // Status reads go through the handlers: wait for every killed one to be back (a read sent
+    // to one being restarted gets an empty answer), as a build that outlasts the kills ends
+    // right after the last one.
+    let host = app.host();
+    for _ in 0..200 {
+        let generations = host.handler_generations();
+        if generations.iter().zip(&kills).all(|(g, k)| *g > *k as u64) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    host.wait_ready(Duration::from_secs(60))
+        .await
+        .expect("the killed handlers restarted");
     let status = app.wait_for_end(&id, SCAN_TIMEOUT).await;
     eprintln!("kills during the build: {kills:?}; {status}");
     assert_eq!(status["state"], "completed", "{status}");
