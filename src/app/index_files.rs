@@ -93,6 +93,25 @@ pub struct Pointer {
     pub manifest: String,
     #[serde(with = "time::serde::rfc3339")]
     pub switched_at: OffsetDateTime,
+    /// The builds this pointer named before, most recent first, each with when it was
+    /// superseded (at most [`MAX_SUPERSEDED`]; absent in pointers of earlier versions): how long
+    /// a build was kept for lookups paging through it is measured from there
+    /// (`drivers/index/prune`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub superseded: Vec<Superseded>,
+}
+
+/// Most superseded builds a pointer remembers (an older one is known to have been superseded
+/// no later than the oldest remembered).
+pub const MAX_SUPERSEDED: usize = 100;
+
+/// A build a pointer named before, and when the pointer moved away from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Superseded {
+    pub build: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
 }
 
 /// `P index-build.json`: the build that holds the prefix.

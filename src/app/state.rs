@@ -415,6 +415,10 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         self.tick().await?;
         self.inner.list(container, prefix, max, marker).await
     }
+    async fn delete(&self, container: &str, name: &str) -> StorageResult<bool> {
+        self.tick().await?;
+        self.inner.delete(container, name).await
+    }
 }
 
 #[cfg(all(test, feature = "lab"))]

@@ -541,6 +541,25 @@ impl BlobStore for AzureBlobStore {
             next_marker: response.next_marker.map(|m| m.as_str().to_string()),
         })
     }
+    async fn delete(&self, container: &str, name: &str) -> StorageResult<bool> {
+        check_blob(container, name)?;
+        let result = self
+            .attempts(BlobRequestKind::Delete, || async {
+                // The SDK sends `x-ms-delete-snapshots: include` by default: a blob with
+                // snapshots is deleted with them instead of refused.
+                self.blob(container, name)
+                    .delete()
+                    .await
+                    .map_err(|e| map_sdk_error(&format!("delete blob {container}/{name}"), e))
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            // BlobNotFound, or ContainerNotFound: nothing to delete either way.
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

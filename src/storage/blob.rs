@@ -6,7 +6,8 @@
 //! in one request (content type and encoding, an optional precondition) and get its ETag; stage
 //! blocks and commit a block list (a blob assembled over several invocations, e.g. a manifest);
 //! read a blob's block list; download a blob up to a size bound; read properties (or learn it does
-//! not exist); list blobs under a prefix one bounded page at a time, with a continuation marker.
+//! not exist); list blobs under a prefix one bounded page at a time, with a continuation marker;
+//! delete a blob (idempotent: a missing blob is not an error).
 //!
 //! Invariants:
 //! - Every input is checked here before anything is sent (one `check_*` function per operation:
@@ -207,6 +208,15 @@ pub trait BlobStore: Send + Sync + 'static {
         max_results: u32,
         marker: Option<&str>,
     ) -> impl Future<Output = StorageResult<BlobListPage>> + Send;
+
+    /// Deletes the blob (with its snapshots, if any): `Ok(true)` if it was there, `Ok(false)` if
+    /// it was not (no error: a redelivered cleanup repeats its deletes). A missing container is
+    /// a missing blob too.
+    fn delete(
+        &self,
+        container: &str,
+        name: &str,
+    ) -> impl Future<Output = StorageResult<bool>> + Send;
 }
 
 /// The kinds of blob request counted.
@@ -220,6 +230,8 @@ pub enum BlobRequestKind {
     List,
     /// Create Container.
     Admin,
+    /// Delete Blob.
+    Delete,
 }
 
 /// Blob requests sent, by kind (each attempt counts: each is a billable transaction).
@@ -229,6 +241,7 @@ pub struct BlobRequestCounters {
     read: AtomicU64,
     list: AtomicU64,
     admin: AtomicU64,
+    delete: AtomicU64,
 }
 
 /// A point-in-time copy of [`BlobRequestCounters`].
@@ -238,11 +251,12 @@ pub struct BlobRequestCounts {
     pub read: u64,
     pub list: u64,
     pub admin: u64,
+    pub delete: u64,
 }
 
 impl BlobRequestCounts {
     pub fn total(&self) -> u64 {
-        self.write + self.read + self.list + self.admin
+        self.write + self.read + self.list + self.admin + self.delete
     }
 }
 
@@ -257,6 +271,7 @@ impl BlobRequestCounters {
             BlobRequestKind::Read => &self.read,
             BlobRequestKind::List => &self.list,
             BlobRequestKind::Admin => &self.admin,
+            BlobRequestKind::Delete => &self.delete,
         };
         cell.fetch_add(1, Ordering::Relaxed);
     }
@@ -268,6 +283,7 @@ impl BlobRequestCounters {
             read: get(&self.read),
             list: get(&self.list),
             admin: get(&self.admin),
+            delete: get(&self.delete),
         }
     }
 }
@@ -484,9 +500,11 @@ mod tests {
         counters.record(BlobRequestKind::Write);
         counters.record(BlobRequestKind::Write);
         counters.record(BlobRequestKind::List);
+        counters.record(BlobRequestKind::Delete);
         let counts = counters.snapshot();
         assert_eq!((counts.write, counts.list, counts.read), (2, 1, 0));
-        assert_eq!(counts.total(), 3);
+        assert_eq!(counts.delete, 1);
+        assert_eq!(counts.total(), 4);
         check_max_results(1).unwrap();
         check_max_results(MAX_LIST_RESULTS).unwrap();
         assert!(check_max_results(0).is_err() && check_max_results(5001).is_err());

@@ -10,6 +10,7 @@
 //! Faults during a build (duplicated messages, storage faults; kills are here): [`faults`].
 
 mod faults;
+mod prune;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -323,6 +324,10 @@ async fn an_index_finds_every_row_of_every_type_and_nothing_else() {
         (
             "destinationConnection",
             json!({"destinationConnection": "DefaultEndpointsProtocol=https;AccountName=x"}),
+        ),
+        (
+            "keepSupersededSeconds",
+            json!({"keepSupersededSeconds": 30 * 24 * 3600 + 1}),
         ),
     ] {
         let mut body = json!({"driver": "index", "sourceTable": table, "property": "V",
@@ -639,6 +644,20 @@ async fn a_build_with_killed_handlers_has_no_false_negatives() {
     )
     .await;
     let kills = support::faults::kill_while_running(&app, &id, 2, 2).await;
+    // Status reads go through the handlers: wait for every killed one to be back (a read sent
+    // to one being restarted gets an empty answer), as a build that outlasts the kills ends
+    // right after the last one.
+    let host = app.host();
+    for _ in 0..200 {
+        let generations = host.handler_generations();
+        if generations.iter().zip(&kills).all(|(g, k)| *g > *k as u64) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    host.wait_ready(Duration::from_secs(60))
+        .await
+        .expect("the killed handlers restarted");
     let status = app.wait_for_end(&id, SCAN_TIMEOUT).await;
     eprintln!("kills during the build: {kills:?}; {status}");
     assert_eq!(status["state"], "completed", "{status}");

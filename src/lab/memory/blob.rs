@@ -5,7 +5,8 @@
 //! (`blob::check_*`): containers must exist; an upload or a commit replaces the blob and discards
 //! its staged blocks; a commit takes each id's latest staged block, else its committed one;
 //! conditions answer 409 `BlobAlreadyExists` / 412 `ConditionNotMet`; listings come in name order,
-//! a bounded page at a time, with an opaque marker; a download reads nothing past its bound.
+//! a bounded page at a time, with an opaque marker; a download reads nothing past its bound; a
+//! delete of a missing blob (or container) answers `false`, not an error.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -317,6 +318,16 @@ impl BlobStore for MemoryBlobStore {
         let next_marker = names.next().map(|(name, _)| name.clone());
         Ok(BlobListPage { blobs, next_marker })
     }
+    async fn delete(&self, container: &str, name: &str) -> StorageResult<bool> {
+        check_blob(container, name)?;
+        let mut state = self.request(BlobRequestKind::Delete);
+        // A missing container holds no blob: nothing to delete, as on the service.
+        let Some(c) = state.containers.get_mut(container) else {
+            return Ok(false);
+        };
+        c.staged.remove(name);
+        Ok(c.blobs.remove(name).is_some())
+    }
 }
 
 /// The error of a download of a blob that does not exist.
@@ -387,6 +398,11 @@ mod tests {
         assert_eq!(store.properties("c1x", "a").await.unwrap().unwrap().size, 0);
         assert_eq!(store.properties("c1x", "zz").await.unwrap(), None);
         assert_eq!(store.counters().snapshot().admin, 2);
+        assert!(store.delete("c1x", "a").await.unwrap());
+        assert!(!store.delete("c1x", "a").await.unwrap(), "idempotent");
+        assert!(!store.delete("nocontainer", "a").await.unwrap());
+        assert_eq!(store.properties("c1x", "a").await.unwrap(), None);
+        assert_eq!(store.counters().snapshot().delete, 3);
     }
 
     #[tokio::test]

@@ -39,6 +39,7 @@ pub(super) fn blob_kind_name(kind: BlobRequestKind) -> &'static str {
         BlobRequestKind::Read => "blob_read",
         BlobRequestKind::List => "blob_list",
         BlobRequestKind::Admin => "blob_admin",
+        BlobRequestKind::Delete => "blob_delete",
     }
 }
 
@@ -51,8 +52,8 @@ pub(super) fn any_kind_name(kind: Kind) -> &'static str {
 
 /// Classifies a blob request as `BlobRequestCounters` counts it, and names its container:
 /// List Blobs (`restype=container&comp=list`), container calls (`restype=container`), reads
-/// (GET/HEAD of a blob: Get Blob, its properties, its block list) and writes (Put Blob, Put
-/// Block, Put Block List, and anything else sent to a blob, such as a delete).
+/// (GET/HEAD of a blob: Get Blob, its properties, its block list), deletes (DELETE of a blob)
+/// and writes (Put Blob, Put Block, Put Block List, and anything else sent to a blob).
 fn classify_blob(method: &hyper::Method, path: &str, query: &str) -> (BlobRequestKind, String) {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     // Path-style URLs: /{account}/{container}/{blob...}
@@ -65,6 +66,8 @@ fn classify_blob(method: &hyper::Method, path: &str, query: &str) -> (BlobReques
         BlobRequestKind::Admin
     } else if *method == hyper::Method::GET || *method == hyper::Method::HEAD {
         BlobRequestKind::Read
+    } else if *method == hyper::Method::DELETE {
+        BlobRequestKind::Delete
     } else {
         BlobRequestKind::Write
     };

@@ -61,7 +61,7 @@ impl CloudBlobs {
         let account = &self.account;
         let m = &account.model;
         let base = match kind {
-            BlobRequestKind::Write => m.blob_write_ms,
+            BlobRequestKind::Write | BlobRequestKind::Delete => m.blob_write_ms,
             BlobRequestKind::Read => m.blob_read_ms,
             BlobRequestKind::List | BlobRequestKind::Admin => m.blob_list_ms,
         };
@@ -165,6 +165,13 @@ impl BlobStore for CloudBlobs {
                 .await;
             let n = r.as_ref().map_or(0, Bytes::len);
             (r, n)
+        })
+        .await
+    }
+
+    async fn delete(&self, container: &str, name: &str) -> StorageResult<bool> {
+        self.request(BlobRequestKind::Delete, 0, || async {
+            (self.inner.delete(container, name).await, 0)
         })
         .await
     }

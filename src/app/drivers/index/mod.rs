@@ -19,8 +19,10 @@
 //!   of one page and one segment has it built by the chunk item itself.
 //! - Steps read up to [`MAX_STEP_ROWS`] rows (`Driver::STEP_ROWS`), as many as a count's: the
 //!   index's cost per step (one staging write, one read in assembly) weighs less per row.
-//! - **Completion** ([`publish`]): the manifest, then the pointer switched in one conditional
-//!   write.
+//! - **Phase 2, publication** ([`publish`]): the manifest, then the pointer switched in one
+//!   conditional write (the completion step has nothing left to do).
+//! - **Cleanup** ([`prune`]): after the switch, this build's staging records and the old
+//!   builds no lookup reads any more. Bounded pages, never failing the build.
 //!
 //! Invariants:
 //! - **Deterministic names.** A staging record is named after its first row's keys, a segment
@@ -37,6 +39,7 @@
 //!   one page; a segment item reads about [`SEGMENT_STAGING_BYTES`] of records.
 
 mod assemble;
+mod prune;
 mod publish;
 mod stage;
 
@@ -82,6 +85,10 @@ pub struct IndexFields {
     pub destination_prefix: String,
     #[serde(default = "default_connection")]
     pub destination_connection: String,
+    /// How long a build the pointer no longer names is kept for lookups paging through it
+    /// (`prune`); default `prune::DEFAULT_KEEP_SUPERSEDED_SECONDS`.
+    #[serde(default = "prune::default_keep")]
+    pub keep_superseded_seconds: u64,
 }
 
 /// What an index scan records (its `ScanContext::options`).
@@ -94,6 +101,8 @@ pub struct IndexOptions {
     pub prefix: String,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
+    #[serde(default = "prune::default_keep")]
+    pub keep_superseded_seconds: u64,
 }
 
 impl IndexOptions {
@@ -130,6 +139,14 @@ pub enum BuildWork {
         first: String,
         last: String,
     },
+    /// Phase 2's root: switches the pointer to this build (`publish`), then cleans up.
+    Publish,
+    /// Deletes what one page of the prefix's `builds/` folder, from `marker`, holds that no
+    /// lookup or build reads any more, once the pointer names this build (`prune`).
+    Clean {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        marker: Option<String>,
+    },
 }
 
 /// 4xx naming `property` unless it names one non-key property a filter can compare.
@@ -153,7 +170,7 @@ fn check_property(property: &str) -> Result<(), ApiError> {
 impl Driver for IndexDriver {
     const NAME: &'static str = "index";
     const COMPLETES: bool = true;
-    const PHASES: u32 = 1;
+    const PHASES: u32 = 2;
     type Fields = IndexFields;
     type Options = IndexOptions;
     type Item = IndexWork;
@@ -175,6 +192,7 @@ impl Driver for IndexDriver {
         check_container_field("destinationContainer", &fields.destination_container)?;
         IndexLayout::new(&fields.destination_prefix)
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
+        prune::check_keep(fields.keep_superseded_seconds)?;
         check_blob_connection(
             config,
             "destinationConnection",
@@ -189,6 +207,7 @@ impl Driver for IndexDriver {
             container: fields.destination_container.clone(),
             prefix: fields.destination_prefix.clone(),
             started_at: OffsetDateTime::now_utc(),
+            keep_superseded_seconds: fields.keep_superseded_seconds,
         };
         let step_work = match request.strategy {
             Strategy::Prefix => StepWork::Rows {
@@ -267,23 +286,27 @@ impl Driver for IndexDriver {
                 first,
                 last,
             }) => assemble::segment(state, begun, marker, &first, &last).await,
+            IndexWork::Build(BuildWork::Publish) => publish::publish_item(state, begun).await,
+            IndexWork::Build(BuildWork::Clean { marker }) => {
+                Ok(prune::cleanup(state, begun, marker).await)
+            }
         }
     }
 
     fn phase(_: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
         match n {
             1 => item_child::<Self>(&IndexWork::Build(BuildWork::Assemble { marker: None })),
+            2 => item_child::<Self>(&IndexWork::Build(BuildWork::Publish)),
             _ => Err(WorkError::Permanent(format!(
                 "the index driver has no phase {n}"
             ))),
         }
     }
 
-    async fn complete<S: Stores>(
-        state: &AppState<S>,
-        context: &ScanContext,
-    ) -> Result<(), WorkError> {
-        publish::publish(state, context).await
+    /// Nothing left to do: phase 2 switched the pointer (`COMPLETES` stays true so that a
+    /// status read never ends the scan between phases: `get_scan::scan_status`).
+    async fn complete<S: Stores>(_: &AppState<S>, _: &ScanContext) -> Result<(), WorkError> {
+        Ok(())
     }
 }
 

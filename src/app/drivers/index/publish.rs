@@ -5,12 +5,19 @@
 //!   refused (400 naming `destinationPrefix`); one whose build ended (completed, failed,
 //!   cancelled, or a start that never recorded its scan) is taken over with `If-Match` on the
 //!   reservation's ETag, so of two builds started at once exactly one wins.
-//! - **Publication** ([`publish`], the completion step; may run more than once): checks the
-//!   reservation still names this build, lists the segment items' descriptors, writes the
-//!   build's manifest (`If-None-Match: *`: a rerun leaves it as it is), then switches
+//! - **Publication** ([`publish`]: phase 2's item [`publish_item`]; may run more than once):
+//!   checks the reservation still names this build, lists the segment items' descriptors,
+//!   writes the build's manifest (`If-None-Match: *`: a rerun leaves it as it is), then switches
 //!   `<prefix>index.json` to it in ONE write, `If-Match` on the pointer's ETag as read (or
 //!   `If-None-Match: *` for a prefix's first index). Until that write, lookups answer from the
-//!   previous build; after it, from this one. A failed build never writes the pointer.
+//!   previous build; after it, from this one. A failed build never writes the pointer. The
+//!   new pointer remembers the builds it supersedes and when (`superseded`: the replaced
+//!   pointer's build at the switch's time, then the replaced pointer's own list), which is
+//!   what `prune` measures a superseded build's grace from. Once it is switched, the item
+//!   starts the cleanup (`prune`): this build's staging records, and old builds no lookup
+//!   reads any more.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -18,10 +25,11 @@ use time::OffsetDateTime;
 
 use crate::app::error::ApiError;
 use crate::app::index_files::{
-    IndexLayout, IndexManifest, Pointer, Reservation, SegmentEntry, JSON_CONTENT_TYPE,
-    MANIFEST_FORMAT, MAX_POINTER_BYTES, POINTER_FORMAT,
+    IndexLayout, IndexManifest, Pointer, Reservation, SegmentEntry, Superseded, JSON_CONTENT_TYPE,
+    MANIFEST_FORMAT, MAX_POINTER_BYTES, MAX_SUPERSEDED, POINTER_FORMAT,
 };
-use crate::app::job::{ScanContext, WorkError};
+use crate::app::job::{Begun, ScanContext, WorkError, WorkOutcome};
+use crate::app::messages::ItemMessage;
 use crate::app::pace::Meter;
 use crate::app::state::AppState;
 use crate::app::tracking::retention::record_may_appear;
@@ -30,7 +38,7 @@ use crate::storage::blob::{BlobStore, BlobWrite, Downloaded, WriteCondition};
 use crate::storage::stores::Stores;
 use crate::storage::{StorageError, StorageErrorKind};
 
-use super::IndexOptions;
+use super::{prune, IndexOptions};
 
 /// Most segments one build may have (its manifest stays under a few MiB).
 pub const MAX_SEGMENTS: usize = 20_000;
@@ -110,18 +118,26 @@ pub async fn reserve<S: Stores, B: BlobStore>(
     }
 }
 
-/// The completion step (see the module documentation).
+/// Phase 2's item: [`publish`], then the first page of the cleanup (`prune`; further pages are
+/// its children).
+pub async fn publish_item<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+) -> Result<WorkOutcome, WorkError> {
+    publish(state, &begun.scan, &begun.requests).await?;
+    Ok(prune::cleanup(state, begun, None).await)
+}
+
+/// The switch (see the module documentation); its blob requests count in `requests` (the
+/// item's).
 pub async fn publish<S: Stores>(
     state: &AppState<S>,
     context: &ScanContext,
+    requests: &Arc<Meter>,
 ) -> Result<(), WorkError> {
     let options: IndexOptions = context.options()?;
     let layout = options.layout()?;
-    let requests = Meter::new();
-    if let Some(pacer) = state.pacer_for(context) {
-        requests.pace_by(pacer);
-    }
-    let blobs = state.blob_store(&options.connection, &requests)?;
+    let blobs = state.blob_store(&options.connection, requests)?;
     let container = &options.container;
     let scan_id = &context.scan_id;
     let reservation = layout.reservation();
@@ -139,17 +155,20 @@ pub async fn publish<S: Stores>(
     let pointer_name = layout.pointer();
     let current = read(&blobs, container, &pointer_name).await?;
     let manifest_name = IndexLayout::manifest_name(scan_id);
-    if let Some(found) = &current {
-        if serde_json::from_slice::<Pointer>(&found.bytes).is_ok_and(|p| &p.build == scan_id) {
-            return Ok(());
-        }
+    let previous = current
+        .as_ref()
+        .and_then(|found| serde_json::from_slice::<Pointer>(&found.bytes).ok());
+    if previous.as_ref().is_some_and(|p| &p.build == scan_id) {
+        return Ok(());
     }
     write_manifest(state, &blobs, context, &options, &layout).await?;
+    let switched_at = OffsetDateTime::now_utc();
     let pointer = json(&Pointer {
         format: POINTER_FORMAT.to_string(),
         build: scan_id.clone(),
         manifest: manifest_name,
-        switched_at: OffsetDateTime::now_utc(),
+        switched_at,
+        superseded: superseded_after(previous, switched_at),
     });
     let condition = match current {
         Some(found) => WriteCondition::IfMatch(found.properties.etag),
@@ -175,6 +194,21 @@ pub async fn publish<S: Stores>(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The builds the new pointer remembers: the one it replaces (superseded `now`), then those the
+/// replaced pointer remembered, at most [`MAX_SUPERSEDED`].
+pub fn superseded_after(previous: Option<Pointer>, now: OffsetDateTime) -> Vec<Superseded> {
+    let Some(previous) = previous else {
+        return Vec::new();
+    };
+    let mut list = vec![Superseded {
+        build: previous.build,
+        at: now,
+    }];
+    list.extend(previous.superseded);
+    list.truncate(MAX_SUPERSEDED);
+    list
 }
 
 /// Writes the build's manifest from its segment items' results (once: a rerun finds it).
