@@ -322,6 +322,15 @@ impl Config {
     }
 }
 
+/// A configuration with only `AzureWebJobsStorage` set (to the local emulator): for unit tests.
+#[cfg(test)]
+pub fn emulator_only() -> Config {
+    Config::from_lookup(|name| {
+        (name == STORAGE_SETTING).then(|| "UseDevelopmentStorage=true".to_string())
+    })
+    .expect("a valid configuration")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

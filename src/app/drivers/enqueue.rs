@@ -55,6 +55,12 @@ use super::kit::{check_queue_target, drop_nulls};
 /// Puts and reads together at this rate keep the puts below the queue's limit.
 pub const DEFAULT_MAX_REQUESTS_PER_SECOND: u32 = 2_000;
 
+/// An enqueue's `segmentsPerSubsequentPrefix` at more than one row a message when the request
+/// names none: a paced scan gains nothing from the engine's wide fan-out (2), and fewer, larger
+/// steps cut the bookkeeping that weighs on few puts (simulated, 35M rows at 32 rows a message:
+/// 1.125 × the minimum requests at 2, 1.109 × at 4, 1.098 × at 8; docs/enqueue.md).
+pub const PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX: u32 = 8;
+
 /// The marker of a row sent as its keys only (too big for a message of its own): an OData
 /// instance annotation, `@namespace.term`. Table property names follow C# identifier rules, so
 /// none can contain `@` or `.`, and an annotation of a property is `Name@odata.type`.
@@ -139,6 +145,8 @@ impl Driver for EnqueueDriver {
                 false => StepWork::Items,
             },
             default_max_requests_per_second: Some(DEFAULT_MAX_REQUESTS_PER_SECOND),
+            default_segments_per_subsequent_prefix: (f.rows_per_message > 1)
+                .then_some(PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX),
             ..Setup::default()
         }
     }
@@ -418,6 +426,32 @@ mod tests {
                 serde_json::from_slice(&encoding.decode(t).unwrap()).unwrap()
             })
             .collect()
+    }
+
+    /// `segmentsPerSubsequentPrefix`: the driver's default at several rows a message, the
+    /// engine's at one, and what the request names, always.
+    #[test]
+    fn several_rows_a_message_default_to_fewer_larger_steps() {
+        use crate::app::drivers::kit::hooks::hooks;
+        use crate::storage::stores::AzureStores;
+        let config = crate::app::config::emulator_only();
+        let planned = |extra: Value| {
+            let mut body = json!({"driver": "enqueue", "sourceTable": "Source",
+                "destinationQueue": "work"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let mut request: ScanRequest = serde_json::from_value(body).unwrap();
+            hooks::<EnqueueDriver, AzureStores>()
+                .plan(&mut request, &config)
+                .unwrap();
+            request.segments_per_subsequent_prefix
+        };
+        let paced = Some(PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX);
+        assert_eq!(planned(json!({"rowsPerMessage": 32})), paced);
+        assert_eq!(planned(json!({})), Some(2));
+        let named = json!({"rowsPerMessage": 32, "segmentsPerSubsequentPrefix": 2});
+        assert_eq!(planned(named), Some(2));
     }
 
     #[test]

@@ -104,11 +104,7 @@ pub(crate) fn test_context(id: &str) -> ScanContext {
 
 /// A scan with one work item, finished, on a fresh app.
 async fn drained_scan(id: &str) -> (Arc<AppState<MemoryStores>>, ScanContext) {
-    let config = Config::from_lookup(|name| {
-        (name == crate::app::config::STORAGE_SETTING)
-            .then(|| "UseDevelopmentStorage=true".to_string())
-    })
-    .unwrap();
+    let config = crate::app::config::emulator_only();
     let tables = [(
         crate::app::config::STORAGE_SETTING.to_string(),
         MemoryTableStore::default(),
@@ -166,11 +162,7 @@ async fn drained_scan(id: &str) -> (Arc<AppState<MemoryStores>>, ScanContext) {
 /// A driver that scans no table refuses the scan's fields, and its root is its own item.
 #[test]
 fn a_driver_without_a_table_refuses_scan_fields() {
-    let config = Config::from_lookup(|name| {
-        (name == crate::app::config::STORAGE_SETTING)
-            .then(|| "UseDevelopmentStorage=true".to_string())
-    })
-    .unwrap();
+    let config = crate::app::config::emulator_only();
     let parse = |body: serde_json::Value| {
         crate::app::job::request::parse_request(body.to_string().as_bytes(), &["count"]).unwrap()
     };

@@ -33,9 +33,6 @@ fn default_true() -> bool {
 fn default_segments_first() -> u32 {
     ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX
 }
-fn default_segments_subsequent() -> u32 {
-    ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX
-}
 
 /// The request body's common fields, camelCase. Every other field belongs to the driver: they
 /// are collected in `fields` and read by the driver as its `Driver::Fields` (which refuses
@@ -62,8 +59,10 @@ pub struct ScanRequest {
     pub expand_partition_keys: bool,
     #[serde(default = "default_segments_first")]
     pub segments_per_first_prefix: u32,
-    #[serde(default = "default_segments_subsequent")]
-    pub segments_per_subsequent_prefix: u32,
+    /// `None` when the request names none, until planned: then the driver's default or the
+    /// engine's ([`ScanRequest::resolve_defaults`]). Recorded as a number either way.
+    #[serde(default, serialize_with = "segments_or_default")]
+    pub segments_per_subsequent_prefix: Option<u32>,
     /// App-setting name of the source's connection (must be allowed by `TABLESCAN_CONNECTIONS`).
     #[serde(default = "default_connection")]
     pub source_connection: String,
@@ -130,6 +129,12 @@ pub struct Accepts {
     pub filter: bool,
     /// Whether `select` is taken.
     pub select: bool,
+}
+
+/// Records an unplanned `segmentsPerSubsequentPrefix` as the engine's default, as before the
+/// field could be left to the driver (the recorded request's format is unchanged).
+fn segments_or_default<S: serde::Serializer>(v: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u32(v.unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX))
 }
 
 impl ScanRequest {
@@ -275,8 +280,18 @@ impl ScanRequest {
             // tablescan's design: small partitions are read where they are discovered.
             inline_first_partition_page: true,
             segments_per_first_prefix: self.segments_per_first_prefix,
-            segments_per_subsequent_prefix: self.segments_per_subsequent_prefix,
+            segments_per_subsequent_prefix: self
+                .segments_per_subsequent_prefix
+                .unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX),
         }
+    }
+
+    /// Fills the fields the request left out whose default is the driver's (`setup`).
+    pub fn resolve_defaults(&mut self, setup: &Setup) {
+        let segments = setup
+            .default_segments_per_subsequent_prefix
+            .unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX);
+        self.segments_per_subsequent_prefix.get_or_insert(segments);
     }
 
     /// The context every work item of scan `scan_id` runs with.

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 
 use super::begin::{ADMIT_BACKLOG, MAX_ADMIT_WAIT};
 use super::Runner;
-use crate::app::config::{Config, STORAGE_SETTING};
+use crate::app::config::STORAGE_SETTING;
 use crate::app::drivers::tests::test_context;
 use crate::app::job::{Drivers, ScanContext};
 use crate::app::messages::ItemMessage;
@@ -29,10 +29,7 @@ fn limited_scan() -> ScanContext {
 
 #[tokio::test(start_paused = true)]
 async fn an_item_that_waits_past_the_admit_bound_is_queued_again_behind_the_backlog() {
-    let config = Config::from_lookup(|name| {
-        (name == STORAGE_SETTING).then(|| "UseDevelopmentStorage=true".into())
-    })
-    .unwrap();
+    let config = crate::app::config::emulator_only();
     let tables = [(STORAGE_SETTING.to_string(), MemoryTableStore::default())].into();
     let queues = MemoryQueueStore::default();
     let state = AppState::<MemoryStores>::new(config, tables, queues.clone(), Drivers::new(vec![]));

@@ -66,6 +66,7 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         request.validate(accepts::<D>(), config)?;
         D::validate(&fields, request, config)?;
         let setup = D::setup(&fields, request).recorded();
+        request.resolve_defaults(&setup);
         request.set_driver_fields(&fields);
         Ok(setup)
     }
