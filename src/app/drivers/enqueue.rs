@@ -36,7 +36,7 @@ use crate::app::error::ApiError;
 use crate::app::job::request::{check_connection, default_connection};
 use crate::app::job::{
     Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, WorkError,
-    WorkOutcome, WorkSplit, MAX_ITEM_ROWS, MAX_STEP_QUERY_SCALE,
+    WorkOutcome, WorkSplit, MAX_ITEM_ROWS,
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
@@ -178,7 +178,7 @@ impl Driver for EnqueueDriver {
         let target = context.options::<EnqueueTarget>();
         match target.map_or(1, |t| t.rows_per_message) {
             1 => 1,
-            _ => MAX_STEP_QUERY_SCALE,
+            _ => 2,
         }
     }
 

@@ -72,8 +72,8 @@ pub const MAX_STEP_ROWS: usize = 7 * MAX_ITEM_ROWS;
 /// and up to two dozen steps run at once on an instance, so what they hold is bounded by size
 /// as well as by rows (8 MiB is 14,000 rows of 600 bytes, or 2,000 of 4 KiB).
 pub const MAX_STEP_ROW_BYTES: usize = 8 << 20;
-/// Most [`Driver::step_query_scale`].
-pub const MAX_STEP_QUERY_SCALE: usize = 2;
+/// Most [`Driver::step_query_scale`]: 64 queries at the app's default budget, each one page.
+pub const MAX_STEP_QUERY_SCALE: usize = 4;
 
 /// One kind of work a scan can do. See the module documentation.
 pub trait Driver: Send + Sync + 'static {
@@ -107,7 +107,7 @@ pub trait Driver: Send + Sync + 'static {
     /// How many times the app's query budget (`StepBudget::max_queries`) a step that works on
     /// its rows may send, 1..=[`MAX_STEP_QUERY_SCALE`]: in a table of many small partitions a
     /// step's queries run out long before its rows, so a driver with a cost per step asks for
-    /// more (each query is one page; a step of 32 stays within seconds).
+    /// more (each query is one page; a step of 64 stays within seconds).
     fn step_query_scale(context: &ScanContext) -> usize {
         let _ = context;
         1

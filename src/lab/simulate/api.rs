@@ -55,6 +55,12 @@ pub async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, Str
         fields.remove("destinationTable");
         fields.remove("workSplit");
     }
+    // A build at the engine's fan-out leaves it to the index driver's own default (the count
+    // beside it keeps the engine's).
+    let engine = crate::scan::ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX;
+    if d.index.is_some() && d.segments_subsequent == engine {
+        fields.remove("segmentsPerSubsequentPrefix");
+    }
     if let Some(e) = &d.enqueue {
         fields.insert("driver".into(), json!("enqueue"));
         fields.insert("destinationQueue".into(), json!(enqueue::DESTINATION_QUEUE));
