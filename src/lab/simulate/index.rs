@@ -3,7 +3,7 @@
 //!
 //! Invariants:
 //! - **The oracle is the table's own data**: the rows holding a value come from the simulated
-//!   properties' definitions (`props::rows_with`), never from an index. The index is read only
+//!   properties' definitions (`rows_with`), never from an index. The index is read only
 //!   by tablescan's real lookup API (`POST /api/lookups`, every page), as a client would.
 //! - **The check does not count**: it runs after the run's figures were taken, so its
 //!   requests are not in the build's.
@@ -182,7 +182,7 @@ async fn check(
     source: &SyntheticTable,
     value: &str,
 ) -> Result<LookupCheck, String> {
-    let expected = props::rows_with(source, &design.property, value);
+    let expected = rows_with(source, &design.property, value);
     let mut found = std::collections::HashSet::new();
     let mut result = LookupCheck {
         value: value.to_string(),
@@ -221,4 +221,68 @@ async fn check(
     }
     result.missing_rows = expected.iter().filter(|k| !found.contains(*k)).count();
     Ok(result)
+}
+
+/// The keys of the rows of `table` whose `property` is the string `value`, in key order.
+pub fn rows_with(table: &SyntheticTable, property: &str, value: &str) -> Vec<(String, String)> {
+    let keys = |row: u64| {
+        let e = table.entity(row);
+        (e.partition_key, e.row_key)
+    };
+    match property {
+        props::DISTINCT => value
+            .rsplit_once('/')
+            .and_then(|(pk, rk)| table.row_of(pk, rk))
+            .map(keys)
+            .into_iter()
+            .collect(),
+        props::THOUSAND => (0..table.total_rows())
+            .filter(|&row| props::author_value(props::author(row)) == value)
+            .map(keys)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::simulate::props::{add, author, DISTINCT, THOUSAND};
+    use crate::storage::Filter;
+    use crate::storage::{odata, Query};
+
+    /// A query with a condition on a simulated property returns exactly the oracle's rows.
+    #[test]
+    fn a_property_condition_returns_the_oracles_rows() {
+        let table = super::super::data::nuget_like(3_000, 14.0, 3).with_properties();
+        for (property, row) in [(THOUSAND, 17u64), (DISTINCT, 2_500)] {
+            let mut e = table.entity(row);
+            add(&mut e, row, None);
+            let value: String =
+                serde_json::from_str(e.properties.get(property).unwrap().get()).unwrap();
+            let expected = rows_with(&table, property, &value);
+            assert!(expected.contains(&(e.partition_key.clone(), e.row_key.clone())));
+            let expr = odata::parse(&format!("{property} eq '{value}'")).unwrap();
+            let mut found = Vec::new();
+            let mut query = Query {
+                filter: Some(Filter::Where(expr)),
+                ..Query::default()
+            };
+            loop {
+                let page = table.query(&query).unwrap();
+                found.extend(
+                    page.entities
+                        .into_iter()
+                        .map(|e| (e.partition_key, e.row_key)),
+                );
+                match page.continuation {
+                    Some(c) => query.continuation = Some(c),
+                    None => break,
+                }
+            }
+            assert_eq!(found, expected, "{property} = {value}");
+        }
+        assert_eq!(author(5), author(5));
+        assert!(rows_with(&table, DISTINCT, "nothing/00.0.0").is_empty());
+    }
 }
