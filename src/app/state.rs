@@ -150,10 +150,10 @@ impl<S: Stores> AppState<S> {
         Ok(Counted::new(store.clone(), requests.clone()))
     }
 
-    /// The bookkeeping store, counting requests into `requests` and charging them to a paced
-    /// scan's next tokens instead of waiting ([`Counted::charged`]).
-    pub fn charged_bookkeeping(&self, requests: &Arc<Meter>) -> Counted<S::Table> {
-        Counted::charged(self.bookkeeping().clone(), requests.clone())
+    /// The bookkeeping store, counting requests into `requests` and spending the tokens
+    /// taken ahead first ([`Counted::prepaid`]).
+    pub fn prepaid_bookkeeping(&self, requests: &Arc<Meter>) -> Counted<S::Table> {
+        Counted::prepaid(self.bookkeeping().clone(), requests.clone())
     }
 
     /// The queue store of `connection` (e.g. a driver's target queue on another account),
@@ -224,7 +224,7 @@ impl<S: Stores> AppState<S> {
 /// Wraps a store and counts the requests made through it (one per logical call; the adapter's
 /// own retries are not visible here), so each work item can report its storage requests; a
 /// rate-limited scan's requests wait for their token here (`pace`), or, through a
-/// [`Counted::charged`] store, are charged to the scan's next tokens without waiting.
+/// [`Counted::prepaid`] store, spend the tokens the work item took ahead.
 #[derive(Clone)]
 pub struct Counted<S> {
     inner: S,
@@ -241,11 +241,11 @@ impl<S> Counted<S> {
         }
     }
 
-    /// A store whose requests are counted and charged to the scan's pacer as debt (paid by
-    /// the instance's next tokens) instead of each waiting for a token: for a work item's
-    /// commit, whose optimistic read-and-write of a counter shard must not be stretched by
-    /// token waits, or instances contend on the shard (pace module, invariant 1).
-    pub fn charged(inner: S, count: Arc<Meter>) -> Self {
+    /// A store whose requests spend the tokens the work item took ahead (`Meter::prepay`)
+    /// before waiting for new ones: for a work item's commit, whose optimistic read-and-write
+    /// of a counter shard must not be stretched by token waits, or instances contend on the
+    /// shard (pace module, invariant 1).
+    pub fn prepaid(inner: S, count: Arc<Meter>) -> Self {
         Counted {
             inner,
             count,
@@ -254,14 +254,11 @@ impl<S> Counted<S> {
     }
 
     /// Counts the request about to be sent (waiting for its token if the scan is paced and
-    /// this store waits).
+    /// no token was taken ahead for it).
     async fn tick(&self) -> StorageResult<()> {
         match self.wait {
             true => self.count.tick().await,
-            false => {
-                self.count.charge_one();
-                Ok(())
-            }
+            false => self.count.tick_prepaid().await,
         }
     }
 }

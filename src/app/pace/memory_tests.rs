@@ -81,37 +81,10 @@ async fn a_meter_without_a_pacer_only_counts() {
     assert_eq!(tokio::time::Instant::now(), before);
 }
 
-/// A charged request (a commit's past its prepaid tokens) is sent at once and paid by the next
-/// tokens: the requests that follow wait for it, so the rate holds over the whole run.
+/// Prepaid tokens are waited for once, then spent without waiting; the request after them
+/// waits for its own token.
 #[tokio::test(start_paused = true)]
-async fn charged_requests_do_not_wait_and_are_paid_by_the_next_tokens() {
-    let store = MemoryTableStore::default();
-    store.create_table("Work").await.unwrap();
-    let limit = 100;
-    let schedule = TableSchedule {
-        store: store.clone(),
-        table: "Work".into(),
-        scan_id: "s".into(),
-    };
-    let pacer = Arc::new(Pacer::new(limit, Box::new(schedule)));
-    let meter = Meter::new();
-    meter.pace_by(pacer.clone());
-    let start = tokio::time::Instant::now();
-    for _ in 0..200 {
-        meter.charge_one();
-    }
-    assert_eq!(tokio::time::Instant::now(), start, "charges never wait");
-    assert_eq!(meter.count(), 200);
-    // 200 tokens owed at ~100/s: the next paced request waits about 2 s.
-    meter.tick().await.unwrap();
-    let waited = start.elapsed().as_secs_f64();
-    assert!((1.9..2.3).contains(&waited), "{waited}");
-}
-
-/// Prepaid tokens are waited for once, then spent by charged requests without waiting and
-/// without debt.
-#[tokio::test(start_paused = true)]
-async fn prepaid_tokens_are_spent_without_waiting_or_debt() {
+async fn prepaid_tokens_are_spent_without_waiting_then_requests_wait() {
     let store = MemoryTableStore::default();
     store.create_table("Work").await.unwrap();
     let schedule = TableSchedule {
@@ -126,15 +99,12 @@ async fn prepaid_tokens_are_spent_without_waiting_or_debt() {
     meter.prepay(4).await.unwrap();
     let paid = tokio::time::Instant::now();
     for _ in 0..4 {
-        meter.charge_one();
+        meter.tick_prepaid().await.unwrap();
     }
-    assert_eq!(
-        tokio::time::Instant::now(),
-        paid,
-        "prepaid requests never wait"
-    );
-    // No debt: the next token is the fifth slot of the chunk, not the ninth.
-    meter.tick().await.unwrap();
+    let now = tokio::time::Instant::now();
+    assert_eq!(now, paid, "prepaid requests never wait");
+    // The fifth waits for the chunk's next slot (~10 ms at 100/s), and no more.
+    meter.tick_prepaid().await.unwrap();
     let waited = paid.elapsed().as_secs_f64();
-    assert!(waited < 0.015, "{waited}");
+    assert!((0.001..0.025).contains(&waited), "{waited}");
 }

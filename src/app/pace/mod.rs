@@ -7,11 +7,11 @@
 //!    which takes one token of the scan's [`Pacer`] before the request is sent (`Counted`).
 //!    Requests the meter counted before it knew the scan's limit are charged when it learns it.
 //!    A work item's commit (`work/finish.rs`) takes its tokens ahead (`Meter::prepay`, as many
-//!    as a commit usually sends) and then does not wait: each request spends a prepaid token
-//!    or, past them, is charged (`Meter::charge_one`) and paid by the instance's next tokens.
-//!    So the optimistic read-and-write of a counter shard is not stretched by token waits
-//!    (with 40 instances waiting, such writes contended until steps failed: simulated,
-//!    docs/enqueue.md), and only a commit's retries on contention are sent ahead of a token.
+//!    as a commit usually sends) and then spends them without waiting (`Meter::tick_prepaid`;
+//!    past them, a request waits for its token as usual). So the optimistic read-and-write of
+//!    a counter shard is not stretched by token waits (with 40 instances waiting, such writes
+//!    contended until steps failed: simulated, docs/enqueue.md), and every request still has
+//!    a token of its own.
 //! 2. A token is a time slot: the scan's schedule row hands out disjoint spans of time
 //!    ([`lease`]); a span of `chunk` tokens lasts `chunk / limit` seconds, and its tokens are
 //!    spent one every `1 / limit` seconds, none before its slot and none later than [`GRACE_US`]
@@ -76,7 +76,7 @@ pub fn now_us() -> i64 {
 pub struct Meter {
     count: AtomicU64,
     pacer: OnceLock<Arc<Pacer>>,
-    /// Tokens taken ahead ([`Meter::prepay`]) and not yet spent by a charged request.
+    /// Tokens taken ahead ([`Meter::prepay`]) and not yet spent ([`Meter::tick_prepaid`]).
     prepaid: AtomicU64,
 }
 
@@ -90,20 +90,23 @@ impl Meter {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Counts one request sent without waiting for a token: it spends a prepaid token if any
-    /// is left, else a paced meter charges it to the pacer (paid by its next tokens).
-    pub fn charge_one(&self) {
-        self.count.fetch_add(1, Ordering::Relaxed);
+    /// Counts one request about to be sent: it spends a prepaid token ([`Meter::prepay`]) if
+    /// one is left, without waiting; else it waits for its token as [`Meter::tick`] does.
+    pub async fn tick_prepaid(&self) -> StorageResult<()> {
         let spent = self
             .prepaid
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        if let (Err(_), Some(pacer)) = (spent, self.pacer.get()) {
-            pacer.charge(1);
+        match spent {
+            Ok(_) => {
+                self.count.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(_) => self.tick().await,
         }
     }
 
-    /// Takes `n` tokens now (waiting for their slots if paced), for the next `n` charged
-    /// requests ([`Meter::charge_one`]) to spend without waiting. Tokens left unspent are
+    /// Takes `n` tokens now (waiting for their slots if paced), for the next `n` requests
+    /// counted by [`Meter::tick_prepaid`] to spend without waiting. Tokens left unspent are
     /// lost: fewer requests than the limit, never more.
     pub async fn prepay(&self, n: u32) -> StorageResult<()> {
         let Some(pacer) = self.pacer.get() else {

@@ -80,7 +80,7 @@ impl<S: Stores> Runner<'_, S> {
         // The commit's requests must not wait between an optimistic read and its write: they
         // take their tokens ahead (pace module, invariant 1).
         begun.requests.prepay(SETTLE_TOKENS).await?;
-        let store = self.app.charged_bookkeeping(&begun.requests);
+        let store = self.app.prepaid_bookkeeping(&begun.requests);
         let tracker = self.app.tracker_on(&store);
         let own = begun.shard;
         let Settled {
