@@ -590,6 +590,12 @@ fn an_enqueue_puts_every_row_on_the_queue_near_its_minimum() {
         let r = run_scenario(&scenario, &model, 7, 30.0).unwrap();
         assert!(r.completed && r.copy_verified, "{per_message}: {r:?}");
         assert_eq!(r.design.enqueue.unwrap().rows_per_message, per_message);
+        // The fan-out the scan recorded: the driver's at several rows a message.
+        let fan_out = if per_message > 1 { (16, 16) } else { (4, 2) };
+        assert_eq!(
+            (r.design.segments_first, r.design.segments_subsequent),
+            fan_out
+        );
         let e = r.enqueue.as_ref().expect("enqueue figures");
         assert_eq!(e.minimum_messages, 20_000u64.div_ceil(per_message as u64));
         assert_eq!(e.minimum_requests, 20 + e.minimum_messages);
@@ -749,6 +755,9 @@ fn a_35m_row_enqueue_at_1_and_32_rows_a_message() {
         );
         if limit.is_some() {
             assert!(r.completed && r.copy_verified, "{r:?}");
+        }
+        if per_message > 1 {
+            assert!(e.admitted_ratio_to_minimum <= 1.10, "{e:?}");
         }
     }
 }

@@ -55,11 +55,13 @@ use super::kit::{check_queue_target, drop_nulls};
 /// Puts and reads together at this rate keep the puts below the queue's limit.
 pub const DEFAULT_MAX_REQUESTS_PER_SECOND: u32 = 2_000;
 
-/// An enqueue's `segmentsPerSubsequentPrefix` at more than one row a message when the request
-/// names none: a paced scan gains nothing from the engine's wide fan-out (2), and fewer, larger
-/// steps cut the bookkeeping that weighs on few puts (simulated, 35M rows at 32 rows a message:
-/// 1.125 × the minimum requests at 2, 1.109 × at 4, 1.098 × at 8, on `d20dd8f`; docs/enqueue.md).
-pub const PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX: u32 = 8;
+/// An enqueue's `segmentsPerFirstPrefix` and `segmentsPerSubsequentPrefix` at more than one row
+/// a message when the request names none: a paced scan gains nothing from the engine's wide
+/// fan-out (4 and 2), and fewer, larger steps cut the bookkeeping that weighs on few puts.
+/// Simulated, 35M rows at 32 rows a message (docs/enqueue.md): 1.112 × the minimum requests at
+/// 4 and 8 (7,472 steps), 1.103 × at 4 and 16, 1.079 × at 8 and 16, 1.064 × at 16 and 16
+/// (4,103 steps, the longest 74 s), on `bb4afdf`. 16 is the most either field takes.
+pub const PACED_SEGMENTS_PER_PREFIX: u32 = 16;
 
 /// The marker of a row sent as its keys only (too big for a message of its own): an OData
 /// instance annotation, `@namespace.term`. Table property names follow C# identifier rules, so
@@ -131,6 +133,7 @@ impl Driver for EnqueueDriver {
 
     fn setup(f: &EnqueueFields, request: &ScanRequest) -> Setup<EnqueueTarget> {
         let in_step = request.filter.is_none() && request.strategy == Strategy::Prefix;
+        let paced = f.rows_per_message > 1;
         Setup {
             options: Some(EnqueueTarget {
                 connection: f.destination_connection.clone(),
@@ -145,8 +148,8 @@ impl Driver for EnqueueDriver {
                 false => StepWork::Items,
             },
             default_max_requests_per_second: Some(DEFAULT_MAX_REQUESTS_PER_SECOND),
-            default_segments_per_subsequent_prefix: (f.rows_per_message > 1)
-                .then_some(PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX),
+            default_segments_per_first_prefix: paced.then_some(PACED_SEGMENTS_PER_PREFIX),
+            default_segments_per_subsequent_prefix: paced.then_some(PACED_SEGMENTS_PER_PREFIX),
             ..Setup::default()
         }
     }
@@ -428,8 +431,8 @@ mod tests {
             .collect()
     }
 
-    /// `segmentsPerSubsequentPrefix`: the driver's default at several rows a message, the
-    /// engine's at one, and what the request names, always.
+    /// `segmentsPerFirstPrefix` and `segmentsPerSubsequentPrefix`: the driver's default at
+    /// several rows a message, the engine's at one, and what the request names, always.
     #[test]
     fn several_rows_a_message_default_to_fewer_larger_steps() {
         use crate::app::drivers::kit::hooks::hooks;
@@ -445,13 +448,18 @@ mod tests {
             hooks::<EnqueueDriver, AzureStores>()
                 .plan(&mut request, &config)
                 .unwrap();
-            request.segments_per_subsequent_prefix
+            (
+                request.segments_per_first_prefix,
+                request.segments_per_subsequent_prefix,
+            )
         };
-        let paced = Some(PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX);
-        assert_eq!(planned(json!({"rowsPerMessage": 32})), paced);
-        assert_eq!(planned(json!({})), Some(2));
+        let paced = Some(PACED_SEGMENTS_PER_PREFIX);
+        assert_eq!(planned(json!({"rowsPerMessage": 32})), (paced, paced));
+        assert_eq!(planned(json!({})), (Some(4), Some(2)));
         let named = json!({"rowsPerMessage": 32, "segmentsPerSubsequentPrefix": 2});
-        assert_eq!(planned(named), Some(2));
+        assert_eq!(planned(named), (paced, Some(2)));
+        let named = json!({"rowsPerMessage": 32, "segmentsPerFirstPrefix": 1});
+        assert_eq!(planned(named), (Some(1), paced));
     }
 
     #[test]

@@ -128,6 +128,9 @@ pub struct Setup<O = Value> {
     /// whose writes go to a target with a published rate sets one, so that a big scan is paced
     /// below that rate instead of failing on throttled writes.
     pub default_max_requests_per_second: Option<u32>,
+    /// The scan's `segmentsPerFirstPrefix` when the request names none (else the scan engine's
+    /// default), as `default_segments_per_subsequent_prefix`.
+    pub default_segments_per_first_prefix: Option<u32>,
     /// The scan's `segmentsPerSubsequentPrefix` when the request names none (else the scan
     /// engine's default): a paced driver with a cost per step asks for fewer, larger steps,
     /// since more steps in parallel cannot go faster than its pace.
@@ -142,6 +145,7 @@ impl<O> Default for Setup<O> {
             options: None,
             step_work: StepWork::default(),
             default_max_requests_per_second: None,
+            default_segments_per_first_prefix: None,
             default_segments_per_subsequent_prefix: None,
         }
     }
@@ -158,6 +162,7 @@ impl<O: Serialize> Setup<O> {
                 .map(|o| serde_json::to_value(o).expect("driver options serialize")),
             step_work: self.step_work,
             default_max_requests_per_second: self.default_max_requests_per_second,
+            default_segments_per_first_prefix: self.default_segments_per_first_prefix,
             default_segments_per_subsequent_prefix: self.default_segments_per_subsequent_prefix,
         }
     }

@@ -30,9 +30,6 @@ fn default_take() -> u32 {
 fn default_true() -> bool {
     true
 }
-fn default_segments_first() -> u32 {
-    ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX
-}
 
 /// The request body's common fields, camelCase. Every other field belongs to the driver: they
 /// are collected in `fields` and read by the driver as its `Driver::Fields` (which refuses
@@ -57,10 +54,11 @@ pub struct ScanRequest {
     pub take_count: u32,
     #[serde(default = "default_true")]
     pub expand_partition_keys: bool,
-    #[serde(default = "default_segments_first")]
-    pub segments_per_first_prefix: u32,
     /// `None` when the request names none, until planned: then the driver's default or the
     /// engine's ([`ScanRequest::resolve_defaults`]). Recorded as a number either way.
+    #[serde(default, serialize_with = "first_segments_or_default")]
+    pub segments_per_first_prefix: Option<u32>,
+    /// As `segments_per_first_prefix`.
     #[serde(default, serialize_with = "segments_or_default")]
     pub segments_per_subsequent_prefix: Option<u32>,
     /// App-setting name of the source's connection (must be allowed by `TABLESCAN_CONNECTIONS`).
@@ -135,6 +133,14 @@ pub struct Accepts {
 /// field could be left to the driver (the recorded request's format is unchanged).
 fn segments_or_default<S: serde::Serializer>(v: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u32(v.unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX))
+}
+
+/// As [`segments_or_default`], for `segmentsPerFirstPrefix`.
+fn first_segments_or_default<S: serde::Serializer>(
+    v: &Option<u32>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_u32(v.unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX))
 }
 
 impl ScanRequest {
@@ -279,7 +285,9 @@ impl ScanRequest {
             expand_partition_keys: self.expand_partition_keys,
             // tablescan's design: small partitions are read where they are discovered.
             inline_first_partition_page: true,
-            segments_per_first_prefix: self.segments_per_first_prefix,
+            segments_per_first_prefix: self
+                .segments_per_first_prefix
+                .unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX),
             segments_per_subsequent_prefix: self
                 .segments_per_subsequent_prefix
                 .unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX),
@@ -288,6 +296,10 @@ impl ScanRequest {
 
     /// Fills the fields the request left out whose default is the driver's (`setup`).
     pub fn resolve_defaults(&mut self, setup: &Setup) {
+        let first = setup
+            .default_segments_per_first_prefix
+            .unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_FIRST_PREFIX);
+        self.segments_per_first_prefix.get_or_insert(first);
         let segments = setup
             .default_segments_per_subsequent_prefix
             .unwrap_or(ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX);

@@ -42,8 +42,13 @@ pub async fn call(
     Ok((status, reply))
 }
 
-/// Starts tablescan's scan through its real HTTP API; returns the scan id.
-pub async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, String> {
+/// The fan-out a scan runs with (`segmentsPerFirstPrefix`, `segmentsPerSubsequentPrefix`), as
+/// its start's answer records it.
+pub type Segments = (u32, u32);
+
+/// Starts tablescan's scan through its real HTTP API; returns the scan id and the fan-out the
+/// scan recorded.
+pub async fn start_scan(router: &axum::Router, d: &Design) -> Result<(String, Segments), String> {
     let mut body = json!({
         "driver": "copy", "sourceTable": "Source", "destinationTable": "Dest",
         "strategy": d.strategy, "takeCount": d.take,
@@ -55,11 +60,17 @@ pub async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, Str
         fields.remove("destinationTable");
         fields.remove("workSplit");
     }
-    // A build at the engine's fan-out leaves it to the index driver's own default (the count
-    // beside it keeps the engine's).
-    let engine = crate::scan::ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX;
-    if d.index.is_some() && d.segments_subsequent == engine {
-        fields.remove("segmentsPerSubsequentPrefix");
+    // An enqueue or an index build at the engine's fan-out leaves it to the driver's own
+    // default (the count beside a build keeps the engine's); the report shows what the scan
+    // recorded (`recorded_segments`).
+    let engine = crate::scan::ScanParameters::default();
+    if d.enqueue.is_some() || d.index.is_some() {
+        if d.segments_first == engine.segments_per_first_prefix {
+            fields.remove("segmentsPerFirstPrefix");
+        }
+        if d.segments_subsequent == engine.segments_per_subsequent_prefix {
+            fields.remove("segmentsPerSubsequentPrefix");
+        }
     }
     if let Some(e) = &d.enqueue {
         fields.insert("driver".into(), json!("enqueue"));
@@ -82,5 +93,16 @@ pub async fn start_scan(router: &axum::Router, d: &Design) -> Result<String, Str
     if !(200..300).contains(&status) {
         return Err(format!("starting the scan failed: {status} {reply}"));
     }
-    Ok(reply["id"].as_str().ok_or("no scan id")?.to_string())
+    let id = reply["id"].as_str().ok_or("no scan id")?.to_string();
+    let recorded = |field: &str| {
+        reply["parameters"][field]
+            .as_u64()
+            .map(|n| n as u32)
+            .ok_or_else(|| format!("the started scan records no {field}"))
+    };
+    let segments = (
+        recorded("segmentsPerFirstPrefix")?,
+        recorded("segmentsPerSubsequentPrefix")?,
+    );
+    Ok((id, segments))
 }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::storage::{StorageError, StorageResult, MAX_TAKE};
 
 use super::data::{Sink, SyntheticTable};
+use super::index::Breakdown;
 use super::model::Model;
 
 /// The queue the simulated enqueue scans put their rows on.
@@ -112,6 +113,8 @@ pub struct EnqueueFigures {
     pub admitted_ratio_to_minimum: f64,
     /// `requests` ÷ `minimum_requests`, refused attempts included.
     pub ratio_to_minimum: f64,
+    /// `requests` by kind (where the requests beyond the minimum go).
+    pub by_kind: Breakdown,
 }
 
 /// The figures of an enqueue run of `source` at `rows_per_message`.
@@ -122,6 +125,7 @@ pub fn figures(
     queue: &QueueSink,
     refused_puts: u64,
     (requests, refused): (u64, u64),
+    by_kind: Breakdown,
 ) -> EnqueueFigures {
     let rows = source.total_rows();
     let minimum_messages = rows.div_ceil(u64::from(rows_per_message.max(1)));
@@ -139,5 +143,6 @@ pub fn figures(
         admitted_requests: admitted,
         admitted_ratio_to_minimum: admitted as f64 / minimum_requests as f64,
         ratio_to_minimum: requests as f64 / minimum_requests as f64,
+        by_kind,
     }
 }

@@ -240,10 +240,13 @@ async fn simulate(
             scenario.design.take,
         ))
     });
-    let scan_id = match &blog {
-        Some(blog) => start_blog(blog, &queues, scenario.variant).await?,
+    let (scan_id, segments) = match &blog {
+        Some(blog) => (start_blog(blog, &queues, scenario.variant).await?, None),
         // tablescan: start the scan through the real API, as a client would.
-        None => start_scan(&router, &scenario.design).await?,
+        None => {
+            let (id, segments) = start_scan(&router, &scenario.design).await?;
+            (id, Some(segments))
+        }
     };
     let mode = match &blog {
         Some(b) => ScanMode::Blog(b.clone()),
@@ -296,6 +299,11 @@ async fn simulate(
         destination: destination.as_deref(),
     };
     let mut result = summarize(scenario, &model, seed, run);
+    if let Some((first, subsequent)) = segments {
+        // What the scan ran with (a driver may choose its own when the design left the default).
+        result.design.segments_first = first;
+        result.design.segments_subsequent = subsequent;
+    }
     if scenario.has_properties() && watched_completed {
         // After the figures: the check's own requests are not the build's.
         let requests = index::Breakdown::of(&account);

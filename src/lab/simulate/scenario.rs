@@ -426,20 +426,8 @@ impl Scenario {
     pub fn enqueue(mut self, rows_per_message: u32) -> Self {
         if self.variant == Variant::Prefix {
             self.design.enqueue = Some(EnqueueDesign { rows_per_message });
-            self.design.segments_subsequent =
-                enqueue_segments(rows_per_message, self.design.segments_subsequent);
         }
         self
-    }
-}
-
-/// An enqueue's `segmentsPerSubsequentPrefix` where the scenario kept the engine's default: the
-/// driver's own default at more than one row a message (`enqueue::PACED_...`).
-fn enqueue_segments(rows_per_message: u32, segments: u32) -> u32 {
-    let engine = ScanParameters::DEFAULT_SEGMENTS_PER_SUBSEQUENT_PREFIX;
-    match rows_per_message > 1 && segments == engine {
-        true => crate::app::drivers::enqueue::PACED_SEGMENTS_PER_SUBSEQUENT_PREFIX,
-        false => segments,
     }
 }
 
@@ -457,13 +445,9 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
         segments_first: args
             .segments_first
             .unwrap_or(params.segments_per_first_prefix),
-        segments_subsequent: match (args.segments_subsequent, args.driver) {
-            (Some(n), _) => n,
-            (None, DriverArg::Enqueue) => {
-                enqueue_segments(args.rows_per_message, params.segments_per_subsequent_prefix)
-            }
-            (None, _) => params.segments_per_subsequent_prefix,
-        },
+        segments_subsequent: args
+            .segments_subsequent
+            .unwrap_or(params.segments_per_subsequent_prefix),
         budget_pages: args.budget_pages.unwrap_or(budget.max_pages),
         budget_queries: args.budget_queries.unwrap_or(budget.max_queries),
         counter_shards: args.counter_shards,

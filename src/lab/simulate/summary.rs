@@ -13,7 +13,7 @@ use super::cloud::{Account, CloudQueues};
 use super::data::{Sink, SyntheticTable};
 use super::enqueue::{figures, EnqueueFigures, QueueSink};
 use super::host::Host;
-use super::index::IndexFigures;
+use super::index::{Breakdown, IndexFigures};
 use super::model::{prices, Flex, Model, Plan};
 use super::scenario::{Design, Scenario};
 
@@ -258,6 +258,7 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
                 .copied()
                 .unwrap_or(0),
             (requests, throttled),
+            Breakdown::of(run.account),
         )),
         _ => None,
     };
