@@ -2110,20 +2110,27 @@ fn enqueue_messages() {
 async fn pace_rows_as_stored() {
     use tablescan::app::pace::lease::{Schedule, TableSchedule};
     let work = support::unique_name("GoldenPace");
-    let schedule = TableSchedule {
-        store: Recorder::new(support::table_store().0),
-        table: work.clone(),
-        scan_id: SCAN.into(),
-    };
+    let schedule = TableSchedule::new(Recorder::new(support::table_store().0), work.clone(), SCAN);
     schedule.store.inner.create_table(&work).await.unwrap();
-    // 2027-01-01T00:00:00Z in microseconds; each lease takes 50 ms of the schedule.
+    // 2027-01-01T00:00:00Z in microseconds; each lease takes 50 ms of the schedule, a solo
+    // lease 1 s.
     let t0 = 1_798_761_600_000_000_i64;
-    let first = schedule.grant(t0, 50_000).await.unwrap();
-    assert_eq!(first.start, t0);
+    let (span, solo) = (50_000, 1_000_000);
+    let first = schedule.grant(t0, span, solo).await.unwrap();
+    assert_eq!((first.start, first.span_us, first.requests), (t0, span, 2));
     let inserted = schedule.store.take();
-    let second = schedule.grant(t0 + 10_000, 50_000).await.unwrap();
+    let second = schedule.grant(t0 + 10_000, span, solo).await.unwrap();
     assert_eq!(second.start, t0 + 50_000, "the schedule was ahead of now");
+    assert_eq!((second.span_us, second.requests), (span, 2));
     let replaced = schedule.store.take();
+    // The row was as this instance wrote it, and its chunk ended unused: a solo chunk, from
+    // now, written without a read.
+    let third = schedule.grant(t0 + 200_000, span, solo).await.unwrap();
+    assert_eq!(
+        (third.start, third.span_us, third.requests),
+        (t0 + 200_000, solo, 1)
+    );
+    let alone = schedule.store.take();
     let examples = vec![
         ops_example(
             "a scan's first lease inserts its pace row: NextFreeAt = now + the chunk's span",
@@ -2132,6 +2139,10 @@ async fn pace_rows_as_stored() {
         ops_example(
             "a later lease replaces it under the ETag it read: NextFreeAt = max(NextFreeAt, now) + span",
             &replaced,
+        ),
+        ops_example(
+            "an instance leasing alone whose chunk ended replaces it under the ETag it wrote: NextFreeAt = now + the solo span",
+            &alone,
         ),
     ];
     let header =
@@ -2142,11 +2153,7 @@ async fn pace_rows_as_stored() {
     // Read back: the rows as stored, written by the test's own client, leased by today's code.
     let ops: Vec<Op> = golden.iter().flat_map(ops_of).collect();
     let table = stored(&replay(ops.iter()), "GoldenPaceRead").await;
-    let read = TableSchedule {
-        store: support::table_store().0,
-        table,
-        scan_id: SCAN.into(),
-    };
-    let third = read.grant(t0, 50_000).await.unwrap();
-    assert_eq!(third.start, t0 + 100_000);
+    let read = TableSchedule::new(support::table_store().0, table, SCAN);
+    let fourth = read.grant(t0, span, solo).await.unwrap();
+    assert_eq!((fourth.start, fourth.span_us), (t0 + 1_200_000, span));
 }

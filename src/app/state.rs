@@ -202,11 +202,11 @@ impl<S: Stores> AppState<S> {
     pub fn pacer_for(&self, scan: &ScanContext) -> Option<Arc<Pacer>> {
         let limit = scan.max_requests_per_second?;
         Some(self.pacers.get_or_make(&scan.scan_id, limit, || {
-            Box::new(TableSchedule {
-                store: self.bookkeeping().clone(),
-                table: self.config.work_table.clone(),
-                scan_id: scan.scan_id.clone(),
-            })
+            Box::new(TableSchedule::new(
+                self.bookkeeping().clone(),
+                self.config.work_table.clone(),
+                scan.scan_id.clone(),
+            ))
         }))
     }
 

@@ -39,6 +39,10 @@ pub const MAX_LIMIT: u32 = 20_000;
 /// Fewest tokens a lease takes: the lease costs two requests (a read and a conditional write),
 /// so its overhead is at most 2 / 64 ≈ 3 % of the scan's requests.
 pub const MIN_CHUNK: u32 = 64;
+/// How long a solo chunk lasts: the schedule an instance leases when it leases alone and did
+/// not use all of its last chunk (`lease` invariant 2). Another instance's first lease then
+/// waits for it at most this long.
+pub const SOLO_SPAN_US: i64 = 1_000_000;
 /// A token may be spent up to this long after its slot (then it is dropped).
 pub const GRACE_US: i64 = 20_000;
 /// Slots are laid out for this much less than the limit, so that the jitter of sending (a busy
@@ -213,6 +217,13 @@ impl Pacer {
         self.limit
     }
 
+    /// Tokens of a solo chunk (`lease` invariant 2): [`SOLO_SPAN_US`] of the schedule, at least
+    /// a chunk.
+    fn solo_chunk(&self) -> u32 {
+        let tokens = SOLO_SPAN_US as f64 / self.spacing();
+        (tokens as u32).max(self.chunk)
+    }
+
     /// Microseconds between two slots: the limit less [`MARGIN`].
     fn spacing(&self) -> f64 {
         1e6 / (f64::from(self.limit) * (1.0 - MARGIN))
@@ -261,12 +272,14 @@ impl Pacer {
             if free {
                 continue;
             }
-            let span = (f64::from(self.chunk) * self.spacing()).round() as i64;
-            let grant = self.schedule.grant(now_us(), span).await?;
+            let spacing = self.spacing();
+            let span = (f64::from(self.chunk) * spacing).round() as i64;
+            let solo = (f64::from(self.solo_chunk()) * spacing).round() as i64;
+            let grant = self.schedule.grant(now_us(), span, solo).await?;
             meter.count.fetch_add(grant.requests, Ordering::Relaxed);
             let mut window = self.window.lock().unwrap();
             window.next = grant.start as f64;
-            window.left = self.chunk;
+            window.left = (grant.span_us as f64 / spacing).round() as u32;
             window.debt += grant.requests;
         }
     }
