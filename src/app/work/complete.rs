@@ -13,6 +13,14 @@ use crate::storage::StorageErrorKind;
 /// after the message is queued (a delivery before that is retried: it finds no work row).
 const PHASE_START_DELAY: Duration = Duration::from_secs(1);
 
+/// What a drained scan's driver does next.
+enum NextPhase {
+    /// Every phase root has finished: the completion step, then the end.
+    None,
+    /// Phase `n` has no root yet: start it with this message.
+    Start(u32, ChildMessage),
+}
+
 impl<S: Stores> Runner<'_, S> {
     /// The context a scan's work runs with: the one recorded at start, naming a driver this
     /// app has (`Err` says why not).
@@ -35,35 +43,46 @@ impl<S: Stores> Runner<'_, S> {
             .drivers
             .of(scan)
             .map_err(|e| StorageError::new(StorageErrorKind::InvalidInput, e.to_string()))?;
-        if driver.completes() || driver.phases() > 0 {
-            // Judged once, and the scan is completed only on that judgement: a scan found busy
-            // here must not be completed by the check below if its last item finishes in
-            // between (that item's own check then runs the step), or it would end `completed`
-            // before its completion step ran. Once drained, only a phase start adds work.
-            let Some(totals) = tracker.drained(&scan.scan_id, scan.shards).await? else {
-                return Ok(false);
-            };
-            if totals.failed == 0 {
-                if !self.phases_done(driver, tracker, scan).await? {
-                    return Ok(false);
-                }
-                if driver.completes() {
-                    return self.complete_once(driver, tracker, scan, shard).await;
-                }
-            }
+        if !driver.completes() && driver.phases() == 0 {
+            return tracker
+                .complete_if_drained(&scan.scan_id, scan.shards, shard)
+                .await;
         }
-        tracker
-            .complete_if_drained(&scan.scan_id, scan.shards, shard)
-            .await
+        // Judged once, on one snapshot, and acted on only by that judgement: a scan found busy
+        // here is left to the check of its last item, and a phase starts, or the completion
+        // step runs, only on a snapshot that shows the scan drained while the phase roots were
+        // read (see `Tracker::drained_around`), so every item a finished root spawned is in it.
+        let phases = || self.next_phase(driver, tracker, scan);
+        let Some((totals, next)) = tracker
+            .drained_around(&scan.scan_id, scan.shards, shard, phases)
+            .await?
+        else {
+            return Ok(false);
+        };
+        if totals.failed > 0 {
+            return tracker.finish_drained(&scan.scan_id, &totals).await;
+        }
+        match next {
+            NextPhase::Start(n, message) => {
+                self.start_phase(tracker, scan, n, &message).await?;
+                Ok(false)
+            }
+            NextPhase::None if driver.completes() => {
+                self.complete_once(driver, tracker, scan, &totals).await
+            }
+            NextPhase::None => tracker.finish_drained(&scan.scan_id, &totals).await,
+        }
     }
 
-    /// The completion step under the scan's lease, then the end of the scan.
+    /// The completion step under the scan's lease, then the end of the scan (on the drained
+    /// judgement `totals` the caller made: nothing adds work to a drained scan whose phases
+    /// have all run).
     async fn complete_once<T: TableStore>(
         &self,
         driver: &dyn DriverHooks<AppState<S>>,
         tracker: &Tracker<'_, T>,
         scan: &ScanContext,
-        shard: Option<u32>,
+        totals: &Counters,
     ) -> Result<bool, StorageError> {
         // One execution at a time runs the step: the one holding the scan's completion lease
         // (see docs/architecture.md, "Ending a scan"); the others leave it to it.
@@ -71,36 +90,27 @@ impl<S: Stores> Runner<'_, S> {
             return Ok(false);
         }
         match self.run_completion(driver, tracker, scan).await {
-            Ok(Some(ended)) => return Ok(ended),
-            Ok(None) => {}
+            Ok(Some(ended)) => Ok(ended),
+            Ok(None) => tracker.finish_drained(&scan.scan_id, totals).await,
             Err(e) => {
                 // The next delivery may try again at once (else the lease expires).
                 if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
                     tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
                 }
-                return Err(e);
+                Err(e)
             }
         }
-        tracker
-            .complete_if_drained(&scan.scan_id, scan.shards, shard)
-            .await
     }
 
-    /// Whether every phase of the driver after the root's has run (`Driver::phase`), on a scan
-    /// found drained with no failure. The first phase whose root item is not finished answers
-    /// `false`; if its root is not registered either, it is started here: queued (after
-    /// [`PHASE_START_DELAY`]) and then registered, so a crash in between leaves nothing
-    /// registered and unqueued (the scan still looks drained, and the next drained check
-    /// starts it again). Starting twice is harmless: the id hashes the item, registering an
-    /// existing row leaves it alone, and a second message is a duplicate delivery. `true`
-    /// (every root finished) is sound because a finished item registered its children first:
-    /// the caller's later drained judgement sees all a phase spawned.
-    async fn phases_done<T: TableStore>(
+    /// The next phase of the driver after the root's to start (`Driver::phase`): `None` if
+    /// every phase root has finished; no answer (`Ok(None)`) if one is registered and
+    /// unfinished. Read by [`Runner::complete_if_drained`] while it judges the scan drained.
+    async fn next_phase<T: TableStore>(
         &self,
         driver: &dyn DriverHooks<AppState<S>>,
         tracker: &Tracker<'_, T>,
         scan: &ScanContext,
-    ) -> Result<bool, StorageError> {
+    ) -> Result<Option<NextPhase>, StorageError> {
         let unusable = |e: String| StorageError::invalid_input(e);
         for n in 1..=driver.phases() {
             let root = driver.phase(scan, n).map_err(|e| unusable(e.to_string()))?;
@@ -113,19 +123,41 @@ impl<S: Stores> Runner<'_, S> {
                 .await?
             {
                 Some(WorkState::Finished) => continue,
-                Some(_) => return Ok(false),
-                None => {
-                    self.app
-                        .queues
-                        .put_message(&message.queue, &message.text, PHASE_START_DELAY)
-                        .await?;
-                    tracker.register_children(&scan.scan_id, &[work]).await?;
-                    tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
-                    return Ok(false);
-                }
+                Some(_) => return Ok(None),
+                None => return Ok(Some(NextPhase::Start(n, message))),
             }
         }
-        Ok(true)
+        Ok(Some(NextPhase::None))
+    }
+
+    /// Starts phase `n` of a scan judged drained with every earlier phase finished, if this
+    /// check wins the phase's claim (`Tracker::claim_phase_start`: of checks judging at once,
+    /// one starts it; the others return): its root is queued (after [`PHASE_START_DELAY`])
+    /// and then registered, so a crash in between leaves nothing registered and unqueued (the
+    /// scan still looks drained, and a later drained check starts it again, taking the stale
+    /// claim over). Starting twice is still harmless: the id hashes the item, registering an
+    /// existing row leaves it alone, and a second message is a duplicate delivery.
+    async fn start_phase<T: TableStore>(
+        &self,
+        tracker: &Tracker<'_, T>,
+        scan: &ScanContext,
+        n: u32,
+        message: &ChildMessage,
+    ) -> Result<(), StorageError> {
+        let work = &message.work;
+        if !tracker
+            .claim_phase_start(&scan.scan_id, work.shard, n)
+            .await?
+        {
+            return Ok(());
+        }
+        self.app
+            .queues
+            .put_message(&message.queue, &message.text, PHASE_START_DELAY)
+            .await?;
+        tracker.register_children(&scan.scan_id, &[work]).await?;
+        tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
+        Ok(())
     }
 
     /// Queues the drained check of a scan that a status read found running with no pending

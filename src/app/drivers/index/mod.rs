@@ -175,7 +175,6 @@ pub const BUILD_SEGMENTS_PER_SUBSEQUENT_PREFIX: u32 = 8;
 
 impl Driver for IndexDriver {
     const NAME: &'static str = "index";
-    const COMPLETES: bool = true;
     const PHASES: u32 = 2;
     type Fields = IndexFields;
     type Options = IndexOptions;
@@ -309,12 +308,6 @@ impl Driver for IndexDriver {
                 "the index driver has no phase {n}"
             ))),
         }
-    }
-
-    /// Nothing left to do: phase 2 switched the pointer (`COMPLETES` stays true so that a
-    /// status read never ends the scan between phases: `get_scan::scan_status`).
-    async fn complete<S: Stores>(_: &AppState<S>, _: &ScanContext) -> Result<(), WorkError> {
-        Ok(())
     }
 }
 
