@@ -440,3 +440,79 @@ pub(super) fn remember_busy(scan_id: &str, shard: u32) {
         h.insert(scan_id.to_string(), shard);
     });
 }
+
+#[cfg(all(test, feature = "lab"))]
+mod tests {
+    use super::*;
+    use crate::lab::memory::MemoryTableStore;
+
+    const SCAN: &str = "8204246420161-ca332e2c";
+
+    async fn store() -> MemoryTableStore {
+        let store = MemoryTableStore::default();
+        store.create_table("Work").await.unwrap();
+        store
+    }
+
+    /// Of the checks that claim a phase at once, one wins; a claim older than the takeover
+    /// time is taken over by one check, and only one.
+    #[tokio::test]
+    async fn a_phase_is_claimed_once_and_a_stale_claim_taken_over_once() {
+        let store = store().await;
+        let tracker = Tracker::new(&store, "Scans", "Work");
+        assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        assert!(!tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        assert!(tracker.claim_phase_start(SCAN, 3, 2).await.unwrap());
+
+        let pk = shard_partition(SCAN, 3);
+        let mut stale = Entity::new(&pk, "phase-1");
+        let long_ago = time::OffsetDateTime::now_utc() - PHASE_CLAIM_TAKEOVER * 2;
+        put_time(&mut stale.properties, CLAIMED_AT, long_ago);
+        let op = BatchOperation::Upsert(stale);
+        store.submit_batch("Work", &pk, &[op]).await.unwrap();
+        assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        assert!(!tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+    }
+
+    /// What runs between the two collects is judged with the scan drained only if no counter
+    /// changed meanwhile: work registered while it ran (a phase another check started) makes
+    /// the collects differ, and there is no judgement.
+    #[tokio::test]
+    async fn work_registered_between_the_collects_leaves_no_judgement() {
+        let store = store().await;
+        let tracker = Tracker::new(&store, "Scans", "Work");
+        let root = NewWork {
+            id: "s-root".into(),
+            kind: "step",
+            shard: 0,
+        };
+        tracker.create_scan_work(SCAN, 2, &root).await.unwrap();
+        let pk = shard_partition(SCAN, 0);
+        let (mut counters, _) = tracker.read_counter(SCAN, 0).await.unwrap();
+        counters.completed = 1;
+        let op = BatchOperation::Upsert(counters.to_entity(&pk));
+        store.submit_batch("Work", &pk, &[op]).await.unwrap();
+
+        let quiet = || async { Ok(Some("seen")) };
+        let judged = tracker.drained_around(SCAN, 2, Some(0), quiet).await;
+        let (totals, seen) = judged.unwrap().expect("drained");
+        assert_eq!((totals.created, totals.completed, seen), (1, 1, "seen"));
+
+        let busy = || async { Ok(None::<()>) };
+        let judged = tracker.drained_around(SCAN, 2, None, busy).await.unwrap();
+        assert!(judged.is_none(), "no judgement when `between` gives none");
+
+        let phase = NewWork {
+            id: "t-phase".into(),
+            kind: "item",
+            shard: 1,
+        };
+        let starts = || async {
+            tracker.register_children(SCAN, &[&phase]).await?;
+            Ok(Some(()))
+        };
+        let judged = tracker.drained_around(SCAN, 2, None, starts).await.unwrap();
+        assert!(judged.is_none(), "work registered in between is seen");
+        assert!(tracker.drained(SCAN, 2).await.unwrap().is_none());
+    }
+}
