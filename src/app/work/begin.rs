@@ -213,6 +213,9 @@ pub(super) const ADMIT_BACKLOG: Duration = Duration::from_secs(5);
 /// How long an item waits to start before its message is queued again (well within host.json's
 /// 10-minute `functionTimeout`, with the item's own work still to do).
 pub(super) const MAX_ADMIT_WAIT: Duration = Duration::from_secs(120);
+/// How long a delivery of a phase's root that finds no work row waits for its registration
+/// before it reads the row again (see `Runner::start_phase`).
+const PHASE_REGISTRATION_WAIT: Duration = Duration::from_secs(1);
 /// Longest delay of a message queued again.
 const MAX_DEFERRAL: Duration = Duration::from_secs(600);
 
@@ -253,11 +256,20 @@ async fn progress_of<S: Stores, T: TableStore>(
     shard: u32,
     last_attempt: bool,
 ) -> Result<Progress, InvocationResponse> {
-    let read = patiently(last_attempt, || {
-        tracker.work_state_marked(&scan.scan_id, shard, work_id)
-    })
-    .await
-    .map_err(|e| storage_failure(work_id, e))?;
+    let read_row = || async {
+        patiently(last_attempt, || {
+            tracker.work_state_marked(&scan.scan_id, shard, work_id)
+        })
+        .await
+        .map_err(|e| storage_failure(work_id, e))
+    };
+    let mut read = read_row().await?;
+    if read.is_none() && app.is_phase_root(scan, work_id, shard) {
+        // A phase's root is queued just before its row is registered (`Runner::start_phase`):
+        // this delivery may have come first. It waits for the registration once.
+        tokio::time::sleep(PHASE_REGISTRATION_WAIT).await;
+        read = read_row().await?;
+    }
     let state = match read {
         Some((state, false)) if last_attempt => {
             mark_last_delivery(tracker, scan, work_id, shard, state)

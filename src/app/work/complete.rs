@@ -9,10 +9,6 @@ use crate::app::tracking::ScanRecord;
 use crate::storage::stores::Stores;
 use crate::storage::StorageErrorKind;
 
-/// How long a phase's root message stays invisible: time for its work row to be registered
-/// after the message is queued (a delivery before that is retried: it finds no work row).
-const PHASE_START_DELAY: Duration = Duration::from_secs(1);
-
 /// What a drained scan's driver does next.
 enum NextPhase {
     /// Every phase root has finished: the completion step, then the end.
@@ -132,11 +128,16 @@ impl<S: Stores> Runner<'_, S> {
 
     /// Starts phase `n` of a scan judged drained with every earlier phase finished, if this
     /// check wins the phase's claim (`Tracker::claim_phase_start`: of checks judging at once,
-    /// one starts it; the others return): its root is queued (after [`PHASE_START_DELAY`])
-    /// and then registered, so a crash in between leaves nothing registered and unqueued (the
-    /// scan still looks drained, and a later drained check starts it again, taking the stale
-    /// claim over). Starting twice is still harmless: the id hashes the item, registering an
-    /// existing row leaves it alone, and a second message is a duplicate delivery.
+    /// one starts it; the others return): its root is queued and then registered, so a crash
+    /// in between leaves nothing registered and unqueued (the scan still looks drained, and a
+    /// later drained check starts it again, taking the stale claim over). The message is
+    /// visible at once: a delivery that comes before the registration waits for it once
+    /// (`begin`'s `PHASE_REGISTRATION_WAIT`), and else fails and is retried. (It was invisible
+    /// for 1 s, the least a queue message's visibility can be delayed; the host polls an idle
+    /// queue ever less often, so the message often waited for the poll after next: up to
+    /// 1.7 s a phase in the bench's builds.) Starting twice is still harmless: the id hashes
+    /// the item, registering an existing row leaves it alone, and a second message is a
+    /// duplicate delivery.
     async fn start_phase<T: TableStore>(
         &self,
         tracker: &Tracker<'_, T>,
@@ -153,11 +154,23 @@ impl<S: Stores> Runner<'_, S> {
         }
         self.app
             .queues
-            .put_message(&message.queue, &message.text, PHASE_START_DELAY)
+            .put_message(&message.queue, &message.text, Duration::ZERO)
             .await?;
         tracker.register_children(&scan.scan_id, &[work]).await?;
         tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
         Ok(())
+    }
+
+    /// Whether `work_id` in `shard` is the root of one of the scan's further phases.
+    pub(super) fn is_phase_root(&self, scan: &ScanContext, work_id: &str, shard: u32) -> bool {
+        let Ok(driver) = self.app.drivers.of(scan) else {
+            return false;
+        };
+        (1..=driver.phases()).any(|n| {
+            let root = driver.phase(scan, n).ok();
+            let message = root.and_then(|r| self.child_message_in(scan, &r, None).ok());
+            message.is_some_and(|m| m.work.id == work_id && m.work.shard == shard)
+        })
     }
 
     /// Queues the drained check of a scan that a status read found running with no pending
