@@ -99,8 +99,8 @@ impl<S: Stores> Runner<'_, S> {
     }
 
     /// The next phase of the driver after the root's to start (`Driver::phase`): `None` if
-    /// every phase root has finished; no answer (`Ok(None)`) if one is registered and
-    /// unfinished. Read by [`Runner::complete_if_drained`] while it judges the scan drained.
+    /// every phase root has finished, or one finished with a result that ends the phases
+    /// (`Driver::ends_phases`); no answer (`Ok(None)`) if one is registered and unfinished. Read by [`Runner::complete_if_drained`] while it judges the scan drained.
     async fn next_phase<T: TableStore>(
         &self,
         driver: &dyn DriverHooks<AppState<S>>,
@@ -115,10 +115,15 @@ impl<S: Stores> Runner<'_, S> {
                 .map_err(|e| unusable(e.to_string()))?;
             let work = &message.work;
             match tracker
-                .work_state(&scan.scan_id, work.shard, &work.id)
+                .work_state_rounds(&scan.scan_id, work.shard, &work.id)
                 .await?
             {
-                Some(WorkState::Finished) => continue,
+                Some((WorkState::Finished, row))
+                    if driver.ends_phases(n, row.result.as_deref()) =>
+                {
+                    return Ok(Some(NextPhase::None))
+                }
+                Some((WorkState::Finished, _)) => continue,
                 Some(_) => return Ok(None),
                 None => return Ok(Some(NextPhase::Start(n, message))),
             }

@@ -43,6 +43,8 @@ mod prune;
 mod publish;
 mod stage;
 
+use assemble::PublishedSegment;
+
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -298,6 +300,13 @@ impl Driver for IndexDriver {
                 Ok(prune::cleanup(state, begun, marker).await)
             }
         }
+    }
+
+    /// A small build's assembly item publishes the build itself (`assemble::build_and_publish`,
+    /// its result marked `published`): phase 2 does not start.
+    fn ends_phases(n: u32, result: Option<&str>) -> bool {
+        let published = result.and_then(|r| serde_json::from_str::<PublishedSegment>(r).ok());
+        n == 1 && published.is_some_and(|p| p.published)
     }
 
     fn phase(_: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
