@@ -326,6 +326,28 @@ mod tests {
     use crate::app::messages::ItemJson;
 
     /// Items are identified by their JSON text: a range item's is the range's own.
+    /// Only a phase-1 root whose result says it published the build ends the phases: a
+    /// segment item's descriptor (a build of several segments) or no result does not.
+    #[test]
+    fn a_published_assembly_result_ends_the_phases() {
+        let published =
+            r#"{"published":true,"segment":{"name":"s.seg","ranges":2,"rows":9,"bytes":64}}"#;
+        let descriptor = r#"{"name":"s.seg","ranges":2,"rows":9,"bytes":64}"#;
+        assert!(IndexDriver::ends_phases(1, Some(published)));
+        assert!(IndexDriver::ends_phases(1, Some(r#"{"published":true}"#)));
+        assert!(!IndexDriver::ends_phases(1, Some(descriptor)));
+        assert!(!IndexDriver::ends_phases(1, None));
+        assert!(!IndexDriver::ends_phases(2, Some(published)));
+        let entry: SegmentEntryCheck = serde_json::from_str(published).unwrap();
+        assert_eq!(entry.segment.name, "s.seg");
+    }
+
+    /// The published result still holds the descriptor in the manifest's own form.
+    #[derive(serde::Deserialize)]
+    struct SegmentEntryCheck {
+        segment: crate::app::index_files::SegmentEntry,
+    }
+
     #[test]
     fn items_serialize_as_their_kinds() {
         let range = IndexWork::Range(RangeWork::Range {
