@@ -12,7 +12,7 @@ use crate::storage::StorageErrorKind;
 /// What a drained scan's driver does next.
 enum NextPhase {
     /// Every phase root has finished: the completion step, then the end.
-    None,
+    Done,
     /// Phase `n` has no root yet: start it with this message.
     Start(u32, ChildMessage),
 }
@@ -63,10 +63,10 @@ impl<S: Stores> Runner<'_, S> {
                 self.start_phase(tracker, scan, n, &message).await?;
                 Ok(false)
             }
-            NextPhase::None if driver.completes() => {
+            NextPhase::Done if driver.completes() => {
                 self.complete_once(driver, tracker, scan, &totals).await
             }
-            NextPhase::None => tracker.finish_drained(&scan.scan_id, &totals).await,
+            NextPhase::Done => tracker.finish_drained(&scan.scan_id, &totals).await,
         }
     }
 
@@ -98,9 +98,10 @@ impl<S: Stores> Runner<'_, S> {
         }
     }
 
-    /// The next phase of the driver after the root's to start (`Driver::phase`): `None` if
+    /// The next phase of the driver after the root's to start (`Driver::phase`): `Done` if
     /// every phase root has finished, or one finished with a result that ends the phases
-    /// (`Driver::ends_phases`); no answer (`Ok(None)`) if one is registered and unfinished. Read by [`Runner::complete_if_drained`] while it judges the scan drained.
+    /// (`Driver::ends_phases`); no answer (`Ok(None)`) if one is registered and unfinished.
+    /// Read by [`Runner::complete_if_drained`] while it judges the scan drained.
     async fn next_phase<T: TableStore>(
         &self,
         driver: &dyn DriverHooks<AppState<S>>,
@@ -121,14 +122,14 @@ impl<S: Stores> Runner<'_, S> {
                 Some((WorkState::Finished, row))
                     if driver.ends_phases(n, row.result.as_deref()) =>
                 {
-                    return Ok(Some(NextPhase::None))
+                    return Ok(Some(NextPhase::Done))
                 }
                 Some((WorkState::Finished, _)) => continue,
                 Some(_) => return Ok(None),
                 None => return Ok(Some(NextPhase::Start(n, message))),
             }
         }
-        Ok(Some(NextPhase::None))
+        Ok(Some(NextPhase::Done))
     }
 
     /// Starts phase `n` of a scan judged drained with every earlier phase finished, if this
