@@ -108,7 +108,7 @@ fn not_found(id: &str) -> ApiError {
 
 /// Reads a scan's status for a cancel's answer and the benchmark; a running scan whose work has
 /// all finished is ended here too (in case the worker that finished last died before noticing)
-/// — unless its driver has a completion step, which only queued work runs.
+/// — unless its driver has a completion step or phases, which only queued work runs.
 pub async fn scan_status<S: TableStore, A>(
     tracker: &Tracker<'_, S>,
     id: &str,
@@ -118,7 +118,11 @@ pub async fn scan_status<S: TableStore, A>(
     let completes = record
         .recorded_context()
         .ok()
-        .and_then(|c| drivers.get(c.driver.as_str()).map(|d| d.completes()))
+        .and_then(|c| {
+            drivers
+                .get(c.driver.as_str())
+                .map(|d| d.completes() || d.phases() > 0)
+        })
         .unwrap_or(true);
     if record.state == ScanState::Running
         && counters.pending() == 0

@@ -216,6 +216,15 @@ pub trait Driver: Send + Sync + 'static {
         )))
     }
 
+    /// Whether phase `n`'s root, finished with `result` (its `WorkOutcome::result`), did what
+    /// the phases after it would have done, so that none of them starts (e.g. the index's
+    /// assembly of a small build, which publishes it itself). Read by the drained check that
+    /// found the root finished; the phases after it then count as done.
+    fn ends_phases(n: u32, result: Option<&str>) -> bool {
+        let _ = (n, result);
+        false
+    }
+
     /// Runs once every work item of the scan has finished (none failed), before the scan is
     /// recorded `completed`; may run more than once. An error leaves the scan running (the next
     /// drained check, e.g. a status read, tries again); a permanent one fails it.

@@ -42,6 +42,8 @@ pub trait DriverHooks<S>: Send + Sync {
     fn phases(&self) -> u32;
     /// `Driver::phase`.
     fn phase(&self, context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError>;
+    /// `Driver::ends_phases`.
+    fn ends_phases(&self, n: u32, result: Option<&str>) -> bool;
     /// `Driver::CHANGES_SOURCE`.
     fn changes_source(&self) -> bool;
     /// `Driver::step_rows`, at most `MAX_STEP_ROWS`.

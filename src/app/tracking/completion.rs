@@ -47,8 +47,10 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// The driver results kept on the finished rows of scan `scan_id` ([`Tracker::complete`]'s
-    /// `result`), in no particular order: one query page per 1,000 results and shard, the shards
-    /// read concurrently. More than `max` results is an error (the caller's bound).
+    /// `result`), in no particular order: one query over the scan's shard partitions, a page
+    /// per 1,000 results (and wherever the service cuts a page at a partition boundary); if
+    /// the service keeps cutting it short, one query per shard instead, the shards read
+    /// concurrently. More than `max` results is an error (the caller's bound).
     pub async fn work_results(
         &self,
         scan_id: &str,
@@ -57,20 +59,35 @@ impl<T: TableStore> Tracker<'_, T> {
     ) -> Result<Vec<String>, StorageError> {
         let has_result = crate::storage::odata::parse(&format!("{RESULT_PROPERTY} gt ''"))
             .expect("a valid condition");
-        let reads = (0..shards).map(|shard| {
-            let filter = Filter::and(vec![
-                Filter::pk(CompareOp::Eq, shard_partition(scan_id, shard)),
-                Filter::Where(has_result.clone()),
-            ]);
-            self.results_of(filter, max)
-        });
-        let mut out = Vec::new();
-        for results in try_join_all(reads).await? {
-            out.extend(results);
-            if out.len() > max {
-                break;
+        let every_shard = Filter::and(vec![
+            Filter::pk(CompareOp::Ge, shard_partition(scan_id, 0)),
+            Filter::pk(CompareOp::Le, shard_partition(scan_id, shards.max(1) - 1)),
+            Filter::Where(has_result.clone()),
+        ]);
+        // Bounded: a page per 1,000 results, plus one per partition boundary the service may
+        // cut at, plus the last.
+        let pages = max / MAX_TAKE as usize + shards as usize + 2;
+        let all = self.results_of(every_shard, max, pages).await?;
+        let out = match all {
+            Some(out) => out,
+            None => {
+                let reads = (0..shards).map(|shard| {
+                    let filter = Filter::and(vec![
+                        Filter::pk(CompareOp::Eq, shard_partition(scan_id, shard)),
+                        Filter::Where(has_result.clone()),
+                    ]);
+                    self.results_of(filter, max, usize::MAX)
+                });
+                let mut out = Vec::new();
+                for results in try_join_all(reads).await? {
+                    out.extend(results.unwrap_or_default());
+                    if out.len() > max {
+                        break;
+                    }
+                }
+                out
             }
-        }
+        };
         if out.len() > max {
             return Err(StorageError::invalid_input(format!(
                 "scan {scan_id} has more than {max} work item results"
@@ -79,8 +96,14 @@ impl<T: TableStore> Tracker<'_, T> {
         Ok(out)
     }
 
-    /// The results matching `filter`, at most `max + 1` of them.
-    async fn results_of(&self, filter: Filter, max: usize) -> Result<Vec<String>, StorageError> {
+    /// The results matching `filter`, at most `max + 1` of them; `None` if `pages` query pages
+    /// did not reach the end.
+    async fn results_of(
+        &self,
+        filter: Filter,
+        max: usize,
+        pages: usize,
+    ) -> Result<Option<Vec<String>>, StorageError> {
         let mut query = Query {
             filter: Some(filter),
             top: Some(MAX_TAKE),
@@ -88,8 +111,9 @@ impl<T: TableStore> Tracker<'_, T> {
             continuation: None,
         };
         let mut out = Vec::new();
-        // Bounded by `max`: each page but the last holds rows, at most 1,000 of them.
-        loop {
+        // Bounded by `pages`, and by `max` for a single partition: there each page but the
+        // last holds rows, at most 1,000 of them.
+        for _ in 0..pages {
             let page = self.store.query_page(self.work_table, &query).await?;
             out.extend(
                 page.entities
@@ -98,9 +122,10 @@ impl<T: TableStore> Tracker<'_, T> {
             );
             match page.continuation {
                 Some(c) if out.len() <= max => query.continuation = Some(c),
-                _ => return Ok(out),
+                _ => return Ok(Some(out)),
             }
         }
+        Ok(None)
     }
 
     /// Finishes a work item of an ended scan without running it: its row is marked `dropped`

@@ -4,7 +4,7 @@
 use futures::future::try_join_all;
 
 use super::codec::work_row;
-use super::codec::{int64, put_int64};
+use super::codec::{get_time, int64, put_int64, put_time};
 use super::records::ScanState;
 use super::{shard_partition, NewWork, Tracker};
 use crate::storage::{
@@ -12,6 +12,14 @@ use crate::storage::{
 };
 
 const COUNTER_ROW: &str = "counter";
+
+/// How old a phase start's claim must be before another drained check may take it over: the
+/// claimer queues and registers the phase's root within milliseconds, and its own message is
+/// delivered again only after the queue's 30-s visibility timeout if it dies in between.
+const PHASE_CLAIM_TAKEOVER: time::Duration = time::Duration::seconds(10);
+
+/// The property of a phase start's claim row holding when it was claimed.
+const CLAIMED_AT: &str = "ClaimedAt";
 
 /// Counter values of one shard, or their sum over a scan.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -265,12 +273,11 @@ impl<T: TableStore> Tracker<'_, T> {
         shards: u32,
         shard: Option<u32>,
     ) -> Result<bool, StorageError> {
-        if let Some(shard) = shard {
-            if self.counter_or_new(scan_id, shard).await?.0.pending() != 0 {
-                return Ok(false);
-            }
+        let between = || async { Ok(Some(())) };
+        match self.drained_around(scan_id, shards, shard, between).await? {
+            Some((totals, ())) => self.finish_drained(scan_id, &totals).await,
+            None => Ok(false),
         }
-        self.finish_if_drained(scan_id, shards).await
     }
 
     /// Ends a running scan whose work has all finished: `completed`, or `failed` if any work
@@ -284,6 +291,17 @@ impl<T: TableStore> Tracker<'_, T> {
         let Some(totals) = self.drained(scan_id, shards).await? else {
             return Ok(false);
         };
+        self.finish_drained(scan_id, &totals).await
+    }
+
+    /// Ends a running scan judged drained with `totals` (a snapshot [`Tracker::drained`] or
+    /// [`Tracker::drained_around`] took): `failed` if any work item failed, else `completed`.
+    /// Returns whether this call ended it.
+    pub async fn finish_drained(
+        &self,
+        scan_id: &str,
+        totals: &Counters,
+    ) -> Result<bool, StorageError> {
         if totals.failed > 0 {
             let reason = format!(
                 "{} work item(s) failed; see the failed work rows of scan {scan_id}",
@@ -308,13 +326,35 @@ impl<T: TableStore> Tracker<'_, T> {
         scan_id: &str,
         shards: u32,
     ) -> Result<Option<Counters>, StorageError> {
-        // Per shard, Created ≥ Completed always (a child is counted in its own shard before it
-        // can finish there), so any busy shard settles the answer. The shard this thread last
-        // found busy in this scan usually still is (one point read); otherwise every shard is
-        // collected twice (one query each, see `shard_counters`), and the scan is drained only
-        // if both collects agree and show no pending work.
+        let between = || async { Ok(Some(())) };
+        let judged = self.drained_around(scan_id, shards, None, between).await?;
+        Ok(judged.map(|(totals, ())| totals))
+    }
+
+    /// The scan's totals if every registered work item has finished, with what `between` read
+    /// while the scan was drained. `shard` (the one whose item just finished), then the shard
+    /// this thread last found busy, are point-read first: any busy shard settles the answer
+    /// (per shard, Created ≥ Completed always: a child is counted in its own shard before it
+    /// can finish there). Otherwise every shard is collected (one query each, see
+    /// `shard_counters`); if none is busy `between` runs (`None` from it: no judgement, e.g.
+    /// it found work running), then every shard is collected again. Two collects that agree
+    /// exactly are a consistent snapshot of the monotonic counters: each shard's counters held
+    /// their values from its first read to its second, so throughout the time `between` ran.
+    /// What `between` saw is therefore seen together with a drained scan, e.g. an item it found
+    /// finished had registered all its children before, and they are counted, and finished.
+    pub async fn drained_around<R, F>(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        shard: Option<u32>,
+        between: impl FnOnce() -> F,
+    ) -> Result<Option<(Counters, R)>, StorageError>
+    where
+        F: std::future::Future<Output = Result<Option<R>, StorageError>>,
+    {
         let hint = BUSY_HINT.with(|h| h.borrow().get(scan_id).copied());
-        if let Some(s) = hint.filter(|&s| s < shards) {
+        let first_reads = [shard, hint.filter(|&s| Some(s) != shard)];
+        for s in first_reads.into_iter().flatten().filter(|&s| s < shards) {
             if self.counter_or_new(scan_id, s).await?.0.pending() != 0 {
                 return Ok(None);
             }
@@ -324,8 +364,60 @@ impl<T: TableStore> Tracker<'_, T> {
             remember_busy(scan_id, busy as u32);
             return Ok(None);
         }
+        let Some(seen) = between().await? else {
+            return Ok(None);
+        };
         let second = self.shard_counters(scan_id, shards).await?;
-        Ok((first == second).then(|| second.iter().fold(Counters::default(), |a, c| a.plus(c))))
+        let totals = second.iter().fold(Counters::default(), |a, c| a.plus(c));
+        Ok((first == second).then_some((totals, seen)))
+    }
+
+    /// Claims the start of phase `phase` of a scan judged drained, so that of the drained
+    /// checks that judged it at once only one queues the phase's root: the claim row
+    /// `phase-<n>` in the root's shard partition (`ClaimedAt`), inserted (`If-None-Match`).
+    /// `false`: another check claimed it less than [`PHASE_CLAIM_TAKEOVER`] ago (it is
+    /// starting the phase). An older claim is taken over with `If-Match` on its ETag (its
+    /// claimer died or failed before registering the root, which the caller found missing).
+    /// A claim is never a registration: a crash after it leaves the scan drained and the phase
+    /// unstarted, and a later drained check starts it.
+    pub async fn claim_phase_start(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        phase: u32,
+    ) -> Result<bool, StorageError> {
+        let pk = shard_partition(scan_id, shard);
+        let row = format!("phase-{phase}");
+        let now = time::OffsetDateTime::now_utc();
+        let mut claim = Entity::new(&pk, &row);
+        put_time(&mut claim.properties, CLAIMED_AT, now);
+        let insert = [BatchOperation::Insert(claim.clone())];
+        match self.store.submit_batch(self.work_table, &pk, &insert).await {
+            Ok(()) => return Ok(true),
+            Err(e) if e.kind == StorageErrorKind::Conflict => {}
+            Err(e) => return Err(e),
+        }
+        let Some((held, etag)) = self.store.get_entity(self.work_table, &pk, &row).await? else {
+            return Ok(false);
+        };
+        let claimed = get_time(&held.properties, CLAIMED_AT);
+        if claimed.is_some_and(|at| at + PHASE_CLAIM_TAKEOVER > now) {
+            return Ok(false);
+        }
+        let etag = Some(etag);
+        let replace = [BatchOperation::Replace {
+            entity: claim,
+            etag,
+        }];
+        match self
+            .store
+            .submit_batch(self.work_table, &pk, &replace)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -347,4 +439,80 @@ pub(super) fn remember_busy(scan_id: &str, shard: u32) {
         }
         h.insert(scan_id.to_string(), shard);
     });
+}
+
+#[cfg(all(test, feature = "lab"))]
+mod tests {
+    use super::*;
+    use crate::lab::memory::MemoryTableStore;
+
+    const SCAN: &str = "8204246420161-ca332e2c";
+
+    async fn store() -> MemoryTableStore {
+        let store = MemoryTableStore::default();
+        store.create_table("Work").await.unwrap();
+        store
+    }
+
+    /// Of the checks that claim a phase at once, one wins; a claim older than the takeover
+    /// time is taken over by one check, and only one.
+    #[tokio::test]
+    async fn a_phase_is_claimed_once_and_a_stale_claim_taken_over_once() {
+        let store = store().await;
+        let tracker = Tracker::new(&store, "Scans", "Work");
+        assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        assert!(!tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        assert!(tracker.claim_phase_start(SCAN, 3, 2).await.unwrap());
+
+        let pk = shard_partition(SCAN, 3);
+        let mut stale = Entity::new(&pk, "phase-1");
+        let long_ago = time::OffsetDateTime::now_utc() - PHASE_CLAIM_TAKEOVER * 2;
+        put_time(&mut stale.properties, CLAIMED_AT, long_ago);
+        let op = BatchOperation::Upsert(stale);
+        store.submit_batch("Work", &pk, &[op]).await.unwrap();
+        assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        assert!(!tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+    }
+
+    /// What runs between the two collects is judged with the scan drained only if no counter
+    /// changed meanwhile: work registered while it ran (a phase another check started) makes
+    /// the collects differ, and there is no judgement.
+    #[tokio::test]
+    async fn work_registered_between_the_collects_leaves_no_judgement() {
+        let store = store().await;
+        let tracker = Tracker::new(&store, "Scans", "Work");
+        let root = NewWork {
+            id: "s-root".into(),
+            kind: "step",
+            shard: 0,
+        };
+        tracker.create_scan_work(SCAN, 2, &root).await.unwrap();
+        let pk = shard_partition(SCAN, 0);
+        let (mut counters, _) = tracker.read_counter(SCAN, 0).await.unwrap();
+        counters.completed = 1;
+        let op = BatchOperation::Upsert(counters.to_entity(&pk));
+        store.submit_batch("Work", &pk, &[op]).await.unwrap();
+
+        let quiet = || async { Ok(Some("seen")) };
+        let judged = tracker.drained_around(SCAN, 2, Some(0), quiet).await;
+        let (totals, seen) = judged.unwrap().expect("drained");
+        assert_eq!((totals.created, totals.completed, seen), (1, 1, "seen"));
+
+        let busy = || async { Ok(None::<()>) };
+        let judged = tracker.drained_around(SCAN, 2, None, busy).await.unwrap();
+        assert!(judged.is_none(), "no judgement when `between` gives none");
+
+        let phase = NewWork {
+            id: "t-phase".into(),
+            kind: "item",
+            shard: 1,
+        };
+        let starts = || async {
+            tracker.register_children(SCAN, &[&phase]).await?;
+            Ok(Some(()))
+        };
+        let judged = tracker.drained_around(SCAN, 2, None, starts).await.unwrap();
+        assert!(judged.is_none(), "work registered in between is seen");
+        assert!(tracker.drained(SCAN, 2).await.unwrap().is_none());
+    }
 }

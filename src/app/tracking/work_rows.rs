@@ -108,6 +108,7 @@ impl<T: TableStore> Tracker<'_, T> {
                         .and_then(|v| v.as_u64())
                         .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32),
                     requeued_by: get_str(props, REQUEUED_BY_PROPERTY),
+                    result: get_str(props, RESULT_PROPERTY),
                 };
                 let state = match get_str(props, "State").as_deref() {
                     Some("pending") => WorkState::Pending { etag },
@@ -415,6 +416,8 @@ pub struct RowMarks {
     pub rounds: u32,
     /// The poison message that started the latest round (`RequeuedBy`).
     pub requeued_by: Option<String>,
+    /// The driver's result on a finished row (`Result`).
+    pub result: Option<String>,
 }
 
 /// What [`Tracker::record_outcome`] wrote: the row's new ETag, and the shard's counter with its

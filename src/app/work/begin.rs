@@ -213,6 +213,9 @@ pub(super) const ADMIT_BACKLOG: Duration = Duration::from_secs(5);
 /// How long an item waits to start before its message is queued again (well within host.json's
 /// 10-minute `functionTimeout`, with the item's own work still to do).
 pub(super) const MAX_ADMIT_WAIT: Duration = Duration::from_secs(120);
+/// How long a delivery of a phase's root that finds no work row waits for its registration
+/// before it reads the row again (see `Runner::start_phase`).
+const PHASE_REGISTRATION_WAIT: Duration = Duration::from_secs(1);
 /// Longest delay of a message queued again.
 const MAX_DEFERRAL: Duration = Duration::from_secs(600);
 
@@ -253,11 +256,20 @@ async fn progress_of<S: Stores, T: TableStore>(
     shard: u32,
     last_attempt: bool,
 ) -> Result<Progress, InvocationResponse> {
-    let read = patiently(last_attempt, || {
-        tracker.work_state_marked(&scan.scan_id, shard, work_id)
-    })
-    .await
-    .map_err(|e| storage_failure(work_id, e))?;
+    let read_row = || async {
+        patiently(last_attempt, || {
+            tracker.work_state_marked(&scan.scan_id, shard, work_id)
+        })
+        .await
+        .map_err(|e| storage_failure(work_id, e))
+    };
+    let mut read = read_row().await?;
+    if read.is_none() && app.is_phase_root(scan, work_id, shard) {
+        // A phase's root is queued just before its row is registered (`Runner::start_phase`):
+        // this delivery may have come first. It waits for the registration once.
+        tokio::time::sleep(PHASE_REGISTRATION_WAIT).await;
+        read = read_row().await?;
+    }
     let state = match read {
         Some((state, false)) if last_attempt => {
             mark_last_delivery(tracker, scan, work_id, shard, state)
@@ -345,4 +357,66 @@ async fn mark_last_delivery<T: TableStore>(
         crate::storage::StorageErrorKind::Transient,
         format!("the row of {work_id} kept changing while its last delivery marked it"),
     ))
+}
+
+/// A delivery of a phase's root that comes before its registration (the message is queued
+/// first, visible at once) waits for the row once; any other item with no row is answered at
+/// once. In paused (virtual) time, on the in-memory stores.
+#[cfg(all(test, feature = "lab"))]
+mod tests {
+    use super::*;
+    use crate::app::config::STORAGE_SETTING;
+    use crate::app::drivers::tests::test_context;
+    use crate::app::job::DriverName;
+    use crate::lab::memory::{MemoryQueueStore, MemoryStores, MemoryTableStore};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_phase_root_delivered_before_its_registration_waits_for_it_once() {
+        let config = crate::app::config::emulator_only();
+        let tables = [(STORAGE_SETTING.to_string(), MemoryTableStore::default())].into();
+        let drivers = crate::app::drivers::registry();
+        let state =
+            AppState::<MemoryStores>::new(config, tables, MemoryQueueStore::default(), drivers);
+        let store = state.bookkeeping();
+        store.create_table(&state.config.work_table).await.unwrap();
+        let tracker = state.tracker_on(store);
+        let scan = ScanContext {
+            driver: DriverName::new("index"),
+            ..test_context("8000000000000-phase000")
+        };
+        let runner = Runner::new(&state);
+        let phase = state.drivers.of(&scan).unwrap().phase(&scan, 1).unwrap();
+        let root = runner.child_message_in(&scan, &phase, None).unwrap().work;
+        assert!(runner.is_phase_root(&scan, &root.id, root.shard));
+        assert!(!runner.is_phase_root(&scan, "t-other", root.shard));
+
+        // Not a phase root: no row is answered at once.
+        let started = tokio::time::Instant::now();
+        let early = progress_of(&runner, &tracker, &scan, "t-other", root.shard, false).await;
+        assert_eq!(
+            early.err().map(|r| r.status),
+            Some(StatusCode::UNPROCESSABLE_ENTITY)
+        );
+        assert!(started.elapsed() < Duration::from_millis(100));
+
+        // The root, never registered: answered after one wait.
+        let started = tokio::time::Instant::now();
+        let missing = progress_of(&runner, &tracker, &scan, &root.id, root.shard, false).await;
+        assert_eq!(
+            missing.err().map(|r| r.status),
+            Some(StatusCode::UNPROCESSABLE_ENTITY)
+        );
+        assert!(started.elapsed() >= PHASE_REGISTRATION_WAIT);
+
+        // The root, registered while its delivery waits: it goes on.
+        let (register, deliver) = tokio::join!(
+            async {
+                tokio::time::sleep(PHASE_REGISTRATION_WAIT / 4).await;
+                tracker.register_children(&scan.scan_id, &[&root]).await
+            },
+            progress_of(&runner, &tracker, &scan, &root.id, root.shard, false)
+        );
+        register.unwrap();
+        assert!(matches!(deliver, Ok(Progress::Fresh { .. })));
+    }
 }

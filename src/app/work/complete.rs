@@ -9,9 +9,13 @@ use crate::app::tracking::ScanRecord;
 use crate::storage::stores::Stores;
 use crate::storage::StorageErrorKind;
 
-/// How long a phase's root message stays invisible: time for its work row to be registered
-/// after the message is queued (a delivery before that is retried: it finds no work row).
-const PHASE_START_DELAY: Duration = Duration::from_secs(1);
+/// What a drained scan's driver does next.
+enum NextPhase {
+    /// Every phase root has finished: the completion step, then the end.
+    Done,
+    /// Phase `n` has no root yet: start it with this message.
+    Start(u32, ChildMessage),
+}
 
 impl<S: Stores> Runner<'_, S> {
     /// The context a scan's work runs with: the one recorded at start, naming a driver this
@@ -35,35 +39,46 @@ impl<S: Stores> Runner<'_, S> {
             .drivers
             .of(scan)
             .map_err(|e| StorageError::new(StorageErrorKind::InvalidInput, e.to_string()))?;
-        if driver.completes() || driver.phases() > 0 {
-            // Judged once, and the scan is completed only on that judgement: a scan found busy
-            // here must not be completed by the check below if its last item finishes in
-            // between (that item's own check then runs the step), or it would end `completed`
-            // before its completion step ran. Once drained, only a phase start adds work.
-            let Some(totals) = tracker.drained(&scan.scan_id, scan.shards).await? else {
-                return Ok(false);
-            };
-            if totals.failed == 0 {
-                if !self.phases_done(driver, tracker, scan).await? {
-                    return Ok(false);
-                }
-                if driver.completes() {
-                    return self.complete_once(driver, tracker, scan, shard).await;
-                }
-            }
+        if !driver.completes() && driver.phases() == 0 {
+            return tracker
+                .complete_if_drained(&scan.scan_id, scan.shards, shard)
+                .await;
         }
-        tracker
-            .complete_if_drained(&scan.scan_id, scan.shards, shard)
-            .await
+        // Judged once, on one snapshot, and acted on only by that judgement: a scan found busy
+        // here is left to the check of its last item, and a phase starts, or the completion
+        // step runs, only on a snapshot that shows the scan drained while the phase roots were
+        // read (see `Tracker::drained_around`), so every item a finished root spawned is in it.
+        let phases = || self.next_phase(driver, tracker, scan);
+        let Some((totals, next)) = tracker
+            .drained_around(&scan.scan_id, scan.shards, shard, phases)
+            .await?
+        else {
+            return Ok(false);
+        };
+        if totals.failed > 0 {
+            return tracker.finish_drained(&scan.scan_id, &totals).await;
+        }
+        match next {
+            NextPhase::Start(n, message) => {
+                self.start_phase(tracker, scan, n, &message).await?;
+                Ok(false)
+            }
+            NextPhase::Done if driver.completes() => {
+                self.complete_once(driver, tracker, scan, &totals).await
+            }
+            NextPhase::Done => tracker.finish_drained(&scan.scan_id, &totals).await,
+        }
     }
 
-    /// The completion step under the scan's lease, then the end of the scan.
+    /// The completion step under the scan's lease, then the end of the scan (on the drained
+    /// judgement `totals` the caller made: nothing adds work to a drained scan whose phases
+    /// have all run).
     async fn complete_once<T: TableStore>(
         &self,
         driver: &dyn DriverHooks<AppState<S>>,
         tracker: &Tracker<'_, T>,
         scan: &ScanContext,
-        shard: Option<u32>,
+        totals: &Counters,
     ) -> Result<bool, StorageError> {
         // One execution at a time runs the step: the one holding the scan's completion lease
         // (see docs/architecture.md, "Ending a scan"); the others leave it to it.
@@ -71,36 +86,28 @@ impl<S: Stores> Runner<'_, S> {
             return Ok(false);
         }
         match self.run_completion(driver, tracker, scan).await {
-            Ok(Some(ended)) => return Ok(ended),
-            Ok(None) => {}
+            Ok(Some(ended)) => Ok(ended),
+            Ok(None) => tracker.finish_drained(&scan.scan_id, totals).await,
             Err(e) => {
                 // The next delivery may try again at once (else the lease expires).
                 if let Err(r) = tracker.release_completion_lease(&scan.scan_id).await {
                     tracing::warn!(scan = %scan.scan_id, error = %r, "could not release the completion lease");
                 }
-                return Err(e);
+                Err(e)
             }
         }
-        tracker
-            .complete_if_drained(&scan.scan_id, scan.shards, shard)
-            .await
     }
 
-    /// Whether every phase of the driver after the root's has run (`Driver::phase`), on a scan
-    /// found drained with no failure. The first phase whose root item is not finished answers
-    /// `false`; if its root is not registered either, it is started here: queued (after
-    /// [`PHASE_START_DELAY`]) and then registered, so a crash in between leaves nothing
-    /// registered and unqueued (the scan still looks drained, and the next drained check
-    /// starts it again). Starting twice is harmless: the id hashes the item, registering an
-    /// existing row leaves it alone, and a second message is a duplicate delivery. `true`
-    /// (every root finished) is sound because a finished item registered its children first:
-    /// the caller's later drained judgement sees all a phase spawned.
-    async fn phases_done<T: TableStore>(
+    /// The next phase of the driver after the root's to start (`Driver::phase`): `Done` if
+    /// every phase root has finished, or one finished with a result that ends the phases
+    /// (`Driver::ends_phases`); no answer (`Ok(None)`) if one is registered and unfinished.
+    /// Read by [`Runner::complete_if_drained`] while it judges the scan drained.
+    async fn next_phase<T: TableStore>(
         &self,
         driver: &dyn DriverHooks<AppState<S>>,
         tracker: &Tracker<'_, T>,
         scan: &ScanContext,
-    ) -> Result<bool, StorageError> {
+    ) -> Result<Option<NextPhase>, StorageError> {
         let unusable = |e: String| StorageError::invalid_input(e);
         for n in 1..=driver.phases() {
             let root = driver.phase(scan, n).map_err(|e| unusable(e.to_string()))?;
@@ -109,23 +116,67 @@ impl<S: Stores> Runner<'_, S> {
                 .map_err(|e| unusable(e.to_string()))?;
             let work = &message.work;
             match tracker
-                .work_state(&scan.scan_id, work.shard, &work.id)
+                .work_state_rounds(&scan.scan_id, work.shard, &work.id)
                 .await?
             {
-                Some(WorkState::Finished) => continue,
-                Some(_) => return Ok(false),
-                None => {
-                    self.app
-                        .queues
-                        .put_message(&message.queue, &message.text, PHASE_START_DELAY)
-                        .await?;
-                    tracker.register_children(&scan.scan_id, &[work]).await?;
-                    tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
-                    return Ok(false);
+                Some((WorkState::Finished, row))
+                    if driver.ends_phases(n, row.result.as_deref()) =>
+                {
+                    return Ok(Some(NextPhase::Done))
                 }
+                Some((WorkState::Finished, _)) => continue,
+                Some(_) => return Ok(None),
+                None => return Ok(Some(NextPhase::Start(n, message))),
             }
         }
-        Ok(true)
+        Ok(Some(NextPhase::Done))
+    }
+
+    /// Starts phase `n` of a scan judged drained with every earlier phase finished, if this
+    /// check wins the phase's claim (`Tracker::claim_phase_start`: of checks judging at once,
+    /// one starts it; the others return): its root is queued and then registered, so a crash
+    /// in between leaves nothing registered and unqueued (the scan still looks drained, and a
+    /// later drained check starts it again, taking the stale claim over). The message is
+    /// visible at once: a delivery that comes before the registration waits for it once
+    /// (`begin`'s `PHASE_REGISTRATION_WAIT`), and else fails and is retried. (It was invisible
+    /// for 1 s, the least a queue message's visibility can be delayed; the host polls an idle
+    /// queue ever less often, so the message often waited for the poll after next: up to
+    /// 1.7 s a phase in the bench's builds.) Starting twice is still harmless: the id hashes
+    /// the item, registering an existing row leaves it alone, and a second message is a
+    /// duplicate delivery.
+    async fn start_phase<T: TableStore>(
+        &self,
+        tracker: &Tracker<'_, T>,
+        scan: &ScanContext,
+        n: u32,
+        message: &ChildMessage,
+    ) -> Result<(), StorageError> {
+        let work = &message.work;
+        if !tracker
+            .claim_phase_start(&scan.scan_id, work.shard, n)
+            .await?
+        {
+            return Ok(());
+        }
+        self.app
+            .queues
+            .put_message(&message.queue, &message.text, Duration::ZERO)
+            .await?;
+        tracker.register_children(&scan.scan_id, &[work]).await?;
+        tracing::info!(scan = %scan.scan_id, phase = n, "phase started");
+        Ok(())
+    }
+
+    /// Whether `work_id` in `shard` is the root of one of the scan's further phases.
+    pub(super) fn is_phase_root(&self, scan: &ScanContext, work_id: &str, shard: u32) -> bool {
+        let Ok(driver) = self.app.drivers.of(scan) else {
+            return false;
+        };
+        (1..=driver.phases()).any(|n| {
+            let root = driver.phase(scan, n).ok();
+            let message = root.and_then(|r| self.child_message_in(scan, &r, None).ok());
+            message.is_some_and(|m| m.work.id == work_id && m.work.shard == shard)
+        })
     }
 
     /// Queues the drained check of a scan that a status read found running with no pending

@@ -18,6 +18,7 @@ use std::cmp::Ordering;
 
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
 
 use crate::app::index_files::{IndexLayout, SegmentEntry};
 use crate::app::job::{item_child, Begun, WorkError, WorkOutcome};
@@ -29,7 +30,7 @@ use crate::storage::compare_keys;
 use crate::storage::stores::Stores;
 
 use super::stage::BINARY_CONTENT_TYPE;
-use super::{BuildWork, IndexDriver, IndexOptions, IndexWork};
+use super::{prune, publish, BuildWork, IndexDriver, IndexOptions, IndexWork};
 
 /// A segment item reads about this many bytes of staging records (a record past it starts the
 /// next segment): 8 bytes per distinct value of a range, so about 3 million values, whose
@@ -64,7 +65,7 @@ pub async fn chunk<S: Stores>(
     let groups = groups(&page.blobs, SEGMENT_STAGING_BYTES);
     if page.next_marker.is_none() && groups.len() == 1 {
         let names = page.blobs.into_iter().map(|b| b.name).collect();
-        return build(state, begun, names).await;
+        return build_and_publish(state, begun, names).await;
     }
     let mut outcome = WorkOutcome::default();
     for (first, last) in groups {
@@ -141,6 +142,48 @@ pub async fn segment<S: Stores>(
     build(state, begun, names).await
 }
 
+/// A small build's whole phase 1, and what phase 2 would do: this item's segment is the
+/// build's only one, so it publishes the build itself (`publish::publish`, with its segment),
+/// then runs the first page of the cleanup (further pages are its children). Its result, the
+/// segment's descriptor marked `published` ([`PublishedSegment`]), ends the build's phases
+/// (`IndexDriver::ends_phases`): phase 2 does not start.
+///
+/// At least once: the records were listed before the pointer is read, so a delivery that finds
+/// the build unpublished read the listing before any record was deleted (the cleanup deletes
+/// them only after the switch); it reads them all (a record deleted since is an error, and the
+/// retry finds the build published) and builds the same segment, byte for byte (the build is
+/// deterministic), so rewriting it is harmless. A delivery that finds the build published
+/// builds nothing (its records may be gone) and only cleans up.
+async fn build_and_publish<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+    names: Vec<String>,
+) -> Result<WorkOutcome, WorkError> {
+    let scan = &*begun.scan;
+    let entry = if publish::is_published(state, scan, &begun.requests).await? {
+        None
+    } else {
+        let Some(entry) = build_segment_of(state, begun, names).await? else {
+            return Ok(WorkOutcome::default());
+        };
+        publish::publish(
+            state,
+            scan,
+            &begun.requests,
+            Some(std::slice::from_ref(&entry)),
+        )
+        .await?;
+        Some(entry)
+    };
+    let mut outcome = prune::cleanup(state, begun, None).await;
+    let result = PublishedSegment {
+        published: true,
+        segment: entry,
+    };
+    outcome.result = Some(serde_json::to_string(&result).expect("a result serializes"));
+    Ok(outcome)
+}
+
 /// Reads the staging records `names` (in name order, at least one), writes their segment
 /// (named after the first), and returns its descriptor as the item's result.
 async fn build<S: Stores>(
@@ -148,13 +191,27 @@ async fn build<S: Stores>(
     begun: &Begun<ItemMessage>,
     names: Vec<String>,
 ) -> Result<WorkOutcome, WorkError> {
+    let entry = build_segment_of(state, begun, names).await?;
+    Ok(WorkOutcome {
+        result: entry.map(|e| serde_json::to_string(&e).expect("an entry serializes")),
+        ..WorkOutcome::default()
+    })
+}
+
+/// Reads the staging records `names` (in name order) and writes their segment (named after the
+/// first): its descriptor (`None` for no records).
+async fn build_segment_of<S: Stores>(
+    state: &AppState<S>,
+    begun: &Begun<ItemMessage>,
+    names: Vec<String>,
+) -> Result<Option<SegmentEntry>, WorkError> {
     let scan = &*begun.scan;
     let options: IndexOptions = scan.options()?;
     let layout = options.layout()?;
     let blobs = state.blob_store(&options.connection, &begun.requests)?;
     let container = &options.container;
     let Some(first) = names.first().cloned() else {
-        return Ok(WorkOutcome::default());
+        return Ok(None);
     };
     let records: Vec<Vec<StagedRange>> = stream::iter(names)
         .map(|name| {
@@ -173,10 +230,17 @@ async fn build<S: Stores>(
         .await?;
     let ranges = merged(records.into_iter().flatten().collect());
     let entry = write_segment(&blobs, &options, &layout, &scan.scan_id, &first, &ranges).await?;
-    Ok(WorkOutcome {
-        result: Some(serde_json::to_string(&entry).expect("an entry serializes")),
-        ..WorkOutcome::default()
-    })
+    Ok(Some(entry))
+}
+
+/// The result of a small build's assembly item, which published the build
+/// ([`build_and_publish`]): `{"published": true, "segment": {…}}` (`segment`: its descriptor,
+/// absent when a delivery found the build published by an earlier one).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PublishedSegment {
+    pub published: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<SegmentEntry>,
 }
 
 /// Builds and writes the segment of `ranges`, named after its first record.

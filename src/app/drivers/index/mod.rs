@@ -43,6 +43,8 @@ mod prune;
 mod publish;
 mod stage;
 
+use assemble::PublishedSegment;
+
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -175,7 +177,6 @@ pub const BUILD_SEGMENTS_PER_SUBSEQUENT_PREFIX: u32 = 8;
 
 impl Driver for IndexDriver {
     const NAME: &'static str = "index";
-    const COMPLETES: bool = true;
     const PHASES: u32 = 2;
     type Fields = IndexFields;
     type Options = IndexOptions;
@@ -301,6 +302,13 @@ impl Driver for IndexDriver {
         }
     }
 
+    /// A small build's assembly item publishes the build itself (`assemble::build_and_publish`,
+    /// its result marked `published`): phase 2 does not start.
+    fn ends_phases(n: u32, result: Option<&str>) -> bool {
+        let published = result.and_then(|r| serde_json::from_str::<PublishedSegment>(r).ok());
+        n == 1 && published.is_some_and(|p| p.published)
+    }
+
     fn phase(_: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
         match n {
             1 => item_child::<Self>(&IndexWork::Build(BuildWork::Assemble { marker: None })),
@@ -310,12 +318,6 @@ impl Driver for IndexDriver {
             ))),
         }
     }
-
-    /// Nothing left to do: phase 2 switched the pointer (`COMPLETES` stays true so that a
-    /// status read never ends the scan between phases: `get_scan::scan_status`).
-    async fn complete<S: Stores>(_: &AppState<S>, _: &ScanContext) -> Result<(), WorkError> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -324,6 +326,28 @@ mod tests {
     use crate::app::messages::ItemJson;
 
     /// Items are identified by their JSON text: a range item's is the range's own.
+    /// Only a phase-1 root whose result says it published the build ends the phases: a
+    /// segment item's descriptor (a build of several segments) or no result does not.
+    #[test]
+    fn a_published_assembly_result_ends_the_phases() {
+        let published =
+            r#"{"published":true,"segment":{"name":"s.seg","ranges":2,"rows":9,"bytes":64}}"#;
+        let descriptor = r#"{"name":"s.seg","ranges":2,"rows":9,"bytes":64}"#;
+        assert!(IndexDriver::ends_phases(1, Some(published)));
+        assert!(IndexDriver::ends_phases(1, Some(r#"{"published":true}"#)));
+        assert!(!IndexDriver::ends_phases(1, Some(descriptor)));
+        assert!(!IndexDriver::ends_phases(1, None));
+        assert!(!IndexDriver::ends_phases(2, Some(published)));
+        let entry: SegmentEntryCheck = serde_json::from_str(published).unwrap();
+        assert_eq!(entry.segment.name, "s.seg");
+    }
+
+    /// The published result still holds the descriptor in the manifest's own form.
+    #[derive(serde::Deserialize)]
+    struct SegmentEntryCheck {
+        segment: crate::app::index_files::SegmentEntry,
+    }
+
     #[test]
     fn items_serialize_as_their_kinds() {
         let range = IndexWork::Range(RangeWork::Range {

@@ -124,16 +124,31 @@ pub async fn publish_item<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
 ) -> Result<WorkOutcome, WorkError> {
-    publish(state, &begun.scan, &begun.requests).await?;
+    publish(state, &begun.scan, &begun.requests, None).await?;
     Ok(prune::cleanup(state, begun, None).await)
 }
 
+/// Whether `<prefix>index.json` names this build (one read): it was published.
+pub async fn is_published<S: Stores>(
+    state: &AppState<S>,
+    context: &ScanContext,
+    requests: &Arc<Meter>,
+) -> Result<bool, WorkError> {
+    let options: IndexOptions = context.options()?;
+    let blobs = state.blob_store(&options.connection, requests)?;
+    let pointer = read(&blobs, &options.container, &options.layout()?.pointer()).await?;
+    let named = pointer.and_then(|found| serde_json::from_slice::<Pointer>(&found.bytes).ok());
+    Ok(named.is_some_and(|p| p.build == context.scan_id))
+}
+
 /// The switch (see the module documentation); its blob requests count in `requests` (the
-/// item's).
+/// item's). `known`: the build's segments, when the caller built them all (a small build's
+/// assembly item); else they are read from the segment items' results.
 pub async fn publish<S: Stores>(
     state: &AppState<S>,
     context: &ScanContext,
     requests: &Arc<Meter>,
+    known: Option<&[SegmentEntry]>,
 ) -> Result<(), WorkError> {
     let options: IndexOptions = context.options()?;
     let layout = options.layout()?;
@@ -161,7 +176,7 @@ pub async fn publish<S: Stores>(
     if previous.as_ref().is_some_and(|p| &p.build == scan_id) {
         return Ok(());
     }
-    write_manifest(state, &blobs, context, &options, &layout).await?;
+    write_manifest(state, &blobs, context, &options, &layout, known).await?;
     let switched_at = OffsetDateTime::now_utc();
     let pointer = json(&Pointer {
         format: POINTER_FORMAT.to_string(),
@@ -218,23 +233,12 @@ async fn write_manifest<S: Stores, B: BlobStore>(
     context: &ScanContext,
     options: &IndexOptions,
     layout: &IndexLayout,
+    known: Option<&[SegmentEntry]>,
 ) -> Result<(), WorkError> {
-    let tracker = state.tracker_on(state.bookkeeping());
-    let results = tracker
-        .work_results(&context.scan_id, context.shards, MAX_SEGMENTS + 1)
-        .await?;
-    if results.len() > MAX_SEGMENTS {
-        return Err(WorkError::Permanent(format!(
-            "the index has more than {MAX_SEGMENTS} segments; index the table as several key ranges"
-        )));
-    }
-    let mut segments = Vec::with_capacity(results.len());
-    for result in &results {
-        let entry: SegmentEntry = serde_json::from_str(result).map_err(|e| {
-            WorkError::Permanent(format!("a segment descriptor is unreadable: {e}"))
-        })?;
-        segments.push(entry);
-    }
+    let mut segments = match known {
+        Some(known) => known.to_vec(),
+        None => segment_results(state, context).await?,
+    };
     segments.sort_by(|a, b| a.name.cmp(&b.name));
     segments.dedup_by(|a, b| a.name == b.name);
     let manifest = IndexManifest {
@@ -259,4 +263,28 @@ async fn write_manifest<S: Stores, B: BlobStore>(
         Err(e) if e.kind == StorageErrorKind::Conflict => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The segment items' descriptors, from their results.
+async fn segment_results<S: Stores>(
+    state: &AppState<S>,
+    context: &ScanContext,
+) -> Result<Vec<SegmentEntry>, WorkError> {
+    let tracker = state.tracker_on(state.bookkeeping());
+    let results = tracker
+        .work_results(&context.scan_id, context.shards, MAX_SEGMENTS + 1)
+        .await?;
+    if results.len() > MAX_SEGMENTS {
+        return Err(WorkError::Permanent(format!(
+            "the index has more than {MAX_SEGMENTS} segments; index the table as several key ranges"
+        )));
+    }
+    let mut segments = Vec::with_capacity(results.len());
+    for result in &results {
+        let entry: SegmentEntry = serde_json::from_str(result).map_err(|e| {
+            WorkError::Permanent(format!("a segment descriptor is unreadable: {e}"))
+        })?;
+        segments.push(entry);
+    }
+    Ok(segments)
 }

@@ -49,6 +49,10 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         D::phase(context, n)
     }
 
+    fn ends_phases(&self, n: u32, result: Option<&str>) -> bool {
+        D::ends_phases(n, result)
+    }
+
     fn changes_source(&self) -> bool {
         D::CHANGES_SOURCE
     }
