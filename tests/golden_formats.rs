@@ -1312,6 +1312,38 @@ async fn work_and_counter_rows_as_stored() {
     assert!(read.is_drained(SCAN, SHARDS).await.unwrap());
 }
 
+/// A phase start's claim row (`phase-<n>` in the phase root's shard partition, docs/
+/// architecture.md "Phases"): inserted by the one drained check that starts the phase; read
+/// back, a claim as old as the golden one (its clock fixed in the past) is taken over.
+#[tokio::test]
+async fn phase_claim_rows_as_stored() {
+    let (store, scans, work) = recording_tracker().await;
+    let tracker = Tracker::new(&store, &scans, &work);
+    assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+    let claimed = store.take();
+    assert!(
+        !tracker.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+        "a fresh claim is another check's"
+    );
+    let examples = vec![ops_example(
+        "the drained check that starts phase 1 claims it first (insert: one winner)",
+        &claimed,
+    )];
+    let header = "Phase claim rows (work table; PartitionKey `<scan id>-<shard:02>` of the phase\n\
+                  root, RowKey `phase-<n>`): which drained check starts phase n; ClaimedAt, an\n\
+                  older claim is taken over. Clock stamps fixed.";
+    let golden = check_examples("phase-claim-rows.txt", header, &examples);
+    let ops: Vec<Op> = golden.iter().flat_map(ops_of).collect();
+    let table = stored(&replay(ops.iter()), "GoldenClaimRead").await;
+    let reader = support::table_store().0;
+    let read = Tracker::new(&reader, &scans, &table);
+    assert!(
+        read.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+        "stale: taken over"
+    );
+    assert!(!read.claim_phase_start(SCAN, 3, 1).await.unwrap());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Marks on a scan's record and work rows: last delivery, completion lease, kept summary
 

@@ -174,7 +174,8 @@ pub fn fixed_now() -> OffsetDateTime {
 /// Properties the code stamps with the clock (`now`, or `now` plus a period: the completion
 /// lease's end): checked to be in the one form the code writes them ([`format_time`], annotated
 /// `Edm.DateTime`), then set to [`fixed_now`].
-const CLOCK_PROPERTIES: [&str; 5] = [
+const CLOCK_PROPERTIES: [&str; 6] = [
+    "ClaimedAt",
     "CreatedAt",
     "FinishedAt",
     "CompletedAt",
