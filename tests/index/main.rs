@@ -353,11 +353,11 @@ async fn an_index_finds_every_row_of_every_type_and_nothing_else() {
 
     let status = build(
         &app,
-        // The engine's fan-out (not the build's default of 8): many small ranges, so that a
+        // The engine's fan-out (not the build's default of 16 and 16): many small ranges, so that a
         // value in all of them pages.
         &json!({"driver": "index", "sourceTable": table, "property": "V",
         "takeCount": 10, "destinationContainer": container, "destinationPrefix": prefix,
-        "segmentsPerSubsequentPrefix": 2}),
+        "segmentsPerFirstPrefix": 4, "segmentsPerSubsequentPrefix": 2}),
     )
     .await;
     let with_v = written.values().filter(|l| l.is_some()).count() as i64;

@@ -192,7 +192,7 @@ async fn a_rebuild_deletes_superseded_builds_after_their_grace_and_no_newer_buil
         // Many small ranges (the engine's fan-out), so that a lookup of 'alice' pages.
         json!({"driver": "index", "sourceTable": table, "property": "V", "takeCount": 10,
         "destinationContainer": container, "destinationPrefix": prefix,
-        "keepSupersededSeconds": keep, "segmentsPerSubsequentPrefix": 2})
+        "keepSupersededSeconds": keep, "segmentsPerFirstPrefix": 4, "segmentsPerSubsequentPrefix": 2})
     };
     let id = |status: Value| status["id"].as_str().unwrap().to_string();
 

@@ -169,11 +169,13 @@ fn check_property(property: &str) -> Result<(), ApiError> {
         })
 }
 
-/// A build's `segmentsPerSubsequentPrefix` when the request names none: every step costs a
-/// staging write, its read in assembly and its deletion, so a build asks for fewer, larger steps
-/// than the engine's default fan-out (2). Simulated, 3.56M rows: 17,748 requests at 2, 14,392 at
-/// 8, against 14,784 for a count at its default (docs/index.md, Build).
-pub const BUILD_SEGMENTS_PER_SUBSEQUENT_PREFIX: u32 = 8;
+/// A build's `segmentsPerFirstPrefix` and `segmentsPerSubsequentPrefix` when the request names
+/// none: every step costs a staging write, its read in assembly and its deletion, so a build
+/// asks for fewer, larger steps than the engine's default fan-out (4 and 2). Simulated,
+/// against a count at its defaults (14,784 requests at 3.56M rows): 17,748 requests at 4 and 2,
+/// 14,392 at 4 and 8, 9,286 at 16 and 16, in about the count's time at 35M (docs/index.md,
+/// Build).
+pub const BUILD_SEGMENTS_PER_PREFIX: u32 = 16;
 
 impl Driver for IndexDriver {
     const NAME: &'static str = "index";
@@ -226,7 +228,8 @@ impl Driver for IndexDriver {
         Setup {
             options: Some(options),
             step_work,
-            default_segments_per_subsequent_prefix: Some(BUILD_SEGMENTS_PER_SUBSEQUENT_PREFIX),
+            default_segments_per_first_prefix: Some(BUILD_SEGMENTS_PER_PREFIX),
+            default_segments_per_subsequent_prefix: Some(BUILD_SEGMENTS_PER_PREFIX),
             ..Setup::default()
         }
     }
