@@ -18,10 +18,10 @@ use std::sync::Arc;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
+use crate::storage::request_counts::RequestCounts;
 use crate::storage::{StorageError, StorageResult, MAX_TAKE};
 
 use super::data::{Sink, SyntheticTable};
-use super::index::Breakdown;
 use super::model::Model;
 
 /// The queue the simulated enqueue scans put their rows on.
@@ -113,8 +113,8 @@ pub struct EnqueueFigures {
     pub admitted_ratio_to_minimum: f64,
     /// `requests` ÷ `minimum_requests`, refused attempts included.
     pub ratio_to_minimum: f64,
-    /// `requests` by kind (where the requests beyond the minimum go).
-    pub by_kind: Breakdown,
+    /// `requests` by kind, tables and queues (where the requests beyond the minimum go).
+    pub by_kind: RequestCounts,
 }
 
 /// The figures of an enqueue run of `source` at `rows_per_message`.
@@ -125,7 +125,7 @@ pub fn figures(
     queue: &QueueSink,
     refused_puts: u64,
     (requests, refused): (u64, u64),
-    by_kind: Breakdown,
+    by_kind: RequestCounts,
 ) -> EnqueueFigures {
     let rows = source.total_rows();
     let minimum_messages = rows.div_ceil(u64::from(rows_per_message.max(1)));

@@ -258,7 +258,7 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
                 .copied()
                 .unwrap_or(0),
             (requests, throttled),
-            Breakdown::of(run.account),
+            Breakdown::of(run.account).tables_and_queues,
         )),
         _ => None,
     };
