@@ -173,14 +173,15 @@ impl<T: TableStore> TableSchedule<T> {
         // Only while this instance leases alone: with others leasing, the row is seldom as it
         // wrote it, and a write from memory would cost a request more than the read and write.
         if self.alone.load(Ordering::Relaxed) {
-            match self.take_as_written(now_us, solo_span_us).await? {
-                Some(grant) => return Ok(grant),
-                None if self.written_ended(now_us) => {
-                    // Its write lost: another instance leased.
-                    self.alone.store(false, Ordering::Relaxed);
-                    requests += 1;
-                }
-                None => {}
+            // Whether the write from memory is tried (a lost one clears `written`).
+            let tried = self.written_ended(now_us);
+            if let Some(grant) = self.take_as_written(now_us, solo_span_us).await? {
+                return Ok(grant);
+            }
+            if tried {
+                // Its write lost: another instance leased.
+                self.alone.store(false, Ordering::Relaxed);
+                requests += 1;
             }
         }
         for _ in 0..MAX_ROUNDS {

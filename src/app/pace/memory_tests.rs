@@ -177,3 +177,38 @@ async fn many_instances_above_the_limit_hold_it() {
     assert!(rate <= f64::from(limit), "{rate}");
     assert!(leases as f64 <= requests as f64 * 0.04, "{leases}");
 }
+
+/// A lease from memory (solo) is tried only while this instance leased alone; when another
+/// instance leased in between, it loses, is counted, and the lease reads the row as usual.
+#[tokio::test]
+async fn a_solo_lease_from_memory_that_loses_reads_the_row() {
+    use super::lease::Schedule;
+    let store = MemoryTableStore::default();
+    store.create_table("Work").await.unwrap();
+    let a = TableSchedule::new(store.clone(), "Work", "s");
+    let b = TableSchedule::new(store.clone(), "Work", "s");
+    let (span, solo) = (50_000, 1_000_000);
+    let t0 = 1_000_000_000;
+    // A makes the row; its chunk ends unused; alone, it leases solo from memory: one request.
+    assert_eq!(a.grant(t0, span, solo).await.unwrap().requests, 2);
+    let alone = a.grant(t0 + 100_000, span, solo).await.unwrap();
+    assert_eq!(
+        (alone.start, alone.span_us, alone.requests),
+        (t0 + 100_000, solo, 1)
+    );
+    // B leases after A's solo chunk: it read a row it did not write, so a plain chunk.
+    let other = b.grant(t0 + 200_000, span, solo).await.unwrap();
+    assert_eq!((other.start, other.span_us), (t0 + 1_100_000, span));
+    // A's write from memory loses (counted), then it reads: B's chunk is ahead, a plain chunk.
+    let lost = a.grant(t0 + 1_120_000, span, solo).await.unwrap();
+    assert_eq!(
+        (lost.start, lost.span_us, lost.requests),
+        (t0 + 1_150_000, span, 3)
+    );
+    // No one leased since A: its read finds its own write, its chunk ended: solo again.
+    let again = a.grant(t0 + 2_000_000, span, solo).await.unwrap();
+    assert_eq!(
+        (again.start, again.span_us, again.requests),
+        (t0 + 2_000_000, solo, 2)
+    );
+}
