@@ -38,6 +38,15 @@ pub struct Grant {
     pub requests: u64,
 }
 
+/// What a lease from memory did ([`TableSchedule::take_as_written`]).
+enum FromMemory {
+    Granted(Grant),
+    /// Nothing sent: this instance wrote no row, or its chunk has not ended.
+    NotTried,
+    /// Another instance wrote the row since: the conditional write lost (one request).
+    Lost,
+}
+
 type Granting<'a> = Pin<Box<dyn Future<Output = Result<Grant, StorageError>> + Send + 'a>>;
 
 /// Where a scan's schedule lives (object-safe, so a pacer needs no store type).
@@ -126,21 +135,18 @@ impl<T: TableStore> TableSchedule<T> {
     }
 
     /// A solo grant from the row as this instance last wrote it, without reading it, if that
-    /// chunk has ended. `None` when it has not, when this instance wrote no row, or when
-    /// another wrote since (its conditional write lost: the caller reads the row).
+    /// chunk has ended.
     async fn take_as_written(
         &self,
         now_us: i64,
         solo_span_us: i64,
-    ) -> Result<Option<Grant>, StorageError> {
-        let Some((next, etag)) = self.written.lock().unwrap().clone() else {
-            return Ok(None);
+    ) -> Result<FromMemory, StorageError> {
+        let written = self.written.lock().unwrap().clone();
+        let Some((_, etag)) = written.filter(|(next, _)| *next <= now_us) else {
+            return Ok(FromMemory::NotTried);
         };
-        if next > now_us {
-            return Ok(None);
-        }
         match self.write(now_us + solo_span_us, Some(etag)).await {
-            Ok(()) => Ok(Some(Grant {
+            Ok(()) => Ok(FromMemory::Granted(Grant {
                 start: now_us,
                 span_us: solo_span_us,
                 requests: 1,
@@ -151,16 +157,10 @@ impl<T: TableStore> TableSchedule<T> {
                     StorageErrorKind::PreconditionFailed | StorageErrorKind::Conflict
                 ) =>
             {
-                Ok(None)
+                Ok(FromMemory::Lost)
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// Whether this instance wrote the row last with a chunk that has ended by `now_us`.
-    fn written_ended(&self, now_us: i64) -> bool {
-        let written = self.written.lock().unwrap();
-        written.as_ref().is_some_and(|(next, _)| *next <= now_us)
     }
 
     async fn take(
@@ -173,15 +173,14 @@ impl<T: TableStore> TableSchedule<T> {
         // Only while this instance leases alone: with others leasing, the row is seldom as it
         // wrote it, and a write from memory would cost a request more than the read and write.
         if self.alone.load(Ordering::Relaxed) {
-            // Whether the write from memory is tried (a lost one clears `written`).
-            let tried = self.written_ended(now_us);
-            if let Some(grant) = self.take_as_written(now_us, solo_span_us).await? {
-                return Ok(grant);
-            }
-            if tried {
-                // Its write lost: another instance leased.
-                self.alone.store(false, Ordering::Relaxed);
-                requests += 1;
+            match self.take_as_written(now_us, solo_span_us).await? {
+                FromMemory::Granted(grant) => return Ok(grant),
+                FromMemory::NotTried => {}
+                FromMemory::Lost => {
+                    // Its write lost: another instance leased.
+                    self.alone.store(false, Ordering::Relaxed);
+                    requests += 1;
+                }
             }
         }
         for _ in 0..MAX_ROUNDS {
