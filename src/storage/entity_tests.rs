@@ -114,3 +114,64 @@ fn limits_are_checked_as_the_service_counts() {
     let err = big.check_limits().unwrap_err().to_string();
     assert!(err.contains("1 MiB"), "{err}");
 }
+
+/// Names with escapes are decoded before they are shared; the same name twice is still
+/// refused when one of them is escaped.
+#[test]
+fn escaped_names_are_decoded_and_shared() {
+    let e = entity(r#"{"PartitionKey":"p","RowKey":"r","T\u0069tle":"a","N\"q":1}"#);
+    assert_eq!(e.properties.keys().collect::<Vec<_>>(), ["N\"q", "Title"]);
+    let text = r#"{"PartitionKey":"p","RowKey":"r","Title":1,"T\u0069tle":2}"#;
+    let mut de = serde_json::Deserializer::from_str(text);
+    assert!(parse_service_entity(&mut de).is_err());
+}
+
+mod oracle {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(String, i64),
+        Remove(String),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let name = prop::sample::select(vec!["A", "B", "B@odata.type", "Z", "a", "É", ""]);
+        prop_oneof![
+            (name.clone(), any::<i64>()).prop_map(|(n, v)| Op::Insert(n.into(), v)),
+            name.prop_map(|n| Op::Remove(n.into())),
+        ]
+    }
+
+    proptest! {
+        /// The sorted vector behaves as a map in name order: inserts replace, removes return
+        /// what was there, iteration and lookups agree with a `BTreeMap` given the same steps.
+        #[test]
+        fn properties_behave_as_an_ordered_map(ops in prop::collection::vec(op(), 0..40)) {
+            let mut properties = Properties::default();
+            let mut map: BTreeMap<String, String> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(name, v) => {
+                        properties.insert(name.clone(), json!(v));
+                        map.insert(name, v.to_string());
+                    }
+                    Op::Remove(name) => {
+                        let got = properties.remove(&name).map(|raw| raw.get().to_string());
+                        prop_assert_eq!(got, map.remove(&name));
+                    }
+                }
+            }
+            let got: Vec<(String, String)> =
+                properties.iter().map(|(n, v)| (n.to_string(), v.get().to_string())).collect();
+            let want: Vec<(String, String)> = map.clone().into_iter().collect();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(properties.len(), map.len());
+            for name in ["A", "B", "Q"] {
+                prop_assert_eq!(properties.get(name).map(|v| v.get().to_string()), map.get(name).cloned());
+            }
+        }
+    }
+}

@@ -36,6 +36,7 @@ pub mod connection;
 mod connection_string;
 pub mod entity;
 pub mod keys;
+mod names;
 pub mod odata;
 pub mod request_counts;
 pub mod retry_policy;
