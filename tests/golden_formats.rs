@@ -27,11 +27,13 @@ use support::raw::RawClient;
 use tablescan::app::drivers::enqueue::{pack, EnqueueTarget};
 use tablescan::app::drivers::export::ExportOptions;
 use tablescan::app::drivers::import::{ImportOptions, ImportWork, PartRef};
+use tablescan::app::drivers::index::PublishedSegment;
 use tablescan::app::drivers::kit::range::page_items;
 use tablescan::app::export_format::{
     decode_part, encode_part, part_name, sha256_hex, DecodeLimits, ExportLayout, Manifest,
     ManifestPart,
 };
+use tablescan::app::index_files::SegmentEntry;
 use tablescan::app::job::request::parse_request;
 use tablescan::app::job::WorkOutcome;
 use tablescan::app::job::{DriverName, RangeWork, ScanContext, TableRef, WorkSplit};
@@ -910,6 +912,22 @@ fn export_result() -> String {
     serde_json::to_string(&vec![&part]).unwrap()
 }
 
+/// A small index build's assembly result (docs/index.md): the segment it wrote, or none when an
+/// earlier delivery had published the build.
+fn published_result(wrote: bool) -> String {
+    let segment = wrote.then(|| SegmentEntry {
+        name: format!("builds/{SCAN}/segments/0123456789abcdef0123456789abcdef.seg"),
+        ranges: 12,
+        rows: 20_000,
+        bytes: 48_213,
+    });
+    let result = PublishedSegment {
+        published: true,
+        segment,
+    };
+    serde_json::to_string(&result).unwrap()
+}
+
 /// Outcomes as this version records them (`WorkOutcome`, in a row's `Outcome0`, `Outcome1`, …).
 fn outcomes() -> Vec<(&'static str, WorkOutcome)> {
     let step_outcome = WorkOutcome {
@@ -977,6 +995,22 @@ fn outcomes() -> Vec<(&'static str, WorkOutcome)> {
                     c.storage_requests = 2;
                 }),
                 result: Some(export_result()),
+                ..WorkOutcome::default()
+            },
+        ),
+        (
+            "index assembly item that published a small build: its segment's descriptor",
+            WorkOutcome {
+                delta: counters(|c| c.storage_requests = 9),
+                result: Some(published_result(true)),
+                ..WorkOutcome::default()
+            },
+        ),
+        (
+            "index assembly item delivered again after the build was published: no descriptor",
+            WorkOutcome {
+                delta: counters(|c| c.storage_requests = 2),
+                result: Some(published_result(false)),
                 ..WorkOutcome::default()
             },
         ),

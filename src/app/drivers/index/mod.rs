@@ -43,8 +43,6 @@ mod prune;
 mod publish;
 mod stage;
 
-use assemble::PublishedSegment;
-
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -70,7 +68,7 @@ use crate::storage::{odata, Entity};
 use super::kit::range::page_items;
 use super::kit::{check_blob_connection, check_container_field};
 
-pub use assemble::SEGMENT_STAGING_BYTES;
+pub use assemble::{PublishedSegment, SEGMENT_STAGING_BYTES};
 pub use stage::RANGE_ROWS;
 
 pub struct IndexDriver;
