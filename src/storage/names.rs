@@ -4,8 +4,9 @@
 //!
 //! Invariant: the cache is bounded ([`MAX_NAMES`] names of at most [`MAX_NAME_BYTES`] bytes);
 //! when full it is emptied, so a table whose rows all have new names costs one map insert per
-//! name and never grows the cache. Written here, not taken from an interning crate: those keep
-//! every string for the process's life, and rows with hostile names must not.
+//! name and never grows the cache. Written here (a dozen lines) rather than taken from an
+//! interning crate: those keep one global table behind a lock taken for every name of every row,
+//! or keep every string for the process's life, which rows with hostile names must not make grow.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
