@@ -62,14 +62,10 @@ impl Properties {
 
     /// Sets a property from JSON text kept as it is (replacing a value of the same name).
     pub fn insert_raw(&mut self, name: impl Into<String>, value: Box<RawValue>) {
-        self.insert_shared(Arc::from(name.into()), value);
-    }
-
-    /// [`Properties::insert_raw`] with a name shared between rows (`names::shared`).
-    fn insert_shared(&mut self, name: Arc<str>, value: Box<RawValue>) {
+        let name: String = name.into();
         match self.find(&name) {
             Ok(at) => self.0[at].1 = value,
-            Err(at) => self.0.insert(at, (name, value)),
+            Err(at) => self.0.insert(at, (Arc::from(name), value)),
         }
     }
 
@@ -522,11 +518,12 @@ impl<'de> Visitor<'de> for ServiceEntityVisitor {
                 }
                 _ => {
                     let value = map.next_value_seed(RawSeed)?;
-                    // Never "last one wins": a name given twice is refused.
-                    if properties.contains_key(&name) {
-                        return Err(twice(&name));
+                    // Never "last one wins": a name given twice is refused. One search
+                    // finds both whether the name is known and where it goes.
+                    match properties.find(&name) {
+                        Ok(_) => return Err(twice(&name)),
+                        Err(at) => properties.0.insert(at, (name, value)),
                     }
-                    properties.insert_shared(name, value);
                 }
             }
         }
