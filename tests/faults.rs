@@ -394,9 +394,11 @@ async fn poison_fails_the_scan_and_spares_the_others() {
         let state = wait_recorded_end(&app, id, Duration::from_secs(180)).await;
         // A failing item fails its scan first and is counted as failed in the next write (so a
         // drained check between the two can never complete the scan): the count may trail the
-        // state by that one write.
+        // state by that one write (retried for up to a minute under storage trouble). A
+        // duplicate copy of the item's message (its parent step failed after queuing it: the
+        // deleted destination) must not drop the item under that write (tracking invariant 6).
         let mut status = app.get(&format!("/api/scans/{id}")).await.1;
-        for _ in 0..50 {
+        for _ in 0..150 {
             if status["failedWorkItems"].as_i64() >= Some(1) {
                 break;
             }
@@ -409,7 +411,18 @@ async fn poison_fails_the_scan_and_spares_the_others() {
             error.contains(needle) && error.contains("failed after 5 attempts"),
             "a useful reason: {status}"
         );
-        assert!(status["failedWorkItems"].as_i64() >= Some(1), "{status}");
+        let item = error.split_whitespace().nth(2).unwrap_or("-");
+        let item_logs: Vec<String> = app
+            .host()
+            .log_lines()
+            .into_iter()
+            .filter(|l| l.contains(item))
+            .collect();
+        assert!(
+            status["failedWorkItems"].as_i64() >= Some(1),
+            "{status}\nthe item's log lines:\n{}",
+            item_logs.join("\n")
+        );
         assert!(status["completedAt"].is_string(), "{status}");
     }
     let bound = started.elapsed();

@@ -86,19 +86,9 @@ async fn post_json(state: &State, uri: &str, body: Value) -> (StatusCode, Value)
 
 /// Builds the host's payload for a queue message exactly as docs/custom-handler-protocol.md §3.3.
 fn host_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str) -> Vec<u8> {
-    let double = serde_json::to_string(decoded).unwrap();
-    json!({
-        "Data": { "message": double },
-        "Metadata": {
-            "DequeueCount": dequeue_count.to_string(),
-            "Id": format!("\"{id}\""),
-            "PopReceipt": "\"pop\"",
-            "InsertionTime": "2026-11-22T00:00:00+00:00",
-            "sys": { "MethodName": function, "UtcNow": "2026-11-22T00:00:00Z", "RandGuid": "00000000-0000-0000-0000-000000000000" }
-        }
-    })
-    .to_string()
-    .into_bytes()
+    crate::support::router::queue_payload(function, decoded, dequeue_count, id)
+        .to_string()
+        .into_bytes()
 }
 
 /// The work queues and the functions that consume them.

@@ -1,6 +1,7 @@
 //! The function app in-process (its router called with `oneshot`, as the Functions host would):
 //! - `inprocess`: protocol handling, API validation, and the work-item life cycle on the
 //!   in-memory store, queue messages delivered by a test pump (duplicates included);
+//! - `ended`: work that meets an ended scan, on Azurite;
 //! - `status`: the read side (`GET /api/scans/{id}`, `GET /api/scans`) on Azurite;
 //! - `retention`: ended scans cleaned up after their retention, on Azurite;
 //! - `validation`: bad requests of every driver refused naming the field, nothing written;
@@ -9,6 +10,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod ended;
 mod inprocess;
 mod request_guards;
 mod retention;

@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 
 use support::account;
 use support::raw::RawClient;
-use support::router::{call, running_count_record, InProcessApp};
+use support::router::{call, queue_payload, running_count_record, InProcessApp};
 use tablescan::app::tracking::{Counters, ScanState, WorkState};
 use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
@@ -107,16 +107,7 @@ async fn deliver_scan_queue(t: &TestApp) -> usize {
         .unwrap();
     for m in &messages {
         let decoded = String::from_utf8(MessageEncoding::Base64.decode(&m.text).unwrap()).unwrap();
-        let payload = json!({
-            "Data": { "message": serde_json::to_string(&decoded).unwrap() },
-            "Metadata": {
-                "DequeueCount": m.dequeue_count.to_string(),
-                "Id": format!("\"{}\"", m.id),
-                "PopReceipt": "\"pop\"",
-                "InsertionTime": "2026-11-22T00:00:00+00:00",
-                "sys": { "MethodName": "PrefixScan", "UtcNow": "2026-11-22T00:00:00Z", "RandGuid": "00000000-0000-0000-0000-000000000000" }
-            }
-        });
+        let payload = queue_payload("PrefixScan", &decoded, m.dequeue_count, &m.id);
         let (status, body) = call(&t.state, "POST", "/PrefixScan", Some(payload)).await;
         assert!(status.is_success(), "{status}: {body}");
         t.queues

@@ -39,6 +39,21 @@ pub async fn call<S: Stores>(
     (status, serde_json::from_slice(&bytes).expect("a JSON body"))
 }
 
+/// The host's invocation payload for one delivery of a queue message to `function` (its decoded
+/// text, dequeue count and id), exactly as docs/custom-handler-protocol.md §3.3 describes it.
+pub fn queue_payload(function: &str, decoded: &str, dequeue_count: u64, id: &str) -> Value {
+    serde_json::json!({
+        "Data": { "message": serde_json::to_string(decoded).unwrap() },
+        "Metadata": {
+            "DequeueCount": dequeue_count.to_string(),
+            "Id": format!("\"{id}\""),
+            "PopReceipt": "\"pop\"",
+            "InsertionTime": "2026-11-22T00:00:00+00:00",
+            "sys": { "MethodName": function, "UtcNow": "2026-11-22T00:00:00Z", "RandGuid": "00000000-0000-0000-0000-000000000000" }
+        }
+    })
+}
+
 /// The app in-process on the shared Azurite over the real storage adapters, with queues and
 /// bookkeeping tables of its own (unique names), every request counted.
 pub struct InProcessApp {

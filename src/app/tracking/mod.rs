@@ -47,7 +47,10 @@
 //!    first reading's, not a duplicate's that ran after some rows were deleted.
 //! 6. Once a scan has ended (cancelled or failed), a work item that meets it is finished without
 //!    running (`dropped`, with `Completed` and `Dropped` += 1 in the same kind of transaction), so
-//!    the queued messages clean up an ended scan's work rows as they are delivered.
+//!    the queued messages clean up an ended scan's work rows as they are delivered — unless a
+//!    last delivery marked its row (invariant 7): that delivery may be recording the failure
+//!    that ended the scan, and a duplicate copy of the item's message must not drop the row
+//!    under it. The marked row is finished by that delivery, or dropped by its poison message.
 //! 7. A work item's delivery whose dequeue count reached the maximum marks the item's row
 //!    (`LastDelivery`, merged under the row's ETag) before it works, and only then; a redelivery
 //!    finding the mark does not write it again. The poison functions fail only an unfinished item

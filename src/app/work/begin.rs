@@ -37,30 +37,35 @@ impl<S: Stores> Runner<'_, S> {
         Ok(Some((record.state, context)))
     }
 
-    /// Finishes an unfinished work item of an ended scan as dropped. `Ok(false)`: it was already
-    /// finished (or never registered); nothing done. Idempotent under redelivery.
+    /// Finishes an unfinished work item of an ended scan as dropped. With `spare_marked`, a row
+    /// a last delivery marked is left to that delivery (tracking invariant 6). Says what it did;
+    /// idempotent under redelivery.
     pub(super) async fn drop_work_item<T: TableStore>(
         &self,
         tracker: &Tracker<'_, T>,
         scan: &ScanContext,
-        work_id: &str,
-        shard_hint: Option<u32>,
+        (work_id, shard_hint): (&str, Option<u32>),
         last_attempt: bool,
-    ) -> Result<bool, StorageError> {
+        spare_marked: bool,
+    ) -> Result<DropOutcome, StorageError> {
         let shard = messages::item_shard(shard_hint, work_id, scan.shards);
         let state = patiently(last_attempt, || {
-            tracker.work_state(&scan.scan_id, shard, work_id)
+            tracker.work_state_marked(&scan.scan_id, shard, work_id)
         })
         .await?;
         let etag = match state {
-            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
-            Some(WorkState::Finished) | None => return Ok(false),
+            Some((_, true)) if spare_marked => return Ok(DropOutcome::Spared),
+            Some((WorkState::Pending { etag } | WorkState::Expanded { etag, .. }, _)) => etag,
+            Some((WorkState::Finished, _)) | None => return Ok(DropOutcome::Finished),
         };
         let completion = patiently(last_attempt, || {
             tracker.drop_work(&scan.scan_id, shard, work_id, &etag)
         })
         .await?;
-        Ok(matches!(completion, Completion::Committed { .. }))
+        Ok(match completion {
+            Completion::Committed { .. } => DropOutcome::Dropped,
+            Completion::Duplicate => DropOutcome::Finished,
+        })
     }
 
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
@@ -132,8 +137,10 @@ impl<S: Stores> Runner<'_, S> {
         if state == ScanState::Running {
             return Ok(scan);
         }
+        // A duplicate copy of the message of an item whose last delivery is under way leaves
+        // the item to it: that delivery may be recording the failure that ended the scan.
         let dropped = self
-            .drop_work_item(tracker, &scan, work_id, shard_hint, last_attempt)
+            .drop_work_item(tracker, &scan, (work_id, shard_hint), last_attempt, true)
             .await
             .map_err(|e| storage_failure(work_id, e))?;
         Err(reply(
@@ -141,10 +148,11 @@ impl<S: Stores> Runner<'_, S> {
             format!(
                 "{work_id}: scan {scan_id} is {}; {}",
                 state.as_str(),
-                if dropped {
-                    "dropped its work item"
-                } else {
-                    "no unfinished work item to drop"
+                match dropped {
+                    DropOutcome::Dropped => "dropped its work item",
+                    DropOutcome::Finished => "no unfinished work item to drop",
+                    DropOutcome::Spared =>
+                        "its work item is left to its last delivery, which marked it",
                 }
             ),
         ))

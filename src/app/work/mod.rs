@@ -6,7 +6,8 @@
 //!
 //! A message names only its scan and its work; what to read and write comes from the scan's
 //! recorded [`ScanContext`], never from the message. Work of a scan that has ended is dropped:
-//! its row is finished as `dropped`, so an ended scan leaves no pending rows behind.
+//! its row is finished as `dropped`, so an ended scan leaves no pending rows behind (a row a
+//! last delivery marked is left to that delivery, or to its poison message).
 //!
 //! The life cycle is one type, [`Runner`], which knows no driver: a scan's driver is reached
 //! through the app's registry (`AppState::drivers`) by the name its context records, for the
@@ -117,6 +118,17 @@ impl ChildMessage {
             text: messages::encode(message)?,
         })
     }
+}
+
+/// What [`Runner::drop_work_item`] did with an ended scan's work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DropOutcome {
+    /// Its row is now `dropped`.
+    Dropped,
+    /// It was finished already (or never registered): nothing done.
+    Finished,
+    /// A last delivery marked its row: left to that delivery, or to its poison message.
+    Spared,
 }
 
 /// Why a scan's context could not be had.

@@ -47,12 +47,14 @@ pub fn round_delay(round: u32) -> Duration {
     REQUEUE_DELAY * 2u32.pow(round.clamp(1, 8) - 1)
 }
 
-/// Most times a poison delivery reads the row again because it changed while it started a round.
+/// Most times a delivery reads an item's row again because it changed under its write (while
+/// a poison delivery started a round, or a failure was recorded).
 const MAX_ROUND_ATTEMPTS: u32 = 5;
 
 impl<S: Stores> Runner<'_, S> {
     /// Completes an unfinished work item as failed and fails its scan, retrying storage trouble
-    /// patiently. `Ok(false)`: the item was already finished (or never registered), nothing done.
+    /// patiently. `Ok(false)`: the item was already finished (or never registered) when first
+    /// read, nothing done.
     pub(super) async fn fail_work_item(
         &self,
         scan: &ScanContext,
@@ -62,32 +64,50 @@ impl<S: Stores> Runner<'_, S> {
     ) -> Result<bool, StorageError> {
         let store = self.app.bookkeeping();
         let tracker = self.app.tracker_on(store);
-        let state = patiently(true, || tracker.work_state(&scan.scan_id, shard, work_id)).await?;
-        let etag = match state {
-            Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
-            Some(WorkState::Finished) | None => return Ok(false),
-        };
-        // The scan fails first: once the item is completed the scan may look drained, and a
-        // drained check in between must find it failed, not running (it would complete it).
-        patiently(true, || {
-            tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
-        })
-        .await?;
-        self.app.scan_states.put(&scan.scan_id, ScanState::Failed);
-        patiently(true, || {
-            tracker.complete(
-                &scan.scan_id,
-                shard,
-                work_id,
-                &etag,
-                Counters::default(),
-                Some(reason),
-                None,
-                None,
-            )
-        })
-        .await?;
-        Ok(true)
+        let read = || patiently(true, || tracker.work_state(&scan.scan_id, shard, work_id));
+        let mut state = read().await?;
+        let mut scan_failed = false;
+        // Bounded: the row changes under this only when a concurrent delivery of the item marks
+        // or finishes it (a duplicate copy of its message, tracking invariant 6).
+        for _ in 0..MAX_ROUND_ATTEMPTS {
+            let etag = match state {
+                Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
+                Some(WorkState::Finished) | None => return Ok(scan_failed),
+            };
+            if !scan_failed {
+                // The scan fails first: once the item is completed the scan may look drained,
+                // and a drained check in between must find it failed, not running (it would
+                // complete it).
+                patiently(true, || {
+                    tracker.finish_scan(&scan.scan_id, ScanState::Failed, Some(reason))
+                })
+                .await?;
+                self.app.scan_states.put(&scan.scan_id, ScanState::Failed);
+                scan_failed = true;
+            }
+            let completion = patiently(true, || {
+                tracker.complete(
+                    &scan.scan_id,
+                    shard,
+                    work_id,
+                    &etag,
+                    Counters::default(),
+                    Some(reason),
+                    None,
+                    None,
+                )
+            })
+            .await?;
+            if completion != Completion::Duplicate {
+                return Ok(true);
+            }
+            // Its row changed since it was read: read it again.
+            state = read().await?;
+        }
+        Err(StorageError::new(
+            crate::storage::StorageErrorKind::Transient,
+            format!("the row of {work_id} kept changing while its failure was recorded"),
+        ))
     }
 
     /// Settles a message the host moved to `<queue>-poison` after its last failed delivery. If
@@ -158,17 +178,23 @@ impl<S: Stores> Runner<'_, S> {
         };
         if state != ScanState::Running {
             return match self
-                .drop_work_item(&tracker, &scan, &work_id, message.shard_hint(), true)
+                .drop_work_item(
+                    &tracker,
+                    &scan,
+                    (&work_id, message.shard_hint()),
+                    true,
+                    false,
+                )
                 .await
             {
-                Ok(true) => reply(
+                Ok(DropOutcome::Dropped) => reply(
                     StatusCode::OK,
                     format!(
                         "{work_id}: poisoned message of a {} scan; dropped its work item",
                         state.as_str()
                     ),
                 ),
-                Ok(false) => reply(
+                Ok(DropOutcome::Finished | DropOutcome::Spared) => reply(
                     StatusCode::OK,
                     format!("{work_id}: poisoned message of a finished work item; nothing to do"),
                 ),
