@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use support::e2e::TestApp;
 use support::faults::{
     kill_every_second_while_running, proxy, recorded_state, seeded_source, source_entities,
-    start_copy, verify_copy, wait_recorded_end, Summary,
+    start_copy, verify_copy, verify_copy_with, wait_recorded_end, Summary,
 };
 use support::raw::{self, RawClient};
 use support::unique_name;
@@ -41,8 +41,8 @@ const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
 /// (the round is in the re-queued message). One delay remains, the platform's own: a kill that
 /// lands on a poison-function invocation leaves its message invisible for the host's 10-minute
 /// receive visibility (poison queues have no poison queue; docs/architecture.md, "Re-queued
-/// rounds"), longer than this test waits; poison invocations are rare and short, so a run
-/// rarely meets one.
+/// rounds"), longer than this test waits: such a message may stay, one per poison invocation the
+/// host logged as failed (rare: poison invocations are few and short; CI met one on 2026-11-27).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_killed_every_second() {
     let mut summary = Summary::new("handler-kills-every-second");
@@ -55,7 +55,24 @@ async fn handler_killed_every_second() {
     let kills = kill_every_second_while_running(&app, &id, 40).await;
     summary.faults = kills as u64;
     explain_if_stuck(&app, &id, SCAN_TIMEOUT).await;
-    let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
+    // A poison-function invocation the kills ended leaves its message invisible for the
+    // host's 10-minute receive visibility (above): one message per such invocation may stay.
+    wait_recorded_end(&app, &id, SCAN_TIMEOUT).await;
+    let failed_poison = app
+        .host()
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains("Poison' (Failed"))
+        .count() as u64;
+    let verdict = verify_copy_with(
+        &app,
+        &id,
+        &source_rows,
+        &destination,
+        SCAN_TIMEOUT,
+        failed_poison,
+    )
+    .await;
     summary.add(&verdict);
     let logs = app.host().log_lines();
     if !verdict.problems.is_empty() {
@@ -74,7 +91,7 @@ async fn handler_killed_every_second() {
     let requeued = count("re-queued for round");
     eprintln!(
         "handler-kills-every-second: {kills} kills, {recycled} instance recycles, {requeued} \
-         re-queues, copy ended in {:?}",
+         re-queues, {failed_poison} poison invocation(s) failed, copy ended in {:?}",
         started.elapsed()
     );
     summary.report(&[&verdict]);
