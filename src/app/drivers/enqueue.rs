@@ -63,6 +63,16 @@ pub const DEFAULT_MAX_REQUESTS_PER_SECOND: u32 = 2_000;
 /// (4,103 steps, the longest 74 s), on `bb4afdf`. 16 is the most either field takes.
 pub const PACED_SEGMENTS_PER_PREFIX: u32 = 16;
 
+/// Puts one step sends at once. A paced scan's instances take the scan's rate in turns (a chunk
+/// of its schedule each, `app::pace`), and tokens an instance cannot use in its turn are lost:
+/// its steps must have puts waiting. Simulated with a handler per instance (35M rows at 32 rows
+/// a message on Flex, docs/enqueue.md): at 8 puts (the copies' `TABLESCAN_COPY_CONCURRENCY`),
+/// 1,143 s and 1.101 × the minimum requests; at 16, 959 s and 1.095 ×; at 32, 913 s and
+/// 1.091 ×, but a queue slower than the scan's limit (`tests/lab/simulate.rs`, 400 puts/s
+/// against 2,000) then refused so many puts that steps kept failing and putting their rows
+/// again. At most this many texts (each under 64 KiB) are held per step.
+pub const PUTS_IN_FLIGHT: usize = 16;
+
 /// The marker of a row sent as its keys only (too big for a message of its own): an OData
 /// instance annotation, `@namespace.term`. Table property names follow C# identifier rules, so
 /// none can contain `@` or `.`, and an annotation of a property is `Name@odata.type`.
@@ -243,7 +253,7 @@ async fn enqueue<S: Stores>(
         row
     });
     // Packed lazily: a message's text is made when a put can start, and a row is dropped once
-    // it is packed, so at most `copy_concurrency` texts are held beside the rows not yet packed.
+    // it is packed, so at most `PUTS_IN_FLIGHT` texts are held beside the rows not yet packed.
     let queue = target.queue.as_str();
     let messages = stream::iter(Packer::new(&scan.scan_id, rows, &target))
         .map(|text| async move {
@@ -251,7 +261,7 @@ async fn enqueue<S: Stores>(
             queues.put_message_never_expiring(queue, &text).await?;
             Ok::<_, WorkError>(())
         })
-        .buffer_unordered(state.config.copy_concurrency)
+        .buffer_unordered(PUTS_IN_FLIGHT)
         .try_fold(0i64, |n, ()| async move { Ok(n + 1) })
         .await?;
     Ok(Counters {

@@ -6,7 +6,9 @@
 //! optional always-ready instances, and scale-in of idle instances. Both: queue listeners with
 //! `batchSize`/`newBatchThreshold` and polling back-off, the execution limit with redelivery.
 //! Every queue message is delivered to the real handler (`server::app`) as the host would
-//! (payload per docs/custom-handler-protocol.md §3.3).
+//! (payload per docs/custom-handler-protocol.md §3.3). Each instance runs a handler of its own
+//! (its own `AppState`: caches, rate-limit pacers and their leases), over the one modelled
+//! storage account, as each Azure instance runs its own handler process.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -30,6 +32,9 @@ use super::cloud_blob::SimStores;
 use super::model::{Flex, Model, Plan};
 
 pub type SimState = Arc<AppState<SimStores>>;
+
+/// Makes a fresh handler (the router over a new `AppState`) for an instance that starts.
+pub type NewHandler = Box<dyn Fn() -> Router + Send + Sync>;
 
 /// The queue-triggered functions: tablescan's two, or the blog's single worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,10 +86,12 @@ pub struct Instance {
     in_flight: [AtomicUsize; 3],
     slot_freed: [Notify; 3],
     active: Mutex<Activity>,
+    /// This instance's own handler (its own caches and pacers).
+    handler: Router,
 }
 
 impl Instance {
-    fn new(cores: f64, function: Option<Function>, always_ready: bool) -> Self {
+    fn new(cores: f64, function: Option<Function>, always_ready: bool, handler: Router) -> Self {
         Instance {
             cpu: Arc::new(Cpu::with_cores(cores)),
             function,
@@ -102,6 +109,7 @@ impl Instance {
                 busy: Duration::ZERO,
                 billed: Duration::ZERO,
             }),
+            handler,
         }
     }
 
@@ -176,8 +184,9 @@ pub struct Host {
     pub plan: Plan,
     /// The Flex settings (unused on Consumption).
     pub flex: Flex,
+    /// The state the host itself uses (queue names, the queues it polls): not a handler's.
     pub state: SimState,
-    pub router: Router,
+    pub new_handler: NewHandler,
     pub mode: ScanMode,
     pub epoch: Instant,
     pub instances: Mutex<Vec<Arc<Instance>>>,
@@ -218,7 +227,7 @@ impl Host {
         plan: Plan,
         flex: Flex,
         state: SimState,
-        router: Router,
+        new_handler: NewHandler,
         mode: ScanMode,
         epoch: Instant,
     ) -> Self {
@@ -227,7 +236,7 @@ impl Host {
             plan,
             flex,
             state,
-            router,
+            new_handler,
             mode,
             epoch,
             instances: Mutex::new(Vec::new()),
@@ -293,7 +302,8 @@ impl Host {
             Plan::Consumption => self.model.consumption_cores,
             Plan::Flex => self.flex.cores(),
         };
-        let instance = Arc::new(Instance::new(cores, function, always_ready));
+        let handler = (self.new_handler)();
+        let instance = Arc::new(Instance::new(cores, function, always_ready, handler));
         self.instances.lock().unwrap().push(instance.clone());
         self.record_instances(function);
         let functions: Vec<Function> = match function {
@@ -369,7 +379,7 @@ impl Host {
             .scope(instance.cpu.clone(), async {
                 sleep(Model::ms(model.invocation_overhead_ms)).await;
                 charge_cpu(model.cpu_per_execution_ms).await;
-                timeout(limit, self.invoke(f, &m)).await
+                timeout(limit, self.invoke(instance, f, &m)).await
             })
             .await;
         let duration = start.elapsed();
@@ -407,7 +417,7 @@ impl Host {
     }
 
     /// Delivers one message to the function; true if it succeeded.
-    async fn invoke(&self, f: Function, m: &ReceivedMessage) -> bool {
+    async fn invoke(&self, instance: &Instance, f: Function, m: &ReceivedMessage) -> bool {
         if let ScanMode::Blog(blog) = &self.mode {
             return blog.execute(&m.text).await.is_ok();
         }
@@ -424,7 +434,7 @@ impl Host {
             .header("content-type", "application/json")
             .body(Body::from(body))
             .expect("valid request");
-        match self.router.clone().oneshot(request).await {
+        match instance.handler.clone().oneshot(request).await {
             Ok(response) => response.status().is_success(),
             Err(never) => match never {},
         }

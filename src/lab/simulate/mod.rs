@@ -230,8 +230,16 @@ async fn simulate(
     };
     let blobs = CloudBlobs::new(account.clone());
     let stores = (tables.clone(), queues.clone(), blobs.clone());
-    let state = app_state(&scenario.design, &model, stores)?;
+    let state = app_state(&scenario.design, &model, stores.clone())?;
+    // The API's handler (it serves the start request); each instance gets its own below.
     let router = app(state.clone());
+    let new_handler: host::NewHandler = {
+        let (design, model) = (scenario.design.clone(), model.clone());
+        Box::new(move || {
+            app(app_state(&design, &model, stores.clone())
+                .expect("the design's state was built once"))
+        })
+    };
     let api = router.clone();
     let blog = (scenario.variant != Variant::Prefix).then(|| {
         Arc::new(blog::Blog::new(
@@ -257,7 +265,7 @@ async fn simulate(
         scenario.plan,
         scenario.flex.clone(),
         state.clone(),
-        router,
+        new_handler,
         mode,
         epoch,
     ));
