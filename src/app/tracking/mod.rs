@@ -52,8 +52,9 @@
 //!    that ended the scan, and a duplicate copy of the item's message must not drop the row
 //!    under it. The marked row is finished by that delivery, or dropped by its poison message.
 //! 7. A work item's delivery whose dequeue count reached the maximum marks the item's row
-//!    (`LastDelivery`, merged under the row's ETag) before it works, and only then; a redelivery
-//!    finding the mark does not write it again. The poison functions fail only an unfinished item
+//!    (`LastDelivery`, merged under the row's ETag) before it works, and only then (or, on an
+//!    earlier delivery, just before it records a failure no retry can fix: invariant 6); a
+//!    redelivery finding the mark does not write it again. The poison functions fail only an unfinished item
 //!    so marked: a message in a poison queue is no proof that its item exhausted its deliveries
 //!    (it may be forged), the mark is. The mark costs one request, on last deliveries only.
 //!    Before failing such an item they re-queue it for a few more rounds (`work::poison`):

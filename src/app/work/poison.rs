@@ -64,16 +64,35 @@ impl<S: Stores> Runner<'_, S> {
     ) -> Result<bool, StorageError> {
         let store = self.app.bookkeeping();
         let tracker = self.app.tracker_on(store);
-        let read = || patiently(true, || tracker.work_state(&scan.scan_id, shard, work_id));
+        let read = || {
+            patiently(true, || {
+                tracker.work_state_marked(&scan.scan_id, shard, work_id)
+            })
+        };
         let mut state = read().await?;
         let mut scan_failed = false;
         // Bounded: the row changes under this only when a concurrent delivery of the item marks
         // or finishes it (a duplicate copy of its message, tracking invariant 6).
         for _ in 0..MAX_ROUND_ATTEMPTS {
-            let etag = match state {
-                Some(WorkState::Pending { etag } | WorkState::Expanded { etag, .. }) => etag,
-                Some(WorkState::Finished) | None => return Ok(scan_failed),
+            let (mut etag, marked) = match state {
+                Some((WorkState::Pending { etag } | WorkState::Expanded { etag, .. }, marked)) => {
+                    (etag, marked)
+                }
+                Some((WorkState::Finished, _)) | None => return Ok(scan_failed),
             };
+            if !marked {
+                // A failure no retry can fix, before the last delivery: marked like a last
+                // delivery's row, so that a duplicate copy of the message meeting the scan this
+                // fails leaves the row to this delivery (tracking invariant 6).
+                let mark = || tracker.mark_last_delivery(&scan.scan_id, shard, work_id, &etag);
+                match patiently(true, mark).await? {
+                    Some(new_etag) => etag = new_etag,
+                    None => {
+                        state = read().await?;
+                        continue;
+                    }
+                }
+            }
             if !scan_failed {
                 // The scan fails first: once the item is completed the scan may look drained,
                 // and a drained check in between must find it failed, not running (it would
