@@ -160,8 +160,14 @@ async fn a_limited_copy_holds_its_rate_over_two_instances() {
     }
     println!("by kind: {kinds:?}");
     let l = f64::from(limit);
-    assert!((p99 as f64) <= l * 1.1, "p99 {p99} over {limit} + 10 %");
-    assert!((p99 as f64) >= l * 0.9, "p99 {p99} under {limit} − 10 %");
+    // The windows slide by 10 ms, so one burst is in ~100 of them and the 99th percentile is
+    // nearly the busiest: a stall of this loaded 2-core machine that sends a dozen requests
+    // together shows in it (CI saw 112 once). The schedule's own bound is the limit plus one
+    // chunk (docs/rate-limit.md); the median holds the rate.
+    assert!((p99 as f64) <= l * 1.15, "p99 {p99} over {limit} + 15 %");
+    assert!((p50 as f64) >= l * 0.85, "p50 {p50} under {limit} − 15 %");
+    let bound = limit + tablescan::app::pace::chunk_for(limit);
+    assert!(max <= bound as usize, "busiest window {max} over {bound}");
     assert!(overhead <= 0.05, "the limiter's own requests: {overhead}");
     assert_eq!(run.status["maxRequestsPerSecond"], limit);
     assert!(run.status["requestsPerSecond"].as_f64().unwrap() <= l * 1.1);
