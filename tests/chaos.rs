@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use support::e2e::TestApp;
 use support::faults::{
-    kill_every_second_while_running, proxy, recorded_state, seeded_source, source_entities,
-    start_copy, verify_copy, verify_copy_with, wait_recorded_end, Summary,
+    item_log_lines, kill_every_second_while_running, proxy, recorded_state, seeded_source,
+    source_entities, start_copy, verify_copy, verify_copy_with, wait_recorded_end, Summary,
 };
 use support::raw::{self, RawClient};
 use support::unique_name;
@@ -80,10 +80,8 @@ async fn handler_killed_every_second() {
         let (_, status) = app.get(&format!("/api/scans/{id}")).await;
         let error = status["error"].as_str().unwrap_or_default().to_string();
         eprintln!("handler-kills-every-second: scan error: {error}");
-        if let Some(item) = error.split_whitespace().nth(2) {
-            for line in logs.iter().filter(|l| l.contains(item)) {
-                eprintln!("  {}", &line[..line.len().min(500)]);
-            }
+        for line in item_log_lines(&app, &error) {
+            eprintln!("  {}", &line[..line.len().min(500)]);
         }
     }
     let count = |needle: &str| logs.iter().filter(|l| l.contains(needle)).count();

@@ -411,17 +411,10 @@ async fn poison_fails_the_scan_and_spares_the_others() {
             error.contains(needle) && error.contains("failed after 5 attempts"),
             "a useful reason: {status}"
         );
-        let item = error.split_whitespace().nth(2).unwrap_or("-");
-        let item_logs: Vec<String> = app
-            .host()
-            .log_lines()
-            .into_iter()
-            .filter(|l| l.contains(item))
-            .collect();
         assert!(
             status["failedWorkItems"].as_i64() >= Some(1),
             "{status}\nthe item's log lines:\n{}",
-            item_logs.join("\n")
+            support::faults::item_log_lines(&app, error).join("\n")
         );
         assert!(status["completedAt"].is_string(), "{status}");
     }

@@ -13,7 +13,6 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use support::account;
-use support::raw::RawClient;
 use support::router::{call, queue_payload, InProcessApp};
 use tablescan::app::tracking::WorkState;
 use tablescan::storage::request_counts::RequestCounters;
@@ -30,12 +29,7 @@ async fn deliver(t: &InProcessApp, function: &str, text: &str, id: &str) -> Stri
 
 /// The only work row of `scan_id` (its counters aside) as the service stores it.
 async fn the_work_row(t: &InProcessApp, scan_id: &str) -> support::raw::RawEntity {
-    let rows: Vec<_> = RawClient::azurite()
-        .rows(&t.work_table)
-        .await
-        .into_iter()
-        .filter(|e| e.partition_key().starts_with(scan_id) && e.row_key() != "counter")
-        .collect();
+    let rows = t.work_item_rows(scan_id).await;
     assert_eq!(rows.len(), 1, "one work row: {rows:?}");
     rows.into_iter().next().unwrap()
 }

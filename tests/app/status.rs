@@ -66,13 +66,7 @@ async fn bookkeeping_rows(t: &TestApp) -> Vec<support::raw::RawEntity> {
 /// worker's end-of-scan check: the scan is then drained but still running, as when the worker
 /// that finished last died before noticing.
 async fn finish_root_without_ending_the_scan(t: &TestApp, scan_id: &str) {
-    let raw = RawClient::azurite();
-    let pending: Vec<_> = raw
-        .rows(&t.work_table)
-        .await
-        .into_iter()
-        .filter(|e| e.partition_key().starts_with(scan_id) && e.row_key() != "counter")
-        .collect();
+    let pending = t.work_item_rows(scan_id).await;
     assert_eq!(pending.len(), 1, "only the root is registered");
     let (partition, work_id) = (pending[0].partition_key(), pending[0].row_key());
     let shard: u32 = partition.rsplit('-').next().unwrap().parse().unwrap();

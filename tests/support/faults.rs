@@ -52,6 +52,19 @@ pub fn poison_invocations(app: &TestApp) -> u64 {
         .sum()
 }
 
+/// The host's log lines about the work item a scan's `error` names (`work item <id> ...`, as a
+/// failed item words it); none if it names none.
+pub fn item_log_lines(app: &TestApp, error: &str) -> Vec<String> {
+    let Some(item) = error
+        .strip_prefix("work item ")
+        .and_then(|rest| rest.split_whitespace().next())
+    else {
+        return Vec::new();
+    };
+    let lines = app.host().log_lines().into_iter();
+    lines.filter(|l| l.contains(item)).collect()
+}
+
 /// Seeds a new uniquely named source table; returns its name and its rows in key order, as
 /// read back raw (the texts a copy must reproduce).
 pub async fn seeded_source(app: &TestApp, entities: Vec<Entity>) -> (String, Vec<RawEntity>) {

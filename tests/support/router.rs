@@ -95,6 +95,17 @@ impl InProcessApp {
         }
     }
 
+    /// The work-item rows of scan `scan_id` (its counter rows aside) as the service stores
+    /// them, read with the raw client.
+    pub async fn work_item_rows(&self, scan_id: &str) -> Vec<super::raw::RawEntity> {
+        let rows = super::raw::RawClient::azurite()
+            .rows(&self.work_table)
+            .await;
+        rows.into_iter()
+            .filter(|e| e.partition_key().starts_with(scan_id) && e.row_key() != "counter")
+            .collect()
+    }
+
     /// The same app on another instance (nothing cached; its table requests counted apart).
     pub fn another_instance(&self) -> Self {
         let counters = Arc::new(RequestCounters::new());
