@@ -1,10 +1,13 @@
 //! A rate-limited item whose instance's backlog stays past `ADMIT_BACKLOG` for `MAX_ADMIT_WAIT`
-//! is deferred: its message is put again, invisible until about the backlog has passed, and
-//! the delivery ends well. In paused (virtual) time, on the in-memory stores.
+//! is deferred: its message is put again (base64, as tablescan's queues hold it), invisible
+//! until about the backlog has passed, and the delivery ends well. In paused (virtual) time,
+//! on the in-memory stores.
 
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 
 use super::begin::{ADMIT_BACKLOG, MAX_ADMIT_WAIT};
 use super::Runner;
@@ -89,6 +92,14 @@ async fn an_item_that_waits_past_the_admit_bound_is_queued_again_behind_the_back
         1,
         "visible once the backlog passed"
     );
+    // The copy is what the queue trigger decodes: the message's text, base64 (the host hands the
+    // handler the text decoded). Read with the base64 crate, not tablescan's decoder.
+    let copy = queues
+        .get_messages(&queue, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let decoded = STANDARD.decode(&copy[0].text).expect("the copy is base64");
+    assert_eq!(decoded, invocation.message.as_bytes());
     assert_eq!(queues.len(&state.config.prefix_scan_queue), 0);
     for task in busy {
         task.await.unwrap();

@@ -4,6 +4,7 @@
 use super::*;
 use crate::app::pace::Meter;
 use crate::app::tracking::retention::record_may_appear;
+use crate::storage::MessageEncoding;
 use time::OffsetDateTime;
 
 impl<S: Stores> Runner<'_, S> {
@@ -198,9 +199,12 @@ impl<S: Stores> Runner<'_, S> {
         };
         // The put, and the next delivery's share of a receive, are the scan's requests too.
         pacer.charge(2);
+        // The host gave the message decoded; tablescan's queues hold base64 (messages::encode),
+        // which is what the queue trigger decodes.
+        let text = MessageEncoding::Base64.encode(invocation.message.as_bytes());
         self.app
             .queues
-            .put_message(queue, &invocation.message, delay)
+            .put_message(queue, &text, delay)
             .await
             .map_err(|e| storage_failure(work_id, e))?;
         Err(reply(
