@@ -206,6 +206,13 @@ pub fn shard_of(work_id: &str, shards: u32) -> u32 {
     u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) % shards.max(1)
 }
 
+/// The queue text of a message's JSON on tablescan's own queues: base64, what host.json's
+/// `messageEncoding` makes the queue trigger decode (a text it cannot decode goes straight to
+/// the poison queue). Every message tablescan puts on its own queues goes through this.
+pub fn queue_text(json: &[u8]) -> String {
+    MessageEncoding::Base64.encode(json)
+}
+
 /// Serializes a message into queue text (base64 of the envelope JSON), refusing oversize ones.
 pub fn encode<M: WorkMessage>(message: &M) -> Result<String, MessageError> {
     let json = serde_json::to_vec(&Envelope {
@@ -215,7 +222,7 @@ pub fn encode<M: WorkMessage>(message: &M) -> Result<String, MessageError> {
         d: message,
     })
     .map_err(|e| MessageError::Malformed(e.to_string()))?;
-    let text = MessageEncoding::Base64.encode(&json);
+    let text = queue_text(&json);
     if text.len() > MAX_MESSAGE_TEXT {
         return Err(MessageError::TooLarge(text.len()));
     }

@@ -25,7 +25,7 @@ use crate::app::state::AppState;
 use crate::app::tracking::retention::Due;
 use crate::app::tracking::{ScanEndHook, ScanState, Tracker};
 use crate::storage::stores::Stores;
-use crate::storage::{MessageEncoding, QueueStore, StorageError, TableStore};
+use crate::storage::{QueueStore, StorageError, TableStore};
 
 /// Longest delay of one cleanup message: below the queue's 7-day message time-to-live, which a
 /// message's visibility delay may not reach. Longer periods take several hops.
@@ -88,7 +88,7 @@ impl<S: Stores> AppState<S> {
             scan: scan_id.to_string(),
         })
         .expect("a cleanup message serializes");
-        let text = MessageEncoding::Base64.encode(json.as_bytes());
+        let text = crate::app::messages::queue_text(json.as_bytes());
         let (queue, delay) = (&self.config.cleanup_queue, delay.min(MAX_HOP));
         match self.queues.put_message(queue, &text, delay).await {
             Err(e) if e.is_not_found() => {

@@ -4,7 +4,6 @@
 use super::*;
 use crate::app::pace::Meter;
 use crate::app::tracking::retention::record_may_appear;
-use crate::storage::MessageEncoding;
 use time::OffsetDateTime;
 
 impl<S: Stores> Runner<'_, S> {
@@ -199,9 +198,8 @@ impl<S: Stores> Runner<'_, S> {
         };
         // The put, and the next delivery's share of a receive, are the scan's requests too.
         pacer.charge(2);
-        // The host gave the message decoded; tablescan's queues hold base64 (messages::encode),
-        // which is what the queue trigger decodes.
-        let text = MessageEncoding::Base64.encode(invocation.message.as_bytes());
+        // The host gave the message decoded: encode it again as tablescan's queues hold it.
+        let text = messages::queue_text(invocation.message.as_bytes());
         self.app
             .queues
             .put_message(queue, &text, delay)

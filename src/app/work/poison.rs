@@ -31,7 +31,6 @@
 
 use super::*;
 use crate::app::tracking::RowMarks;
-use crate::storage::MessageEncoding;
 
 /// How many times an item whose last delivery began and recorded no outcome is re-queued
 /// before it fails (each time for a whole new round of host.json's `maxDequeueCount`
@@ -392,7 +391,7 @@ impl<S: Stores> Runner<'_, S> {
             &self.app.config.table_copy_queue
         };
         let text = match messages::with_round(&invocation.message, round) {
-            Ok(json) => MessageEncoding::Base64.encode(json.as_bytes()),
+            Ok(json) => messages::queue_text(json.as_bytes()),
             // Unreachable: the message was decoded from this text.
             Err(e) => {
                 return reply(
