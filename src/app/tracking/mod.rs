@@ -54,9 +54,10 @@
 //! 7. A work item's delivery whose dequeue count reached the maximum marks the item's row
 //!    (`LastDelivery`, merged under the row's ETag) before it works, and only then (or, on an
 //!    earlier delivery, just before it records a failure no retry can fix: invariant 6); a
-//!    redelivery finding the mark does not write it again. The poison functions fail only an unfinished item
-//!    so marked: a message in a poison queue is no proof that its item exhausted its deliveries
-//!    (it may be forged), the mark is. The mark costs one request, on last deliveries only.
+//!    redelivery finding the mark does not write it again. The poison functions fail only an
+//!    unfinished item so marked: a message in a poison queue is no proof that its item
+//!    exhausted its deliveries (it may be forged), the mark is. The mark costs one request, on
+//!    last deliveries and before an early failure no retry can fix only.
 //!    Before failing such an item they re-queue it for a few more rounds (`work::poison`):
 //!    each round starts with one merge under the row's ETag that clears the mark and counts
 //!    the round (`Requeues`, `RequeuedBy`); only a marked row past the last round fails.
