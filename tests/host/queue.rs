@@ -241,6 +241,43 @@ async fn failures_are_retried_and_poisoned_after_five_attempts() {
     host.shutdown().await;
 }
 
+/// A queue without a poison queue of its own (a poison queue) keeps a failed message invisible
+/// for the rest of its receive visibility, not the (zero) `visibilityTimeout`, so it is not
+/// retried in a fast loop; then it comes back and is delivered again. The visibility is 10
+/// minutes in the extension; the host here is started with 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_without_poison_queue_retries_after_the_receive_visibility() {
+    let (app, queue) = queue_app(json!({ "visibilityTimeout": "00:00:00" }), json!({}));
+    let queue = format!("{queue}-poison");
+    let app = app.setting("WORK_QUEUE", &queue);
+    let store = store();
+    put_json(
+        &store,
+        &queue,
+        &json!({ "name": "fails-once", "fail_until": 2 }),
+    )
+    .await;
+    let mut config = app.config(1);
+    config.receive_visibility = Duration::from_secs(3);
+    let host = Host::start_azure(config).await.expect("host starts");
+    let deliveries = |n: usize| {
+        let app = &app;
+        move || async move { (invocations(app).len() >= n).then(Instant::now) }
+    };
+    let first = wait_for("a first delivery", LONG, deliveries(1)).await;
+    let second = wait_for("a second delivery", LONG, deliveries(2)).await;
+    wait_queue_empty(&store, &queue).await;
+    let counts: Vec<Value> = invocations(&app)
+        .iter()
+        .map(|(_, e)| e["Metadata"]["DequeueCount"].clone())
+        .collect();
+    assert_eq!(counts, vec![json!("1"), json!("2")]);
+    // Seen by polling: the first delivery is seen late by at most the poll interval.
+    let gap = second - first;
+    assert!(gap >= Duration::from_secs(2), "retried after {gap:?}");
+    host.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_and_over_dequeued_messages_go_to_poison_without_invocation() {
     let (app, queue) = queue_app(json!({ "maxDequeueCount": 2 }), json!({}));

@@ -105,8 +105,20 @@ impl TestApp {
     pub async fn start_tuned(
         instances: usize,
         storage: &str,
+        host: (u64, &str, &str),
+        settings: &[(&str, &str)],
+    ) -> TestApp {
+        Self::start_tuned_with(instances, storage, host, settings, |_| {}).await
+    }
+
+    /// [`TestApp::start_tuned`] with the local host's own configuration changed by `tweak` (a
+    /// shorter receive visibility, say).
+    pub async fn start_tuned_with(
+        instances: usize,
+        storage: &str,
         (max_dequeue_count, visibility_timeout, function_timeout): (u64, &str, &str),
         settings: &[(&str, &str)],
+        tweak: impl FnOnce(&mut HostConfig),
     ) -> TestApp {
         let dir = staged(function_timeout);
         let path = dir.path().join("host.json");
@@ -119,7 +131,7 @@ impl TestApp {
         let mut all = vec![("TABLESCAN_MAX_DEQUEUE_COUNT", max.as_str())];
         all.extend_from_slice(settings);
         let storage = [("AzureWebJobsStorage", storage)];
-        TestApp::start_in(dir, instances, &storage, table_store().0, &all).await
+        TestApp::start_in_with(dir, instances, &storage, table_store().0, &all, tweak).await
     }
 
     /// Starts `instances` host instances on an app already in `dir` (staged, or a package
@@ -131,6 +143,18 @@ impl TestApp {
         storage: &[(&str, &str)],
         store: AzureTableStore,
         settings: &[(&str, &str)],
+    ) -> TestApp {
+        Self::start_in_with(dir, instances, storage, store, settings, |_| {}).await
+    }
+
+    /// [`TestApp::start_in`] with the local host's configuration changed by `tweak` last.
+    async fn start_in_with(
+        dir: tempfile::TempDir,
+        instances: usize,
+        storage: &[(&str, &str)],
+        store: AzureTableStore,
+        settings: &[(&str, &str)],
+        tweak: impl FnOnce(&mut HostConfig),
     ) -> TestApp {
         let names = Names {
             prefix_queue: unique_name("ps"),
@@ -156,6 +180,7 @@ impl TestApp {
         for (k, v) in all {
             config.settings.insert(k.to_string(), v.to_string());
         }
+        tweak(&mut config);
         let host = start_host(config.clone()).await;
         host.wait_ready(Duration::from_secs(60))
             .await

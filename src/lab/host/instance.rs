@@ -39,6 +39,7 @@ pub(super) struct Shared<'a, S> {
     pub log: &'a HostLog,
     pub drain_timeout: Duration,
     pub recycle_delay: Duration,
+    pub receive_visibility: Duration,
 }
 
 /// Starts instance `index`: its handler and its queue listeners.
@@ -78,6 +79,7 @@ pub(super) fn start_instance<S: QueueStore>(
                 log: shared.log.clone(),
                 label: label.clone(),
                 stats: shared.stats.clone(),
+                receive_visibility: shared.receive_visibility,
             });
             tokio::spawn(listener.run(stop_rx.clone(), shared.drain_timeout))
         })

@@ -129,6 +129,11 @@ pub struct HostConfig {
     /// How long an instance whose handler failed too often stays down before it is recycled
     /// ([`worker::RECYCLE_DELAY`]).
     pub recycle_delay: Duration,
+    /// How long a received message stays invisible ([`queue::RECEIVE_VISIBILITY`], fixed at 10
+    /// minutes in the extension), renewed at half-life while its invocation runs. Tests shorten
+    /// it to see, within their bound, the platform bring back a message no one settled (an
+    /// invocation abandoned at shutdown, or failed on a queue without a poison queue).
+    pub receive_visibility: Duration,
 }
 
 impl HostConfig {
@@ -143,6 +148,7 @@ impl HostConfig {
             drain_timeout: Duration::from_secs(30),
             capture_logs: false,
             recycle_delay: worker::RECYCLE_DELAY,
+            receive_visibility: queue::RECEIVE_VISIBILITY,
         }
     }
 }
@@ -188,6 +194,7 @@ impl Host {
             log: &log,
             drain_timeout: config.drain_timeout,
             recycle_delay: config.recycle_delay,
+            receive_visibility: config.receive_visibility,
         };
         let instances: Vec<_> = (0..config.instances.max(1))
             .map(|i| Arc::new(start_instance(i, &shared)))

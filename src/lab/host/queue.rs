@@ -69,6 +69,8 @@ pub struct QueueListener<S> {
     pub label: String,
     /// Where each invocation's duration is recorded.
     pub stats: Arc<InvocationStats>,
+    /// How long a received message stays invisible ([`RECEIVE_VISIBILITY`] but in tests).
+    pub receive_visibility: Duration,
 }
 
 /// Counts invocations in flight and wakes the poller when one finishes.
@@ -125,7 +127,7 @@ impl<S: QueueStore> QueueListener<S> {
             let delay = match self
                 .source
                 .store
-                .get_messages(queue, batch, RECEIVE_VISIBILITY)
+                .get_messages(queue, batch, self.receive_visibility)
                 .await
             {
                 Ok(messages) if !messages.is_empty() => {
@@ -278,17 +280,18 @@ impl<S: QueueStore> QueueListener<S> {
         }
     }
 
-    /// Renews the 10-minute visibility at half-life until aborted, keeping `pop_receipt` current.
+    /// Renews the receive visibility at half-life until aborted, keeping `pop_receipt` current.
     fn renew_visibility(&self, id: &str, pop_receipt: Arc<Mutex<String>>) -> JoinHandle<()> {
+        let visibility = self.receive_visibility;
         let store = self.source.store.clone();
         let queue = self.source.queue.clone();
         let id = id.to_string();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(RECEIVE_VISIBILITY / 2).await;
+                tokio::time::sleep(visibility / 2).await;
                 let current = pop_receipt.lock().unwrap().clone();
                 if let Ok(new) = store
-                    .update_message(&queue, &id, &current, RECEIVE_VISIBILITY, None)
+                    .update_message(&queue, &id, &current, visibility, None)
                     .await
                 {
                     *pop_receipt.lock().unwrap() = new;
