@@ -613,3 +613,49 @@ async fn enqueue_under_duplicated_messages() {
 async fn enqueue_under_storage_faults() {
     fault_run(Fault::Storage, 300, 5, 1, None).await;
 }
+
+/// Puts paced so slowly (40 requests a second) that every step and item outlasts
+/// `TABLESCAN_HAND_OFF_SECONDS` (1 s here): each hands the rows it did not reach on to items
+/// of their own, which read them again (`Config::hand_off_after`). Every row still lands in a
+/// message, once (no fault here), and the counters stay exact; the handler's log shows the
+/// hand-offs. In steps (no filter) and in work items (a filter every row passes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_puts_hand_their_rows_on() {
+    let settings = [
+        ("TABLESCAN_HAND_OFF_SECONDS", "1"),
+        (
+            "RUST_LOG",
+            "warn,tablescan::app::work=info,tablescan::app::drivers::enqueue=info",
+        ),
+    ];
+    let app = TestApp::start(1, &settings).await;
+    let (source, source_rows) = seeded_source(&app, source_entities(600, 17)).await;
+    let n = source_rows.len();
+    for (filter, who) in [(None, "a step"), (Some("VersionIndex ge 0"), "an item")] {
+        let mut extra = json!({"takeCount": 100, "maxRequestsPerSecond": 40});
+        if let Some(filter) = filter {
+            extra["filter"] = json!(filter);
+        }
+        let (status, got, verdict) = enqueue_and_check(&app, &source, extra, &source_rows).await;
+        assert!(verdict.problems.is_empty(), "{who}: {:?}", verdict.problems);
+        assert_eq!(status["state"], "completed", "{status}");
+        assert_eq!((got.rows, got.duplicates), (n, 0), "{who}: {got:?}");
+        for field in [
+            "rowsScanned",
+            "rowsMatched",
+            "rowsWritten",
+            "messagesWritten",
+        ] {
+            assert_eq!(status[field], n, "{who}: {field} in {status}");
+        }
+        let id = status["id"].as_str().unwrap();
+        let needle = format!("{who} handed rows on");
+        let handed = app.host().log_lines();
+        let handed = handed
+            .iter()
+            .filter(|l| l.contains(&needle) && l.contains(id))
+            .count();
+        assert!(handed > 0, "{who}: no hand-off logged");
+    }
+    app.shutdown().await;
+}

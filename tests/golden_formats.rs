@@ -1346,6 +1346,97 @@ async fn work_and_counter_rows_as_stored() {
     assert!(read.is_drained(SCAN, SHARDS).await.unwrap());
 }
 
+/// A step that handed rows on (docs/enqueue.md, "Hand-offs"): its outcome recorded again under
+/// the row's ETag, with the items that take the rest as more children, no in-step ranges, what
+/// it worked counted, and an empty chunk after it, where reading stops. Read back from the
+/// golden bytes onto a row whose earlier outcome was three chunks long, the new outcome is read
+/// alone (the stale third chunk stays behind the empty one).
+#[tokio::test]
+async fn handed_off_outcomes_as_stored() {
+    let (store, scans, work) = recording_tracker().await;
+    let tracker = Tracker::new(&store, &scans, &work);
+    let root = StepMessage {
+        scan_id: SCAN.into(),
+        step: Step::Start,
+        shard: None,
+    };
+    let row = NewWork {
+        id: work_id(&root),
+        kind: StepMessage::NAME,
+        shard: shard_for(&root, &work_id(&root), SHARDS),
+    };
+    tracker.create_scan_work(SCAN, SHARDS, &row).await.unwrap();
+    let step = ChildSpec::Step(Step::PartitionKeyQuery {
+        partition_key: "p9".into(),
+        row_key_skip: Some("r999".into()),
+        depth: 2,
+    });
+    let first = WorkOutcome {
+        children: vec![step.clone()],
+        delta: counters(|c| c.rows_scanned = 1500),
+        first_grouped: true,
+        in_step: vec![range(("p1", "r1"), ("p8", "r7"))],
+        ..WorkOutcome::default()
+    };
+    let etag = pending_etag(&tracker, &row).await;
+    let json = serde_json::to_string(&first).unwrap();
+    let recorded = tracker
+        .record_outcome(SCAN, row.shard, &row.id, &etag, &json, &[])
+        .await
+        .unwrap();
+    store.take();
+    let after = RangeWork::After {
+        after: pair("p5", "r0"),
+        to: pair("p8", "r7"),
+    };
+    let handed = WorkOutcome {
+        children: vec![step, range_child(&after)],
+        delta: counters(|c| {
+            c.rows_scanned = 1500;
+            c.rows_matched = 700;
+            c.rows_written = 700;
+            c.messages_written = 700;
+        }),
+        first_grouped: true,
+        ..WorkOutcome::default()
+    };
+    let handed_json = serde_json::to_string(&handed).unwrap();
+    tracker
+        .rewrite_outcome(SCAN, row.shard, &row.id, &recorded.etag, &handed_json)
+        .await
+        .unwrap()
+        .expect("the row as recorded");
+    let examples = vec![ops_example(
+        "a step that put 700 of its 1,500 rows hands the rest (after p5/r0) to an item: its \
+         outcome recorded again (expanded -> expanded)",
+        &store.take(),
+    )];
+    let header =
+        "Hand-offs (work table; PartitionKey `<scan id>-<shard:02>`, RowKey = work id): a\n\
+                  step's outcome recorded again, with the items that take the rows it did not\n\
+                  reach; an empty Outcome<n> ends the outcome.";
+    let golden = check_examples("work-rows-handed-off.txt", header, &examples);
+    // Replayed onto the row as recorded (`pending` then `expanded` with the first outcome).
+    // Its second and third chunks stand for a longer outcome recorded before.
+    let partition = format!("{SCAN}-{:02}", row.shard);
+    let recorded_row = json!({"PartitionKey": partition, "RowKey": row.id,
+        "State": "expanded", "Outcome0": json, "Outcome1": "stale", "Outcome2": "stale"});
+    let mut rows = BTreeMap::new();
+    let key = (partition, row.id.clone());
+    rows.insert(key.clone(), recorded_row.as_object().unwrap().clone());
+    for op in golden.iter().flat_map(ops_of) {
+        let merged: serde_json::Map<String, Value> = serde_json::from_str(&op.json).unwrap();
+        rows.get_mut(&key).expect("the step's row").extend(merged);
+    }
+    let table = stored(&rows, "GoldenHandOffRead").await;
+    let reader = support::table_store().0;
+    let read = Tracker::new(&reader, &scans, &table);
+    match read.work_state(SCAN, row.shard, &row.id).await.unwrap() {
+        Some(WorkState::Expanded { outcome, .. }) => assert_eq!(outcome, handed_json),
+        other => panic!("the handed-off row read as {other:?}"),
+    }
+}
+
 /// A phase start's claim row (`phase-<n>` in the phase root's shard partition, docs/
 /// architecture.md "Phases"): inserted by the one drained check that starts the phase; read
 /// back, a claim as old as the golden one (its clock fixed in the past) is taken over.

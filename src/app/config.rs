@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use crate::app::catalog::{
     Trigger, CLEANUP_SUFFIX, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING, TABLE_COPY_QUEUE_SETTING,
@@ -69,6 +70,11 @@ pub struct Config {
     pub copy_concurrency: usize,
     /// How much one scan step may read before continuing in a new message.
     pub step_budget: StepBudget,
+    /// How long one execution of a paced driver's work (the enqueue driver's puts) starts new
+    /// work before it hands the rows it did not reach to a work item of their own
+    /// (`TABLESCAN_HAND_OFF_SECONDS`, default 60, 1..=300; `job::Worked`): a step's puts at its
+    /// share of a scan's rate would otherwise outlast the invocation (docs/enqueue.md).
+    pub hand_off_after: Duration,
     /// How long an ended scan keeps its work rows (`TABLESCAN_WORK_RETENTION`, default `1d`)
     /// and its record (`TABLESCAN_SCAN_RETENTION`, default `30d`), counted from its end.
     pub retention: Retention,
@@ -95,6 +101,7 @@ impl fmt::Debug for Config {
             .field("counter_shards", &self.counter_shards)
             .field("copy_concurrency", &self.copy_concurrency)
             .field("step_budget", &self.step_budget)
+            .field("hand_off_after", &self.hand_off_after)
             .field("retention", &self.retention)
             .finish()
     }
@@ -284,6 +291,7 @@ impl Config {
             counter_shards: number("TABLESCAN_COUNTER_SHARDS", 16, 1, 64)? as u32,
             copy_concurrency: number("TABLESCAN_COPY_CONCURRENCY", 8, 1, 64)? as usize,
             step_budget: StepBudget::default(),
+            hand_off_after: Duration::from_secs(number("TABLESCAN_HAND_OFF_SECONDS", 60, 1, 300)?),
             test_fail_prefix: get("TABLESCAN_TEST_FAIL_PREFIX"),
         })
     }

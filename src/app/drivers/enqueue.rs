@@ -20,6 +20,13 @@
 //!   `messageEncoding: "none"` only U+FFFE and U+FFFF (which XML, and so the queue's API, cannot
 //!   carry) are written as the JSON escapes `\ufffe` and `\uffff`, the same string.
 //! - **Messages never expire** (`messagettl=-1`): a consumer may run days behind a big scan.
+//! - **An execution ends in time.** Past `Config::hand_off_after` (60 s by default) a step or
+//!   item starts no put but its first, and hands the rows not yet in a message to items of
+//!   their own ([`rest_of`]: a run's rest after its last packed row, later runs whole), which
+//!   read them again: at its share of a paced scan's rate a step's puts would otherwise take
+//!   as long as the fleet's steps running at once times its puts over the rate, past the
+//!   handler's deadline with many instances (docs/enqueue.md). Each execution puts at least
+//!   one message, so the hand-offs end.
 //! - **At least once.** A redelivered step or item puts its messages again; duplicates come
 //!   only from that (and from a put retried after its answer was lost). Consumers deduplicate
 //!   by scan id and keys. `rowsWritten` and `messagesWritten` count the committed execution's.
@@ -30,13 +37,14 @@ use serde::{Deserialize, Serialize};
 use crate::app::pace::Meter;
 use std::borrow::Borrow;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::job::request::{check_connection, default_connection};
 use crate::app::job::{
-    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork, WorkError,
-    WorkOutcome, WorkSplit, MAX_ITEM_ROWS,
+    item_child, Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork,
+    WorkError, WorkOutcome, WorkSplit, Worked, MAX_ITEM_ROWS,
 };
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
@@ -45,7 +53,7 @@ use crate::scan::Strategy;
 use crate::storage::stores::Stores;
 use crate::storage::{Entity, MessageEncoding, QueueStore, MAX_MESSAGE_TEXT};
 
-use super::kit::range::{begin_range_item, page_items, unaddressable_error};
+use super::kit::range::{begin_range_item, page_items, rest_of, unaddressable_error};
 use super::kit::{check_queue_target, drop_nulls};
 
 /// An enqueue's `maxRequestsPerSecond` when the request names none: one queue takes about 2,000
@@ -207,9 +215,9 @@ impl Driver for EnqueueDriver {
         scan: &ScanContext,
         requests: &Arc<Meter>,
         runs: Vec<Vec<Entity>>,
-    ) -> Result<Counters, WorkError> {
-        let count = runs.iter().map(Vec::len).sum();
-        enqueue(state, scan, requests, runs.into_iter().flatten(), count).await
+        until: Instant,
+    ) -> Result<Worked, WorkError> {
+        enqueue(state, scan, requests, runs, until).await
     }
 
     async fn run<S: Stores>(
@@ -220,42 +228,55 @@ impl Driver for EnqueueDriver {
         let scan = &*begun.scan;
         let (_, read, mut outcome) =
             begin_range_item::<Self, S>(state, begun, &item, scan.select.clone()).await?;
-        let count = read.rows.len();
-        let put = enqueue(state, scan, &begun.requests, read.rows.into_iter(), count).await?;
+        let until = Instant::now() + state.config.hand_off_after;
+        let put = enqueue(state, scan, &begun.requests, vec![read.rows], until).await?;
         // Every other row is enqueued; a row that cannot be addressed fails the item, named.
         if let Some(e) = unaddressable_error("enqueued", &read.unaddressable) {
             return Err(e);
         }
-        outcome.delta.rows_written = put.rows_written;
-        outcome.delta.messages_written = put.messages_written;
+        outcome.delta.rows_written = put.counters.rows_written;
+        outcome.delta.messages_written = put.counters.messages_written;
+        outcome.delta.rows_matched -= put.rows_handed_off;
+        if put.rows_handed_off > 0 {
+            tracing::info!(work = %begun.work_id, scan = %scan.scan_id, rows = put.rows_handed_off, "an item handed rows on to an item of their own");
+        }
+        outcome.children.extend(put.handed_off);
         Ok(outcome)
     }
 }
 
-/// Puts `rows` (read from the scan's source, in key order) on the scan's queue; returns the
-/// rows (`count` of them) and messages written.
+/// Puts the rows of `runs` (read from the scan's source; each run contiguous, runs in key
+/// order) on the scan's queue. It starts no put at or after `until` but its first: the rows
+/// not packed into a message by then are handed to items of their own (a run's rest after its
+/// last packed row, and every later run whole), so that an execution at its share of a paced
+/// scan's rate ends in time (module invariants). Returns the rows and messages written.
 async fn enqueue<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<Meter>,
-    rows: impl Iterator<Item = Entity> + Send,
-    count: usize,
-) -> Result<Counters, WorkError> {
+    mut runs: Vec<Vec<Entity>>,
+    until: Instant,
+) -> Result<Worked, WorkError> {
     let target: EnqueueTarget = scan.options()?;
     let queues = &state.queue_store(&target.connection, requests)?;
     // The service answers a selected property a row lacks as null; the row has no such
     // property, and the message says so by leaving it out.
-    let selects = scan.select.is_some();
-    let rows = rows.map(move |mut row| {
-        if selects {
-            drop_nulls(&mut row);
-        }
-        row
-    });
-    // Packed lazily: a message's text is made when a put can start, and a row is dropped once
-    // it is packed, so at most `PUTS_IN_FLIGHT` texts are held beside the rows not yet packed.
+    if scan.select.is_some() {
+        runs.iter_mut().flatten().for_each(drop_nulls);
+    }
+    // Packed lazily: a message's text is made when a put can start, so at most
+    // `PUTS_IN_FLIGHT` texts are held beside the rows.
     let queue = target.queue.as_str();
-    let messages = stream::iter(Packer::new(&scan.scan_id, rows, &target))
+    let mut packer = Packer::new(&scan.scan_id, runs.iter().flatten(), &target);
+    let mut started = 0usize;
+    let texts = std::iter::from_fn(|| {
+        if started > 0 && Instant::now() >= until {
+            return None;
+        }
+        started += 1;
+        packer.next()
+    });
+    let messages = stream::iter(texts)
         .map(|text| async move {
             let text = text?;
             queues.put_message_never_expiring(queue, &text).await?;
@@ -264,10 +285,19 @@ async fn enqueue<S: Stores>(
         .buffer_unordered(PUTS_IN_FLIGHT)
         .try_fold(0i64, |n, ()| async move { Ok(n + 1) })
         .await?;
-    Ok(Counters {
-        rows_written: count as i64,
-        messages_written: messages,
-        ..Counters::default()
+    let packed = packer.packed;
+    let rest = rest_of(&runs, packed);
+    Ok(Worked {
+        counters: Counters {
+            rows_written: packed as i64,
+            messages_written: messages,
+            ..Counters::default()
+        },
+        handed_off: rest
+            .iter()
+            .map(item_child::<EnqueueDriver>)
+            .collect::<Result<_, _>>()?,
+        rows_handed_off: (runs.iter().map(Vec::len).sum::<usize>() - packed) as i64,
     })
 }
 
@@ -290,6 +320,8 @@ pub struct Packer<I> {
     head: String,
     encoding: MessageEncoding,
     per_message: usize,
+    /// Rows in the messages given so far (the carried row is not yet in one).
+    pub packed: usize,
 }
 
 /// The end of a message's payload.
@@ -306,6 +338,7 @@ impl<I: Iterator<Item: Borrow<Entity>>> Packer<I> {
             ),
             encoding: target.encoding,
             per_message: target.rows_per_message.clamp(1, MAX_ROWS_PER_MESSAGE) as usize,
+            packed: 0,
         }
     }
 
@@ -359,6 +392,7 @@ impl<I: Iterator<Item: Borrow<Entity>>> Iterator for Packer<I> {
             length += comma + text.len();
             batch.push(text);
         }
+        self.packed += batch.len();
         (!batch.is_empty()).then(|| Ok(finish(&self.head, &batch, TAIL, self.encoding)))
     }
 }

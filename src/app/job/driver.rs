@@ -40,6 +40,7 @@
 use crate::app::pace::Meter;
 use std::future::Future;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -49,7 +50,7 @@ use crate::app::error::ApiError;
 use crate::app::job::begun::Begun;
 use crate::app::job::context::{ScanContext, Setup};
 use crate::app::job::error::WorkError;
-use crate::app::job::outcome::{Segment, WorkOutcome};
+use crate::app::job::outcome::{Segment, WorkOutcome, Worked};
 use crate::app::job::request::{Accepts, ScanRequest};
 use crate::app::messages::{ChildSpec, ItemJson, ItemMessage};
 use crate::app::state::AppState;
@@ -180,19 +181,23 @@ pub trait Driver: Send + Sync + 'static {
     /// run's first and last row but the run's own; runs in key order). By default,
     /// [`Driver::work_rows`] on the runs joined, counting its rows written. A driver that
     /// records key ranges (the index) or writes more than rows (the enqueue driver's messages)
-    /// implements this one instead, with the same contract.
+    /// implements this one instead, with the same contract. A driver whose work is paced may
+    /// stop starting work at `until` and hand the rows it did not reach to work items of its
+    /// own ([`Worked::handed_off`]); the others ignore it.
     fn work_runs<S: Stores>(
         state: &AppState<S>,
         scan: &ScanContext,
         requests: &Arc<Meter>,
         runs: Vec<Vec<Entity>>,
-    ) -> impl Future<Output = Result<Counters, WorkError>> + Send {
+        until: Instant,
+    ) -> impl Future<Output = Result<Worked, WorkError>> + Send {
+        let _ = until;
         async move {
             let rows_written = Self::work_rows(state, scan, requests, runs.concat()).await?;
-            Ok(Counters {
+            Ok(Worked::from(Counters {
                 rows_written,
                 ..Counters::default()
-            })
+            }))
         }
     }
 

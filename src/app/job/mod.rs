@@ -28,7 +28,7 @@ pub use driver::{
     MAX_STEP_ROWS, MAX_STEP_ROW_BYTES,
 };
 pub use error::WorkError;
-pub use outcome::{Executed, Segment, WorkOutcome};
+pub use outcome::{Executed, Segment, WorkOutcome, Worked};
 pub use range::RangeWork;
 pub use registry::{BoxFuture, DriverHooks, Drivers};
 pub use request::{Accepts, ScanRequest};

@@ -79,6 +79,40 @@ impl From<WorkOutcome> for Executed {
     }
 }
 
+/// What a driver's work on a step's rows did ([`Driver::work_runs`]): its counters, and the
+/// rows it left to work items of its own (`handed_off`, with `rows_handed_off` rows), for a
+/// driver whose work is paced (the enqueue driver's puts) and would otherwise outlast its
+/// invocation: it stops starting work once its time is up (`Config::hand_off_after`) and hands
+/// the rows it did not reach on. Their `rowsMatched` goes with them: the items count it when
+/// they read them again (their `rowsScanned` stays with the step or item that scanned them).
+///
+/// [`Driver::work_runs`]: crate::app::job::Driver::work_runs
+#[derive(Debug, Default)]
+pub struct Worked {
+    pub counters: Counters,
+    pub handed_off: Vec<ChildSpec>,
+    pub rows_handed_off: i64,
+}
+
+impl From<Counters> for Worked {
+    fn from(counters: Counters) -> Self {
+        Worked {
+            counters,
+            ..Worked::default()
+        }
+    }
+}
+
+impl Worked {
+    /// `self` and then `other`, done in one execution.
+    pub fn plus(mut self, other: Worked) -> Worked {
+        self.counters = self.counters.plus(&other.counters);
+        self.handed_off.extend(other.handed_off);
+        self.rows_handed_off += other.rows_handed_off;
+        self
+    }
+}
+
 /// What one scanned segment becomes: counters to add and work items to queue.
 #[derive(Debug)]
 pub struct Segment<I> {

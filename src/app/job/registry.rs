@@ -13,17 +13,17 @@ use crate::app::pace::Meter;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::job::begun::Begun;
 use crate::app::job::context::{ScanContext, Setup};
 use crate::app::job::error::WorkError;
-use crate::app::job::outcome::WorkOutcome;
+use crate::app::job::outcome::{WorkOutcome, Worked};
 use crate::app::job::range::RangeWork;
 use crate::app::job::request::ScanRequest;
 use crate::app::messages::{ChildSpec, ItemMessage};
-use crate::app::tracking::Counters;
 use crate::storage::Entity;
 
 /// A future a hook returns (boxed: one allocation per call, against a work item's requests).
@@ -68,25 +68,27 @@ pub trait DriverHooks<S>: Send + Sync {
         rows: &[Entity],
         outcome: &mut WorkOutcome,
     ) -> Result<(), WorkError>;
-    /// `Driver::work_runs` on rows a step read, as its contiguous runs, as counters (every row
-    /// matched).
+    /// `Driver::work_runs` on rows a step read, as its contiguous runs (every row not handed
+    /// off matched; a paced driver stops starting work at `until`).
     fn work_rows<'a>(
         &'a self,
         state: &'a S,
         scan: &'a ScanContext,
         requests: &'a Arc<Meter>,
         runs: Vec<Vec<Entity>>,
-    ) -> BoxFuture<'a, Result<Counters, WorkError>>;
+        until: Instant,
+    ) -> BoxFuture<'a, Result<Worked, WorkError>>;
     /// Reads one key range of a step's rows again and works on it: for a delivery that
     /// adopted a step's recorded outcome, whose rows the recording delivery may not have
-    /// worked on.
+    /// worked on (as `work_rows`, with `until`).
     fn rework<'a>(
         &'a self,
         state: &'a S,
         scan: &'a ScanContext,
         requests: &'a Arc<Meter>,
         range: &'a RangeWork,
-    ) -> BoxFuture<'a, Result<Counters, WorkError>>;
+        until: Instant,
+    ) -> BoxFuture<'a, Result<Worked, WorkError>>;
     /// Parses the item of `begun` as the driver's and runs it (`Driver::run`).
     fn run<'a>(
         &'a self,

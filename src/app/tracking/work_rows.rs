@@ -113,8 +113,11 @@ impl<T: TableStore> Tracker<'_, T> {
                 let state = match get_str(props, "State").as_deref() {
                     Some("pending") => WorkState::Pending { etag },
                     Some("expanded") => {
+                        // An empty chunk ends it (`rewrite_outcome`).
                         let outcome: String = (0..MAX_CUSTOM_PROPERTIES)
-                            .map_while(|i| get_str(props, &format!("Outcome{i}")))
+                            .map_while(|i| {
+                                get_str(props, &format!("Outcome{i}")).filter(|c| !c.is_empty())
+                            })
                             .collect();
                         WorkState::Expanded { etag, outcome }
                     }
@@ -286,6 +289,35 @@ impl<T: TableStore> Tracker<'_, T> {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Records `outcome` again on an unfinished row at `etag` (a step handing rows on to items,
+    /// `job::Worked`), in one merge: `State` expanded, the outcome's chunks, and an empty chunk
+    /// after them, where reading stops, since the row may hold a longer outcome's chunks.
+    /// Returns the row's new ETag, or `None` if the row changed (or went) since it was read.
+    pub async fn rewrite_outcome(
+        &self,
+        scan_id: &str,
+        shard: u32,
+        work_id: &str,
+        etag: &str,
+        outcome: &str,
+    ) -> Result<Option<String>, StorageError> {
+        let mut row = Entity::new(shard_partition(scan_id, shard), work_id);
+        row.properties.insert("State", json!("expanded"));
+        let mut chunks = 0;
+        for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
+            row.properties.insert(format!("Outcome{i}"), json!(chunk));
+            chunks = i + 1;
+        }
+        row.properties.insert(format!("Outcome{chunks}"), json!(""));
+        if let Err(e) = row.check_limits() {
+            return Err(StorageError::invalid_input(format!(
+                "the outcome of {work_id} cannot be recorded: {}",
+                e.message
+            )));
+        }
+        self.merge_at(row, etag).await
     }
 
     /// Registers children: inserts each missing row together with its shard's `Created` count.

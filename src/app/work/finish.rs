@@ -11,6 +11,9 @@ use crate::storage::Entity;
 const SETTLE_TOKENS: u32 = 4;
 /// Tokens it takes before its completion's transaction (a counter read and the write).
 const COMPLETE_TOKENS: u32 = 2;
+/// Tokens a hand-off takes before recording its outcome again (the write, and the
+/// registration's counter read and write).
+const HAND_OFF_TOKENS: u32 = 3;
 
 impl<S: Stores> Runner<'_, S> {
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
@@ -99,7 +102,17 @@ impl<S: Stores> Runner<'_, S> {
         self.register_and_queue(&tracker, begun, &children, folded)
             .await?;
         let worked = self.work_in_step(begun, &outcome, rows).await?;
-        let mut delta = outcome.delta.plus(&worked);
+        let handed_off = worked.handed_off.len();
+        let result = outcome.result.clone();
+        let (etag, counter, mut delta) = match handed_off == 0 {
+            true => (etag, counter, outcome.delta.plus(&worked.counters)),
+            false => {
+                let (etag, delta) = self
+                    .hand_off(&tracker, begun, &etag, outcome, worked)
+                    .await?;
+                (etag, None, delta)
+            }
+        };
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
             begun.requests.count() as i64 + if counter.is_some() { 1 } else { 2 };
@@ -112,7 +125,7 @@ impl<S: Stores> Runner<'_, S> {
                 &etag,
                 delta,
                 None,
-                outcome.result.as_deref(),
+                result.as_deref(),
                 counter,
             )
             .await?;
@@ -139,7 +152,7 @@ impl<S: Stores> Runner<'_, S> {
             Completion::Committed { .. } => Ok(format!(
                 "{}: done ({} children, {} rows scanned, {} rows written)",
                 begun.work_id,
-                children.len(),
+                children.len() + handed_off,
                 delta.rows_scanned,
                 delta.rows_written
             )),
@@ -254,28 +267,67 @@ impl<S: Stores> Runner<'_, S> {
 
     /// A scan step's work on the rows it read, done by the scan's driver after the step's
     /// children were queued: on the `rows` in memory, or, for an adopted outcome, on its
-    /// recorded ranges read again.
+    /// recorded ranges read again. A paced driver stops starting work `hand_off_after` from
+    /// here and hands the rest on (`job::Worked`; [`Runner::hand_off`]).
     async fn work_in_step<M: WorkMessage>(
         &self,
         begun: &Begun<M>,
         outcome: &WorkOutcome,
         rows: Vec<Entity>,
-    ) -> Result<Counters, WorkError> {
+    ) -> Result<Worked, WorkError> {
         if outcome.in_step.is_empty() {
-            return Ok(Counters::default());
+            return Ok(Worked::default());
         }
+        let until = tokio::time::Instant::now() + self.app.config.hand_off_after;
         let (scan, requests) = (&*begun.scan, &begun.requests);
         let driver = self.app.drivers.of(scan)?;
         if !rows.is_empty() {
             let runs = runs_of(rows, &outcome.in_step);
-            return driver.work_rows(self.app, scan, requests, runs).await;
+            return driver
+                .work_rows(self.app, scan, requests, runs, until)
+                .await;
         }
-        let mut total = Counters::default();
+        let mut total = Worked::default();
         for range in &outcome.in_step {
-            let worked = driver.rework(self.app, scan, requests, range).await?;
-            total = total.plus(&worked);
+            let worked = driver
+                .rework(self.app, scan, requests, range, until)
+                .await?;
+            total = total.plus(worked);
         }
         Ok(total)
+    }
+
+    /// Hands the rows a step's work did not reach to the items `worked` names: records the
+    /// step's outcome again under `etag`, with those items as more children, no in-step ranges
+    /// (each row is put, or an item's) and what was worked counted, so that a delivery adopting
+    /// it only queues the children and completes; then registers and queues the new children.
+    /// Returns the row's new ETag and the outcome's counters. A row changed since `etag` is
+    /// another delivery's now: this one is retried (its puts were at-least-once duplicates).
+    async fn hand_off<M: WorkMessage, T: TableStore>(
+        &self,
+        tracker: &Tracker<'_, T>,
+        begun: &Begun<M>,
+        etag: &str,
+        mut outcome: WorkOutcome,
+        worked: Worked,
+    ) -> Result<(String, Counters), WorkError> {
+        let scan = &*begun.scan;
+        let first_new = outcome.children.len();
+        outcome.delta = outcome.delta.plus(&worked.counters);
+        outcome.in_step.clear();
+        outcome.children.extend(worked.handed_off);
+        let json = serde_json::to_string(&outcome).expect("outcomes serialize");
+        begun.requests.prepay(HAND_OFF_TOKENS).await?;
+        let (id, own) = (&begun.work_id, begun.shard);
+        let etag = tracker
+            .rewrite_outcome(&scan.scan_id, own, id, etag, &json)
+            .await?
+            .ok_or_else(|| changed_under(id))?;
+        let children = self.children_of(scan, own, &outcome)?;
+        self.register_and_queue(tracker, begun, &children[first_new..], None)
+            .await?;
+        tracing::info!(work = %id, scan = %scan.scan_id, rows = worked.rows_handed_off, items = children.len() - first_new, "a step handed rows on to items of their own");
+        Ok((etag, outcome.delta))
     }
 
     /// Registers `children` (except, with `folded` = `(shard, n)`, the first `n` children in

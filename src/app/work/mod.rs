@@ -39,7 +39,7 @@ use crate::storage::{QueueStore, StorageError, TableStore};
 
 use super::config::STORAGE_SETTING;
 use super::job::{
-    is_valid_scan_id, Begun, Executed, Progress, ScanContext, WorkError, WorkOutcome,
+    is_valid_scan_id, Begun, Executed, Progress, ScanContext, WorkError, WorkOutcome, Worked,
 };
 use super::messages::{self, ChildSpec, ItemMessage, MessageError, StepMessage, WorkMessage};
 use super::observe;

@@ -44,6 +44,7 @@ mod publish;
 mod stage;
 
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -54,7 +55,7 @@ use crate::app::index_files::IndexLayout;
 use crate::app::job::request::default_connection;
 use crate::app::job::{
     item_child, Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, StepWork,
-    WorkError, WorkOutcome, WorkSplit, MAX_STEP_QUERY_SCALE, MAX_STEP_ROWS,
+    WorkError, WorkOutcome, WorkSplit, Worked, MAX_STEP_QUERY_SCALE, MAX_STEP_ROWS,
 };
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::pace::Meter;
@@ -273,12 +274,13 @@ impl Driver for IndexDriver {
         scan: &ScanContext,
         requests: &Arc<Meter>,
         runs: Vec<Vec<Entity>>,
-    ) -> Result<Counters, WorkError> {
+        _: Instant,
+    ) -> Result<Worked, WorkError> {
         let rows_written = stage::stage(state, scan, requests, &runs).await?;
-        Ok(Counters {
+        Ok(Worked::from(Counters {
             rows_written,
             ..Counters::default()
-        })
+        }))
     }
 
     async fn run<S: Stores>(

@@ -6,16 +6,16 @@
 use crate::app::pace::Meter;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
 use crate::app::job::{
     accepts, item_child, Begun, BoxFuture, Driver, DriverHooks, RangeWork, ScanContext,
-    ScanRequest, Setup, WorkError, WorkOutcome, MAX_STEP_QUERY_SCALE, MAX_STEP_ROWS,
+    ScanRequest, Setup, WorkError, WorkOutcome, Worked, MAX_STEP_QUERY_SCALE, MAX_STEP_ROWS,
 };
 use crate::app::messages::{ChildSpec, ItemMessage};
 use crate::app::state::AppState;
-use crate::app::tracking::Counters;
 use crate::storage::stores::Stores;
 use crate::storage::{Entity, StorageError, StorageErrorKind, MAX_TAKE};
 
@@ -107,8 +107,9 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         scan: &'a ScanContext,
         requests: &'a Arc<Meter>,
         runs: Vec<Vec<Entity>>,
-    ) -> BoxFuture<'a, Result<Counters, WorkError>> {
-        Box::pin(work_rows::<D, S>(state, scan, requests, runs))
+        until: Instant,
+    ) -> BoxFuture<'a, Result<Worked, WorkError>> {
+        Box::pin(work_rows::<D, S>(state, scan, requests, runs, until))
     }
 
     fn rework<'a>(
@@ -117,8 +118,9 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
         scan: &'a ScanContext,
         requests: &'a Arc<Meter>,
         range: &'a RangeWork,
-    ) -> BoxFuture<'a, Result<Counters, WorkError>> {
-        Box::pin(rework_range::<D, S>(state, scan, requests, range))
+        until: Instant,
+    ) -> BoxFuture<'a, Result<Worked, WorkError>> {
+        Box::pin(rework_range::<D, S>(state, scan, requests, range, until))
     }
 
     fn run<'a>(
@@ -148,20 +150,20 @@ impl<D: Driver, S: Stores> DriverHooks<AppState<S>> for Hooks<D> {
 }
 
 /// Does `D`'s work on the rows one of a scan's steps read, as its contiguous runs
-/// ([`Driver::work_runs`]); every row counts as matched (scans with a filter do not work in
-/// steps).
+/// ([`Driver::work_runs`]); every row it did not hand off counts as matched (scans with a
+/// filter do not work in steps): the items the others went to count them when they read them
+/// (the step counted them scanned).
 async fn work_rows<D: Driver, S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<Meter>,
     runs: Vec<Vec<Entity>>,
-) -> Result<Counters, WorkError> {
-    let matched = runs.iter().map(Vec::len).sum::<usize>() as i64;
-    let worked = D::work_runs(state, scan, requests, runs).await?;
-    Ok(Counters {
-        rows_matched: matched,
-        ..worked
-    })
+    until: Instant,
+) -> Result<Worked, WorkError> {
+    let given = runs.iter().map(Vec::len).sum::<usize>() as i64;
+    let mut worked = D::work_runs(state, scan, requests, runs, until).await?;
+    worked.counters.rows_matched = given - worked.rows_handed_off;
+    Ok(worked)
 }
 
 /// Reads of a range that grew since it was scanned, before [`rework_range`] gives up for this
@@ -181,14 +183,15 @@ async fn rework_range<D: Driver, S: Stores>(
     scan: &ScanContext,
     requests: &Arc<Meter>,
     range: &RangeWork,
-) -> Result<Counters, WorkError> {
+    until: Instant,
+) -> Result<Worked, WorkError> {
     let source = state.counted_table(&scan.source.connection, requests)?;
     // What the step read: its columns, no filter (scans with a filter do not work in steps).
     let spec = range::ReadSpec {
         select: scan.params.select.clone(),
         ..range::ReadSpec::default()
     };
-    let mut total = Counters::default();
+    let mut total = Worked::default();
     let mut next = Some(range.clone());
     for _ in 0..MAX_REWORK_ROUNDS {
         let Some(work) = next.take() else {
@@ -198,7 +201,9 @@ async fn rework_range<D: Driver, S: Stores>(
         if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
             return Err(e);
         }
-        total = total.plus(&work_rows::<D, S>(state, scan, requests, vec![read.rows]).await?);
+        // Past `until`, a paced driver hands the rows of a later read on whole.
+        let worked = work_rows::<D, S>(state, scan, requests, vec![read.rows], until).await?;
+        total = total.plus(worked);
         next = read.next;
     }
     match next {

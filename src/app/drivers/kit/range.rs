@@ -299,11 +299,98 @@ pub fn unaddressable_error(done: &str, unaddressable: &[UnaddressableRow]) -> Op
     )))
 }
 
+/// The key ranges of the rows of `runs` after the first `done` (in order), for work items to
+/// read them again: the rest of the run the cut falls in (after its last done row), then each
+/// later run whole. They cover exactly those rows among the table's rows as read (a run is
+/// contiguous: no row lies between its first and last but its own), and rows inserted among
+/// them since.
+pub fn rest_of(runs: &[Vec<Entity>], done: usize) -> Vec<RangeWork> {
+    let key = |row: &Entity| (row.partition_key.clone(), row.row_key.clone());
+    let mut skip = done;
+    let mut rest = Vec::new();
+    for run in runs {
+        let (Some(first), Some(last)) = (run.first(), run.last()) else {
+            continue;
+        };
+        if skip >= run.len() {
+            skip -= run.len();
+            continue;
+        }
+        rest.push(match skip {
+            0 => RangeWork::Range {
+                from: key(first),
+                to: key(last),
+            },
+            n => RangeWork::After {
+                after: key(&run[n - 1]),
+                to: key(last),
+            },
+        });
+        skip = 0;
+    }
+    rest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::app::messages::{self, ItemJson, ItemMessage};
+    use proptest::prelude::*;
     use serde_json::json;
+
+    proptest! {
+        /// `rest_of` against an oracle: a table of keys (partition keys that are prefixes of
+        /// each other, empty ones), runs cut from it with rows between them left to other
+        /// steps, and any number of rows done: the rest's ranges match exactly the rows of the
+        /// runs after the first `done`, and no row between or outside the runs.
+        #[test]
+        fn the_rest_covers_exactly_the_rows_not_done(
+            keys in proptest::collection::btree_set(
+                (prop::sample::select(vec!["", "a", "ab", "b", "b\u{0}"]), "[0-9]{0,2}"),
+                1..40,
+            ),
+            cuts in proptest::collection::vec(0usize..4, 1..40),
+            done in 0usize..45,
+        ) {
+            let table: Vec<(String, String)> = keys
+                .into_iter()
+                .map(|(pk, rk)| (pk.to_string(), rk))
+                .collect();
+            // Each key goes to the current run (0), ends it (1), is left to another step
+            // between runs (2), or starts a new run (3).
+            let mut runs: Vec<Vec<Entity>> = vec![Vec::new()];
+            for (i, (pk, rk)) in table.iter().enumerate() {
+                match cuts[i % cuts.len()] {
+                    2 => runs.push(Vec::new()),
+                    c => {
+                        if c == 3 {
+                            runs.push(Vec::new());
+                        }
+                        runs.last_mut().unwrap().push(Entity::new(pk.clone(), rk.clone()));
+                        if c == 1 {
+                            runs.push(Vec::new());
+                        }
+                    }
+                }
+            }
+            let in_runs: Vec<&Entity> = runs.iter().flatten().collect();
+            let expected: Vec<(String, String)> = in_runs
+                .iter()
+                .skip(done)
+                .map(|e| (e.partition_key.clone(), e.row_key.clone()))
+                .collect();
+            let filters: Vec<Filter> = rest_of(&runs, done)
+                .iter()
+                .map(|w| plan(w).expect("a range").filter)
+                .collect();
+            let covered: Vec<(String, String)> = table
+                .iter()
+                .filter(|(pk, rk)| filters.iter().any(|f| f.matches(pk, rk)))
+                .cloned()
+                .collect();
+            prop_assert_eq!(covered, expected);
+        }
+    }
 
     #[test]
     fn batches_respect_partition_count_and_size() {
