@@ -22,7 +22,8 @@ pub enum RangeWork {
         to: (String, String),
     },
     /// Every row after `after` (exclusive) up to `to` inclusive: the rest of a range that grew
-    /// past what one invocation reads (rows inserted since it was scanned).
+    /// past what one invocation reads (rows inserted since it was scanned), or of rows a paced
+    /// driver handed on (`job::Worked`).
     After {
         after: (String, String),
         to: (String, String),

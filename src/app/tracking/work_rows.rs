@@ -317,7 +317,14 @@ impl<T: TableStore> Tracker<'_, T> {
                 e.message
             )));
         }
-        self.merge_at(row, etag).await
+        if let Some(etag) = self.merge_at(row, etag).await? {
+            return Ok(Some(etag));
+        }
+        // Changed, or written without the store reporting the new ETag: read it back.
+        Ok(match self.work_state(scan_id, shard, work_id).await? {
+            Some(WorkState::Expanded { etag, outcome: now }) if now == outcome => Some(etag),
+            _ => None,
+        })
     }
 
     /// Registers children: inserts each missing row together with its shard's `Created` count.
