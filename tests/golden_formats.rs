@@ -1346,11 +1346,11 @@ async fn work_and_counter_rows_as_stored() {
     assert!(read.is_drained(SCAN, SHARDS).await.unwrap());
 }
 
-/// A step that handed rows on (docs/enqueue.md, "Hand-offs"): its outcome recorded again under
-/// the row's ETag, with the items that take the rest as more children, no in-step ranges, what
-/// it worked counted, and an empty chunk after it, where reading stops. Read back from the
-/// golden bytes onto a row whose earlier outcome was three chunks long, the new outcome is read
-/// alone (the stale third chunk stays behind the empty one).
+/// A step that handed rows on (docs/enqueue.md, "Hand-offs"): its outcome recorded (again, or
+/// first for a step without children) under the row's ETag, with the items that take the rest
+/// as more children, no in-step ranges, what it worked counted, and an empty chunk after it,
+/// where reading stops. Read back from the golden bytes (one row's earlier outcome three chunks
+/// long, the other row pending), each row reads as its new outcome alone.
 #[tokio::test]
 async fn handed_off_outcomes_as_stored() {
     let (store, scans, work) = recording_tracker().await;
@@ -1406,34 +1406,91 @@ async fn handed_off_outcomes_as_stored() {
         .await
         .unwrap()
         .expect("the row as recorded");
-    let examples = vec![ops_example(
+    let mut examples = vec![ops_example(
         "a step that put 700 of its 1,500 rows hands the rest (after p5/r0) to an item: its \
          outcome recorded again (expanded -> expanded)",
         &store.take(),
     )];
+    // A step without children recorded no outcome before its puts: the hand-off records it.
+    let leaf = StepMessage {
+        scan_id: SCAN.into(),
+        step: Step::PartitionKeyQuery {
+            partition_key: "q1".into(),
+            row_key_skip: None,
+            depth: 2,
+        },
+        shard: None,
+    };
+    let leaf_row = NewWork {
+        id: work_id(&leaf),
+        kind: StepMessage::NAME,
+        shard: shard_for(&leaf, &work_id(&leaf), SHARDS),
+    };
+    tracker.register_children(SCAN, &[&leaf_row]).await.unwrap();
+    store.take();
+    let rest = RangeWork::After {
+        after: pair("q1", "r0999"),
+        to: pair("q1", "r1999"),
+    };
+    let leaf_handed = WorkOutcome {
+        children: vec![range_child(&rest)],
+        delta: counters(|c| {
+            c.rows_scanned = 2000;
+            c.rows_matched = 1000;
+            c.rows_written = 1000;
+            c.messages_written = 1000;
+        }),
+        ..WorkOutcome::default()
+    };
+    let leaf_json = serde_json::to_string(&leaf_handed).unwrap();
+    let etag = pending_etag(&tracker, &leaf_row).await;
+    tracker
+        .rewrite_outcome(SCAN, leaf_row.shard, &leaf_row.id, &etag, &leaf_json)
+        .await
+        .unwrap()
+        .expect("the row as registered");
+    examples.push(ops_example(
+        "a step without children (no outcome recorded) that put 1,000 of its 2,000 rows hands \
+         the rest to an item: its outcome recorded (pending -> expanded)",
+        &store.take(),
+    ));
     let header =
         "Hand-offs (work table; PartitionKey `<scan id>-<shard:02>`, RowKey = work id): a\n\
-                  step's outcome recorded again, with the items that take the rows it did not\n\
+                  step's outcome recorded (again), with the items that take the rows it did not\n\
                   reach; an empty Outcome<n> ends the outcome.";
     let golden = check_examples("work-rows-handed-off.txt", header, &examples);
-    // Replayed onto the row as recorded (`pending` then `expanded` with the first outcome).
-    // Its second and third chunks stand for a longer outcome recorded before.
-    let partition = format!("{SCAN}-{:02}", row.shard);
-    let recorded_row = json!({"PartitionKey": partition, "RowKey": row.id,
-        "State": "expanded", "Outcome0": json, "Outcome1": "stale", "Outcome2": "stale"});
+    // Replayed onto the rows as they were: the first expanded with its first outcome, whose
+    // second and third chunks stand for a longer outcome recorded before; the second pending.
+    let key_of = |w: &NewWork| (format!("{SCAN}-{:02}", w.shard), w.id.clone());
+    let row_json = |w: &NewWork, more: Value| {
+        let (pk, rk) = key_of(w);
+        let mut row = json!({"PartitionKey": pk, "RowKey": rk});
+        row.as_object_mut()
+            .unwrap()
+            .extend(more.as_object().unwrap().clone());
+        row.as_object().unwrap().clone()
+    };
     let mut rows = BTreeMap::new();
-    let key = (partition, row.id.clone());
-    rows.insert(key.clone(), recorded_row.as_object().unwrap().clone());
+    let stale = json!({"State": "expanded", "Outcome0": json, "Outcome1": "stale",
+        "Outcome2": "stale"});
+    rows.insert(key_of(&row), row_json(&row, stale));
+    rows.insert(
+        key_of(&leaf_row),
+        row_json(&leaf_row, json!({"State": "pending"})),
+    );
     for op in golden.iter().flat_map(ops_of) {
         let merged: serde_json::Map<String, Value> = serde_json::from_str(&op.json).unwrap();
-        rows.get_mut(&key).expect("the step's row").extend(merged);
+        let key = (op.partition.clone(), op.row_key.clone());
+        rows.get_mut(&key).expect("a step's row").extend(merged);
     }
     let table = stored(&rows, "GoldenHandOffRead").await;
     let reader = support::table_store().0;
     let read = Tracker::new(&reader, &scans, &table);
-    match read.work_state(SCAN, row.shard, &row.id).await.unwrap() {
-        Some(WorkState::Expanded { outcome, .. }) => assert_eq!(outcome, handed_json),
-        other => panic!("the handed-off row read as {other:?}"),
+    for (w, want) in [(&row, &handed_json), (&leaf_row, &leaf_json)] {
+        match read.work_state(SCAN, w.shard, &w.id).await.unwrap() {
+            Some(WorkState::Expanded { outcome, .. }) => assert_eq!(&outcome, want),
+            other => panic!("the handed-off row {} read as {other:?}", w.id),
+        }
     }
 }
 

@@ -20,13 +20,15 @@
 //!   `messageEncoding: "none"` only U+FFFE and U+FFFF (which XML, and so the queue's API, cannot
 //!   carry) are written as the JSON escapes `\ufffe` and `\uffff`, the same string.
 //! - **Messages never expire** (`messagettl=-1`): a consumer may run days behind a big scan.
-//! - **An execution ends in time.** Past `Config::hand_off_after` (60 s by default) a step or
-//!   item starts no put but its first, and hands the rows not yet in a message to items of
-//!   their own ([`rest_of`]: a run's rest after its last packed row, later runs whole), which
-//!   read them again: at its share of a paced scan's rate a step's puts would otherwise take
-//!   as long as the fleet's steps running at once times its puts over the rate, past the
-//!   handler's deadline with many instances (docs/enqueue.md). Each execution puts at least
-//!   one message, so the hand-offs end.
+//! - **An execution's puts stop in time.** Past `Config::hand_off_after` (60 s by default,
+//!   counted from just before its first put, after its reads) a step or item starts no put, and
+//!   hands the rows not yet in a message to items of their own ([`rest_of`]: a run's rest after
+//!   its last packed row, later runs whole), which read them again: at its share of a paced
+//!   scan's rate a step's puts would otherwise take as long as the fleet's steps running at
+//!   once times its puts over the rate, past the handler's deadline with many instances
+//!   (docs/enqueue.md). An item counts its time from after its read, so it puts at least one
+//!   message and the hand-offs end. Its bookkeeping is paced too and not bounded by this
+//!   (simulated: the longest execution 317 s at 40 instances, 433 s at 100).
 //! - **At least once.** A redelivered step or item puts its messages again; duplicates come
 //!   only from that (and from a put retried after its answer was lost). Consumers deduplicate
 //!   by scan id and keys. `rowsWritten` and `messagesWritten` count the committed execution's.
@@ -246,10 +248,10 @@ impl Driver for EnqueueDriver {
 }
 
 /// Puts the rows of `runs` (read from the scan's source; each run contiguous, runs in key
-/// order) on the scan's queue. It starts no put at or after `until` but its first: the rows
-/// not packed into a message by then are handed to items of their own (a run's rest after its
-/// last packed row, and every later run whole), so that an execution at its share of a paced
-/// scan's rate ends in time (module invariants). Returns the rows and messages written.
+/// order) on the scan's queue. It starts no put at or after `until`: the rows not packed into
+/// a message by then are handed to items of their own (a run's rest after its last packed
+/// row, and every later run whole), so that an execution's puts at its share of a paced scan's
+/// rate stop in time (module invariants). Returns the rows and messages written.
 async fn enqueue<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
@@ -268,13 +270,9 @@ async fn enqueue<S: Stores>(
     // `PUTS_IN_FLIGHT` texts are held beside the rows.
     let queue = target.queue.as_str();
     let mut packer = Packer::new(&scan.scan_id, runs.iter().flatten(), &target);
-    let mut started = 0usize;
-    let texts = std::iter::from_fn(|| {
-        if started > 0 && Instant::now() >= until {
-            return None;
-        }
-        started += 1;
-        packer.next()
+    let texts = std::iter::from_fn(|| match Instant::now() < until {
+        true => packer.next(),
+        false => None,
     });
     let messages = stream::iter(texts)
         .map(|text| async move {

@@ -26,6 +26,11 @@
 //!    the same step can split its range differently). So the first execution to finish records
 //!    its outcome (children + counters) on the item's row, guarded by the row's ETag
 //!    (`pending` → `expanded`); every later or concurrent execution adopts the recorded outcome.
+//!    One change of a recorded outcome is allowed, by the execution that holds the row's ETag:
+//!    an enqueue step handing the rows it did not put to items of their own records its outcome
+//!    again (`expanded` → `expanded`, or `pending` → `expanded` if it had recorded none) with
+//!    those items as more children and no in-step ranges, before it registers them
+//!    (`Tracker::rewrite_outcome`); an execution that adopts either outcome does right by it.
 //!    The children that live in the item's own shard are registered (as in 1) in that same
 //!    transaction, so they are exactly the recorded outcome's: a losing execution's transaction
 //!    fails as a whole and registers nothing. The others are registered after it, idempotently

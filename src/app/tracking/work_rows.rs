@@ -291,8 +291,8 @@ impl<T: TableStore> Tracker<'_, T> {
         }
     }
 
-    /// Records `outcome` again on an unfinished row at `etag` (a step handing rows on to items,
-    /// `job::Worked`), in one merge: `State` expanded, the outcome's chunks, and an empty chunk
+    /// Records `outcome` on an unfinished row at `etag` (a step handing rows on to items,
+    /// `job::Worked`; again on an expanded row, or first on a pending one), in one merge: `State` expanded, the outcome's chunks, and an empty chunk
     /// after them, where reading stops, since the row may hold a longer outcome's chunks.
     /// Returns the row's new ETag, or `None` if the row changed (or went) since it was read.
     pub async fn rewrite_outcome(

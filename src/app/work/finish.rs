@@ -11,9 +11,9 @@ use crate::storage::Entity;
 const SETTLE_TOKENS: u32 = 4;
 /// Tokens it takes before its completion's transaction (a counter read and the write).
 const COMPLETE_TOKENS: u32 = 2;
-/// Tokens a hand-off takes before recording its outcome again (the write, and the
-/// registration's counter read and write).
-const HAND_OFF_TOKENS: u32 = 3;
+/// Tokens a hand-off takes before recording its outcome (the write, and its read-back where the
+/// store reports no ETag), besides a counter read and write for each shard its items land in.
+const HAND_OFF_TOKENS: u32 = 2;
 
 impl<S: Stores> Runner<'_, S> {
     /// Commits a work item's result (or its failure on the last attempt) and builds the reply.
@@ -298,11 +298,13 @@ impl<S: Stores> Runner<'_, S> {
     }
 
     /// Hands the rows a step's work did not reach to the items `worked` names: records the
-    /// step's outcome again under `etag`, with those items as more children, no in-step ranges
-    /// (each row is put, or an item's) and what was worked counted, so that a delivery adopting
-    /// it only queues the children and completes; then registers and queues the new children.
-    /// Returns the row's new ETag and the outcome's counters. A row changed since `etag` is
-    /// another delivery's now: this one is retried (its puts were at-least-once duplicates).
+    /// step's outcome under `etag` (again, or for the first time if the step had no children
+    /// and so recorded none: `pending` → `expanded`), with those items as more children, no
+    /// in-step ranges (each row is put, or an item's) and what was worked counted, so that a
+    /// delivery adopting it only registers and queues the children again and completes; then
+    /// registers and queues the new children. Returns the row's new ETag and the outcome's
+    /// counters. A row changed since `etag` is another delivery's now: this one is retried (its
+    /// puts were at-least-once duplicates).
     async fn hand_off<M: WorkMessage, T: TableStore>(
         &self,
         tracker: &Tracker<'_, T>,
@@ -317,13 +319,16 @@ impl<S: Stores> Runner<'_, S> {
         outcome.in_step.clear();
         outcome.children.extend(worked.handed_off);
         let json = serde_json::to_string(&outcome).expect("outcomes serialize");
-        begun.requests.prepay(HAND_OFF_TOKENS).await?;
         let (id, own) = (&begun.work_id, begun.shard);
+        let children = self.children_of(scan, own, &outcome)?;
+        let shards: std::collections::BTreeSet<u32> =
+            children[first_new..].iter().map(|c| c.work.shard).collect();
+        let tokens = HAND_OFF_TOKENS + 2 * shards.len() as u32;
+        begun.requests.prepay(tokens).await?;
         let etag = tracker
             .rewrite_outcome(&scan.scan_id, own, id, etag, &json)
             .await?
             .ok_or_else(|| changed_under(id))?;
-        let children = self.children_of(scan, own, &outcome)?;
         self.register_and_queue(tracker, begun, &children[first_new..], None)
             .await?;
         tracing::info!(work = %id, scan = %scan.scan_id, rows = worked.rows_handed_off, items = children.len() - first_new, "a step handed rows on to items of their own");

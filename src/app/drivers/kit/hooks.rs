@@ -201,7 +201,8 @@ async fn rework_range<D: Driver, S: Stores>(
         if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
             return Err(e);
         }
-        // Past `until`, a paced driver hands the rows of a later read on whole.
+        // Past `until`, a paced driver starts no more work: it hands this read's rows on whole
+        // (read only to be handed on: a rare path, an adopted outcome's range that grew).
         let worked = work_rows::<D, S>(state, scan, requests, vec![read.rows], until).await?;
         total = total.plus(worked);
         next = read.next;
