@@ -28,7 +28,7 @@
 //!   once times its puts over the rate, past the handler's deadline with many instances
 //!   (docs/enqueue.md). An item counts its time from after its read, so it puts at least one
 //!   message and the hand-offs end. Its bookkeeping is paced too and not bounded by this
-//!   (simulated: the longest execution 317 s at 40 instances, 433 s at 100).
+//!   (simulated: the longest execution 321 s at 40 instances, 547 s at 100).
 //! - **At least once.** A redelivered step or item puts its messages again; duplicates come
 //!   only from that (and from a put retried after its answer was lost). Consumers deduplicate
 //!   by scan id and keys. `rowsWritten` and `messagesWritten` count the committed execution's.
