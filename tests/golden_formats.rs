@@ -1093,6 +1093,20 @@ fn earlier_outcomes_are_still_read() {
     );
 }
 
+/// The row of scan `scan_id`'s root step (its first scan step, `Step::Start`).
+fn root_row(scan_id: &str) -> NewWork {
+    let root = StepMessage {
+        scan_id: scan_id.into(),
+        step: Step::Start,
+        shard: None,
+    };
+    NewWork {
+        id: work_id(&root),
+        kind: StepMessage::NAME,
+        shard: shard_for(&root, &work_id(&root), SHARDS),
+    }
+}
+
 /// The ETag of a child's pending row.
 async fn pending_etag<S: TableStore>(tracker: &Tracker<'_, S>, child: &NewWork) -> String {
     match tracker
@@ -1135,14 +1149,8 @@ async fn work_scenario(
 ) -> Vec<(&'static str, Vec<Op>, Counters)> {
     let mut out = Vec::new();
     let mut totals = Counters::default();
-    let root = step(Step::Start, None);
-    let root_id = work_id(&root);
-    let own = shard_for(&root, &root_id, SHARDS);
-    let root_row = NewWork {
-        id: root_id.clone(),
-        kind: StepMessage::NAME,
-        shard: own,
-    };
+    let root_row = root_row(SCAN);
+    let (root_id, own) = (root_row.id.clone(), root_row.shard);
     tracker
         .create_scan_work(SCAN, SHARDS, &root_row)
         .await
@@ -1355,16 +1363,7 @@ async fn work_and_counter_rows_as_stored() {
 async fn handed_off_outcomes_as_stored() {
     let (store, scans, work) = recording_tracker().await;
     let tracker = Tracker::new(&store, &scans, &work);
-    let root = StepMessage {
-        scan_id: SCAN.into(),
-        step: Step::Start,
-        shard: None,
-    };
-    let row = NewWork {
-        id: work_id(&root),
-        kind: StepMessage::NAME,
-        shard: shard_for(&root, &work_id(&root), SHARDS),
-    };
+    let row = root_row(SCAN);
     tracker.create_scan_work(SCAN, SHARDS, &row).await.unwrap();
     let step = ChildSpec::Step(Step::PartitionKeyQuery {
         partition_key: "p9".into(),
@@ -1545,16 +1544,7 @@ async fn marks_scenario(
     });
     tracker.insert_scan(&record).await.unwrap();
     out.push(("scan started: its record", store.take()));
-    let root = StepMessage {
-        scan_id: id.into(),
-        step: Step::Start,
-        shard: None,
-    };
-    let root_row = NewWork {
-        id: work_id(&root),
-        kind: StepMessage::NAME,
-        shard: shard_for(&root, &work_id(&root), SHARDS),
-    };
+    let root_row = root_row(id);
     tracker
         .create_scan_work(id, SHARDS, &root_row)
         .await

@@ -30,7 +30,8 @@
 //!    an enqueue step handing the rows it did not put to items of their own records its outcome
 //!    again (`expanded` → `expanded`, or `pending` → `expanded` if it had recorded none) with
 //!    those items as more children and no in-step ranges, before it registers them
-//!    (`Tracker::rewrite_outcome`); an execution that adopts either outcome does right by it.
+//!    (`Tracker::rewrite_outcome`); an execution that adopts the second one has no in-step
+//!    ranges to work on: it registers and queues the children and completes.
 //!    The children that live in the item's own shard are registered (as in 1) in that same
 //!    transaction, so they are exactly the recorded outcome's: a losing execution's transaction
 //!    fails as a whole and registers nothing. The others are registered after it, idempotently

@@ -206,17 +206,7 @@ impl<T: TableStore> Tracker<'_, T> {
         children: &[&NewWork],
     ) -> Result<Recorded, RecordError> {
         let pk = shard_partition(scan_id, shard);
-        let mut row = Entity::new(pk.clone(), work_id);
-        row.properties.insert("State", json!("expanded"));
-        for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
-            row.properties.insert(format!("Outcome{i}"), json!(chunk));
-        }
-        if let Err(e) = row.check_limits() {
-            return Err(RecordError::Storage(StorageError::invalid_input(format!(
-                "the outcome of {work_id} cannot be recorded: {}",
-                e.message
-            ))));
-        }
+        let row = expanded_row(&pk, work_id, outcome, false)?;
         let what = format!("counter of {pk}");
         let mut schedule = contention();
         loop {
@@ -292,9 +282,10 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// Records `outcome` on an unfinished row at `etag` (a step handing rows on to items,
-    /// `job::Worked`; again on an expanded row, or first on a pending one), in one merge: `State` expanded, the outcome's chunks, and an empty chunk
-    /// after them, where reading stops, since the row may hold a longer outcome's chunks.
-    /// Returns the row's new ETag, or `None` if the row changed (or went) since it was read.
+    /// `job::Worked`; again on an expanded row, or first on a pending one), in one merge:
+    /// `State` expanded, the outcome's chunks, and an empty chunk after them, where reading
+    /// stops, since the row may hold a longer outcome's chunks. Returns the row's new ETag, or
+    /// `None` if the row changed (or went) since it was read.
     pub async fn rewrite_outcome(
         &self,
         scan_id: &str,
@@ -303,20 +294,7 @@ impl<T: TableStore> Tracker<'_, T> {
         etag: &str,
         outcome: &str,
     ) -> Result<Option<String>, StorageError> {
-        let mut row = Entity::new(shard_partition(scan_id, shard), work_id);
-        row.properties.insert("State", json!("expanded"));
-        let mut chunks = 0;
-        for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
-            row.properties.insert(format!("Outcome{i}"), json!(chunk));
-            chunks = i + 1;
-        }
-        row.properties.insert(format!("Outcome{chunks}"), json!(""));
-        if let Err(e) = row.check_limits() {
-            return Err(StorageError::invalid_input(format!(
-                "the outcome of {work_id} cannot be recorded: {}",
-                e.message
-            )));
-        }
+        let row = expanded_row(&shard_partition(scan_id, shard), work_id, outcome, true)?;
         if let Some(etag) = self.merge_at(row, etag).await? {
             return Ok(Some(etag));
         }
@@ -481,4 +459,32 @@ fn counter_write(pk: &str, counters: Counters, etag: Option<String>) -> BatchOpe
         },
         None => BatchOperation::Insert(counters.to_entity(pk)),
     }
+}
+
+/// The merge that records `outcome` on a work row: `State` expanded and the outcome in
+/// `Outcome0`, `Outcome1`, … chunks, then, when `ended`, an empty chunk where reading stops
+/// (`Tracker::rewrite_outcome`). Checked against the entity limits before it is sent.
+fn expanded_row(
+    pk: &str,
+    work_id: &str,
+    outcome: &str,
+    ended: bool,
+) -> Result<Entity, StorageError> {
+    let mut row = Entity::new(pk, work_id);
+    row.properties.insert("State", json!("expanded"));
+    let mut chunks = 0;
+    for (i, chunk) in utf16_chunks(outcome, OUTCOME_CHUNK_UNITS).enumerate() {
+        row.properties.insert(format!("Outcome{i}"), json!(chunk));
+        chunks = i + 1;
+    }
+    if ended {
+        row.properties.insert(format!("Outcome{chunks}"), json!(""));
+    }
+    row.check_limits().map_err(|e| {
+        StorageError::invalid_input(format!(
+            "the outcome of {work_id} cannot be recorded: {}",
+            e.message
+        ))
+    })?;
+    Ok(row)
 }
