@@ -1512,7 +1512,8 @@ async fn phase_claim_rows_as_stored() {
     )];
     let header = "Phase claim rows (work table; PartitionKey `<scan id>-<shard:02>` of the phase\n\
                   root, RowKey `phase-<n>`): which drained check starts phase n; ClaimedAt, an\n\
-                  older claim is taken over. Clock stamps fixed.";
+                  older claim is taken over; ClaimedBy, the claiming attempt's token (a retried\n\
+                  insert knows its own claim). Clock stamps and claim tokens fixed.";
     let golden = check_examples("phase-claim-rows.txt", header, &examples);
     let ops: Vec<Op> = golden.iter().flat_map(ops_of).collect();
     let table = stored(&replay(ops.iter()), "GoldenClaimRead").await;
@@ -1522,6 +1523,21 @@ async fn phase_claim_rows_as_stored() {
         read.claim_phase_start(SCAN, 3, 1).await.unwrap(),
         "stale: taken over"
     );
+    assert!(!read.claim_phase_start(SCAN, 3, 1).await.unwrap());
+
+    // A claim written before `ClaimedBy` (no token): another attempt's, taken over as well.
+    let token = format!(r#","ClaimedBy":"{}""#, harness::FIXED_TOKEN);
+    let earlier: Vec<Op> = ops
+        .iter()
+        .map(|op| Op {
+            json: op.json.replace(&token, ""),
+            ..op.clone()
+        })
+        .collect();
+    assert!(earlier.iter().all(|op| !op.json.contains("ClaimedBy")));
+    let table = stored(&replay(earlier.iter()), "GoldenClaimEarlier").await;
+    let read = Tracker::new(&reader, &scans, &table);
+    assert!(read.claim_phase_start(SCAN, 3, 1).await.unwrap());
     assert!(!read.claim_phase_start(SCAN, 3, 1).await.unwrap());
 }
 
@@ -1633,10 +1649,10 @@ async fn record_and_work_row_marks_as_stored() {
         })
         .collect();
     let header = "Marks on a scan's record (scans table) and work rows (work table): a work row's\n\
-                  `LastDelivery`, `Requeues` and `RequeuedBy`, the record's `CompletionLeaseUntil`,\n\
-                  and the summary its cleanup keeps (`FinalCounters`, `WorkRemovedAt`;\n\
-                  docs/retention.md), in the life of one scan, each transaction's operations as\n\
-                  sent. Clock stamps fixed.";
+                  `LastDelivery`, `Requeues` and `RequeuedBy`, the record's `CompletionLeaseUntil`\n\
+                  and `CompletionLeaseBy`, and the summary its cleanup keeps (`FinalCounters`,\n\
+                  `WorkRemovedAt`; docs/retention.md), in the life of one scan, each\n\
+                  transaction's operations as sent. Clock stamps and claim tokens fixed.";
     let golden = check_examples("record-marks.txt", header, &examples);
 
     // Read back after each transaction: the rows as stored, written by the test's own client

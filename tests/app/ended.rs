@@ -7,7 +7,6 @@
 use crate::support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde_json::json;
@@ -16,7 +15,7 @@ use support::account;
 use support::router::{call, queue_payload, InProcessApp};
 use tablescan::app::tracking::WorkState;
 use tablescan::storage::request_counts::RequestCounters;
-use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
+use tablescan::storage::{BatchOperation, Entity, TableStore};
 
 /// Delivers `text` to `function` once (dequeue count 1, message `id`), as the host would; the
 /// successful reply as text.
@@ -51,13 +50,7 @@ async fn a_duplicate_copy_leaves_the_row_a_last_delivery_marked() {
     let (status, started) = call(&t.state, "POST", "/api/scans", Some(body)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{started}");
     let id = started["id"].as_str().unwrap().to_string();
-    let queued = t
-        .queues
-        .get_messages(&t.prefix_queue, 1, Duration::from_secs(300))
-        .await
-        .unwrap();
-    let root = &queued[0];
-    let text = String::from_utf8(MessageEncoding::Base64.decode(&root.text).unwrap()).unwrap();
+    let (root_id, text) = t.take_step_message().await.expect("the root's message");
 
     // The root's last delivery marks its row before it works, as `work::begin` does.
     let row = the_work_row(&t, &id).await;
@@ -75,7 +68,7 @@ async fn a_duplicate_copy_leaves_the_row_a_last_delivery_marked() {
     assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
 
     // A duplicate copy (its own dequeue count) meets the ended scan: the row is left alone.
-    let reply = deliver(&t, "PrefixScan", &text, &root.id).await;
+    let reply = deliver(&t, "PrefixScan", &text, &root_id).await;
     assert!(reply.contains("left to its last delivery"), "{reply}");
     let row = the_work_row(&t, &id).await;
     assert_eq!(row.text("State"), Some("\"pending\""), "{row:?}");
@@ -86,7 +79,7 @@ async fn a_duplicate_copy_leaves_the_row_a_last_delivery_marked() {
 
     // That delivery died: the host moves its message to the poison queue, whose function
     // drops the row of the ended scan.
-    let reply = deliver(&t, "PrefixScanPoison", &text, &root.id).await;
+    let reply = deliver(&t, "PrefixScanPoison", &text, &root_id).await;
     assert!(reply.contains("dropped its work item"), "{reply}");
     let row = the_work_row(&t, &id).await;
     assert_eq!(row.text("State"), Some("\"dropped\""), "{row:?}");

@@ -2,6 +2,8 @@
 //! - `inprocess`: protocol handling, API validation, and the work-item life cycle on the
 //!   in-memory store, queue messages delivered by a test pump (duplicates included);
 //! - `ended`: work that meets an ended scan, on Azurite;
+//! - `lost_answers`: conditional writes whose answer is lost (the adapter retried them), on
+//!   Azurite through the fault proxy;
 //! - `status`: the read side (`GET /api/scans/{id}`, `GET /api/scans`) on Azurite;
 //! - `retention`: ended scans cleaned up after their retention, on Azurite;
 //! - `validation`: bad requests of every driver refused naming the field, nothing written;
@@ -12,6 +14,7 @@ mod support;
 
 mod ended;
 mod inprocess;
+mod lost_answers;
 mod request_guards;
 mod retention;
 mod status;

@@ -183,6 +183,7 @@ const CLOCK_PROPERTIES: [&str; 6] = [
     "WorkRemovedAt",
 ];
 
+/// Also sets claim tokens ([`TOKEN_PROPERTIES`]) to [`FIXED_TOKEN`].
 pub fn fix_clock(entity: &Entity) -> Entity {
     let mut entity = entity.clone();
     for name in CLOCK_PROPERTIES {
@@ -205,8 +206,27 @@ pub fn fix_clock(entity: &Entity) -> Entity {
             .properties
             .insert(name, serde_json::json!(format_time(fixed_now())));
     }
+    for name in TOKEN_PROPERTIES {
+        let Some(text) = entity.properties.get_str(name) else {
+            continue;
+        };
+        let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+        assert!(
+            text.len() == 16 && text.chars().all(hex),
+            "{name} {text:?} is a claim token: 16 lowercase hex digits"
+        );
+        entity
+            .properties
+            .insert(name, serde_json::json!(FIXED_TOKEN));
+    }
     entity
 }
+
+/// Properties holding a random claim token (the attempt that claimed a phase start or took a
+/// completion lease): checked to be in the form the code writes, then set to [`FIXED_TOKEN`].
+const TOKEN_PROPERTIES: [&str; 2] = ["ClaimedBy", "CompletionLeaseBy"];
+/// What claim tokens are replaced with in golden rows.
+pub const FIXED_TOKEN: &str = "0123456789abcdef";
 
 /// One committed operation of a transaction, as sent (clock stamps fixed).
 #[derive(Debug, Clone)]

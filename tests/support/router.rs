@@ -13,6 +13,7 @@ use tablescan::app::config::Config;
 use tablescan::app::server::app;
 use tablescan::app::state::AppState;
 use tablescan::storage::azure_queue::AzureQueueStore;
+use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::request_counts::RequestCounters;
 use tablescan::storage::stores::{AzureStores, Stores};
 
@@ -64,11 +65,19 @@ pub struct InProcessApp {
     pub copy_queue: String,
     pub scans_table: String,
     pub work_table: String,
+    /// The account its table store reaches (Azurite, or a fault proxy in front of it).
+    tables_account: StorageAccount,
 }
 
 impl InProcessApp {
     /// A new app; `extra` app settings are added to its own names and 4 counter shards.
     pub fn start(extra: &[(&str, &str)]) -> Self {
+        Self::start_with_tables(account(), extra)
+    }
+
+    /// [`InProcessApp::start`] with its table requests (bookkeeping and scanned tables) sent
+    /// to `tables` (e.g. a fault proxy's account); queues stay on Azurite.
+    pub fn start_with_tables(tables: StorageAccount, extra: &[(&str, &str)]) -> Self {
         let (prefix_queue, copy_queue) = (unique_name("ps"), unique_name("tc"));
         let (scans_table, work_table) = (unique_name("Scans"), unique_name("Work"));
         let connection = azurite().connection_string();
@@ -85,13 +94,14 @@ impl InProcessApp {
         let counters = Arc::new(RequestCounters::new());
         let queues = account().queue_store(counters.clone());
         InProcessApp {
-            state: Self::state(config, &counters, &queues),
+            state: Self::state(config, &tables, &counters, &queues),
             counters,
             queues,
             prefix_queue,
             copy_queue,
             scans_table,
             work_table,
+            tables_account: tables,
         }
     }
 
@@ -106,28 +116,49 @@ impl InProcessApp {
             .collect()
     }
 
+    /// Receives one message of the prefix-scan queue (hidden for 5 minutes): its id and
+    /// decoded text, or `None` if none is visible.
+    pub async fn take_step_message(&self) -> Option<(String, String)> {
+        use tablescan::storage::{MessageEncoding, QueueStore};
+        let got = self
+            .queues
+            .get_messages(&self.prefix_queue, 1, std::time::Duration::from_secs(300))
+            .await
+            .unwrap();
+        let message = got.into_iter().next()?;
+        let text = MessageEncoding::Base64.decode(&message.text).unwrap();
+        Some((message.id, String::from_utf8(text).unwrap()))
+    }
+
     /// The same app on another instance (nothing cached; its table requests counted apart).
     pub fn another_instance(&self) -> Self {
         let counters = Arc::new(RequestCounters::new());
         InProcessApp {
-            state: Self::state(self.state.config.clone(), &counters, &self.queues),
+            state: Self::state(
+                self.state.config.clone(),
+                &self.tables_account,
+                &counters,
+                &self.queues,
+            ),
             counters,
             queues: self.queues.clone(),
             prefix_queue: self.prefix_queue.clone(),
             copy_queue: self.copy_queue.clone(),
             scans_table: self.scans_table.clone(),
             work_table: self.work_table.clone(),
+            tables_account: self.tables_account.clone(),
         }
     }
 
     fn state(
         config: Config,
+        tables: &StorageAccount,
         counters: &Arc<RequestCounters>,
         queues: &AzureQueueStore,
     ) -> Arc<AppState<AzureStores>> {
         let tables = BTreeMap::from([(
             "AzureWebJobsStorage".to_string(),
-            account().table_store(counters.clone()),
+            tables.table_store(counters.clone()),
         )]);
         AppState::new(
             config,

@@ -440,9 +440,24 @@ async fn reserve<S: Stores, B: BlobStore>(
         .with_condition(WriteCondition::IfMatch(held.properties.etag));
     match blobs.upload(container, &name, body, &take_over).await {
         Ok(_) => Ok(()),
-        Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Err(refuse(format!(
-            "another export took over the reservation of export {holder} first"
-        ))),
+        // Ours if it names this start: the adapter retried a takeover whose answer was lost.
+        Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+            let now = match blobs
+                .download(container, &name, MAX_RESERVATION_BYTES)
+                .await
+            {
+                Ok(held) => Some(held.bytes),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e.into()),
+            };
+            let named = now.and_then(|b| serde_json::from_slice::<ScanIdOnly>(&b).ok());
+            if named.is_some_and(|r| r.scan_id == scan_id) {
+                return Ok(());
+            }
+            Err(refuse(format!(
+                "another export took over the reservation of export {holder} first"
+            )))
+        }
         Err(e) => Err(e.into()),
     }
 }

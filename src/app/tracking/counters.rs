@@ -4,9 +4,9 @@
 use futures::future::try_join_all;
 
 use super::codec::work_row;
-use super::codec::{get_time, int64, put_int64, put_time};
+use super::codec::{get_str, get_time, int64, put_int64, put_str, put_time};
 use super::records::ScanState;
-use super::{shard_partition, NewWork, Tracker};
+use super::{claim_token, shard_partition, NewWork, Tracker};
 use crate::storage::{
     BatchOperation, CompareOp, Entity, Filter, Query, StorageError, StorageErrorKind, TableStore,
 };
@@ -20,6 +20,8 @@ const PHASE_CLAIM_TAKEOVER: time::Duration = time::Duration::seconds(10);
 
 /// The property of a phase start's claim row holding when it was claimed.
 const CLAIMED_AT: &str = "ClaimedAt";
+/// The property of a phase start's claim row holding the claiming attempt's token.
+const CLAIMED_BY: &str = "ClaimedBy";
 
 /// Counter values of one shard, or their sum over a scan.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -374,10 +376,14 @@ impl<T: TableStore> Tracker<'_, T> {
 
     /// Claims the start of phase `phase` of a scan judged drained, so that of the drained
     /// checks that judged it at once only one queues the phase's root: the claim row
-    /// `phase-<n>` in the root's shard partition (`ClaimedAt`), inserted (`If-None-Match`).
-    /// `false`: another check claimed it less than [`PHASE_CLAIM_TAKEOVER`] ago (it is
-    /// starting the phase). An older claim is taken over with `If-Match` on its ETag (its
-    /// claimer died or failed before registering the root, which the caller found missing).
+    /// `phase-<n>` in the root's shard partition (`ClaimedAt`, `ClaimedBy`: this attempt's
+    /// token), inserted (`If-None-Match`). `false`: another check claimed it less than
+    /// [`PHASE_CLAIM_TAKEOVER`] ago (it is starting the phase). An older claim is taken over
+    /// with `If-Match` on its ETag (its claimer died or failed before registering the root,
+    /// which the caller found missing). A 409 or 412 on our own write is read back: the
+    /// adapter retries a write whose answer was lost, and the retry then finds our own claim,
+    /// which the token tells apart (else the phase would never start: the claimer would think
+    /// another check was starting it, and its delivery would succeed).
     /// A claim is never a registration: a crash after it leaves the scan drained and the phase
     /// unstarted, and a later drained check starts it.
     pub async fn claim_phase_start(
@@ -389,8 +395,10 @@ impl<T: TableStore> Tracker<'_, T> {
         let pk = shard_partition(scan_id, shard);
         let row = format!("phase-{phase}");
         let now = time::OffsetDateTime::now_utc();
+        let token = claim_token();
         let mut claim = Entity::new(&pk, &row);
         put_time(&mut claim.properties, CLAIMED_AT, now);
+        put_str(&mut claim.properties, CLAIMED_BY, &token);
         let insert = [BatchOperation::Insert(claim.clone())];
         match self.store.submit_batch(self.work_table, &pk, &insert).await {
             Ok(()) => return Ok(true),
@@ -400,14 +408,16 @@ impl<T: TableStore> Tracker<'_, T> {
         let Some((held, etag)) = self.store.get_entity(self.work_table, &pk, &row).await? else {
             return Ok(false);
         };
+        if get_str(&held.properties, CLAIMED_BY).as_deref() == Some(token.as_str()) {
+            return Ok(true);
+        }
         let claimed = get_time(&held.properties, CLAIMED_AT);
         if claimed.is_some_and(|at| at + PHASE_CLAIM_TAKEOVER > now) {
             return Ok(false);
         }
-        let etag = Some(etag);
         let replace = [BatchOperation::Replace {
             entity: claim,
-            etag,
+            etag: Some(etag),
         }];
         match self
             .store
@@ -415,7 +425,12 @@ impl<T: TableStore> Tracker<'_, T> {
             .await
         {
             Ok(()) => Ok(true),
-            Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Ok(false),
+            Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                let held = self.store.get_entity(self.work_table, &pk, &row).await?;
+                Ok(held.is_some_and(|(held, _)| {
+                    get_str(&held.properties, CLAIMED_BY).as_deref() == Some(token.as_str())
+                }))
+            }
             Err(e) => Err(e),
         }
     }

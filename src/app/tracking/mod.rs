@@ -67,6 +67,14 @@
 //!    Before failing such an item they re-queue it for a few more rounds (`work::poison`):
 //!    each round starts with one merge under the row's ETag that clears the mark and counts
 //!    the round (`Requeues`, `RequeuedBy`); only a marked row past the last round fails.
+//! 8. The storage adapters retry a request whose answer was lost, so a conditional write can
+//!    meet itself: 409 (its insert is there) or 412 (its own merge changed the ETag). Where
+//!    that would read as another worker's win, the write is known by a read-back: a claim
+//!    token (`ClaimedBy` on a phase claim, `CompletionLeaseBy` on the completion lease), what
+//!    an end wrote (state, error, `CompletedAt`), a poison round's `RequeuedBy`, rows that a
+//!    registration finds there already (looked up, not failed one transaction each), an
+//!    outcome compared with its own. A check that took a lost answer for another's win would
+//!    succeed and delete its message, and nothing would resume the scan.
 //!
 //! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
 //! and the drained check), [`work_rows`] (work items' rows), [`codec`] (how values are stored in
@@ -126,6 +134,14 @@ thread_local! {
     /// single-threaded simulator (`tablescan simulate`) is deterministic for a given seed.
     static JITTER: std::cell::RefCell<rand::rngs::StdRng> =
         std::cell::RefCell::new(rand::SeedableRng::from_entropy());
+}
+
+/// A random token naming one attempt to claim something (a phase start, a completion lease),
+/// stored with the claim: the adapters retry a write whose answer was lost, and a retry that
+/// then finds the claim taken (409 or 412) reads it back and knows it by its token as its own.
+fn claim_token() -> String {
+    use rand::Rng;
+    format!("{:016x}", JITTER.with(|j| j.borrow_mut().gen::<u64>()))
 }
 
 /// Re-seeds this thread's contention-backoff jitter (used by the simulator for determinism).

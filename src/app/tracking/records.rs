@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use super::codec::{diagnostic, format_time, get_str, get_time, put_str, put_time};
-use super::{again, contention, Tracker};
+use super::{again, claim_token, contention, Tracker};
 use crate::app::job::context::ScanContext;
 use crate::app::observe;
 use crate::retry::Verdict;
@@ -19,6 +19,8 @@ const MAX_LIST_PAGES: usize = 8;
 pub(super) const SCAN_ROW: &str = "scan";
 /// The scan record's property holding until when a completion step holds the scan's lease.
 pub(super) const LEASE_PROPERTY: &str = "CompletionLeaseUntil";
+/// The scan record's property naming the attempt that took the completion lease (a token).
+const LEASE_BY_PROPERTY: &str = "CompletionLeaseBy";
 /// How long a completion step's lease lasts: longer than any invocation may run (host.json's
 /// `functionTimeout`, 10 minutes), so that a lease outlives the step that took it unless that
 /// step's invocation died, and then it expires by itself.
@@ -200,7 +202,11 @@ impl<T: TableStore> Tracker<'_, T> {
     /// Takes the lease that lets one execution run a driver's completion step for the scan,
     /// until `now + COMPLETION_LEASE`: `false` if the scan is no longer running or another
     /// execution holds an unexpired lease (or took it between our read and write: the merge is
-    /// conditional on the record's ETag). One read and at most one merge of the record.
+    /// conditional on the record's ETag). The lease names this attempt (`CompletionLeaseBy`, a
+    /// token): a 412 on our merge is read back, since the adapter retries a merge whose answer
+    /// was lost and the retry then fails on our own write's ETag; without the token the step
+    /// would run nowhere until the lease expired. One read and at most one merge of the record
+    /// (and one more read after a 412).
     pub async fn take_completion_lease(&self, scan_id: &str) -> Result<bool, StorageError> {
         let now = OffsetDateTime::now_utc();
         let Some((record, lease)) = self.get_scan_and_lease(scan_id).await? else {
@@ -209,11 +215,23 @@ impl<T: TableStore> Tracker<'_, T> {
         if record.state != ScanState::Running || lease.is_some_and(|until| until > now) {
             return Ok(false);
         }
+        let token = claim_token();
         match self
-            .set_lease(scan_id, now + COMPLETION_LEASE, Some(record.etag))
+            .set_lease(
+                scan_id,
+                now + COMPLETION_LEASE,
+                Some(&token),
+                Some(record.etag),
+            )
             .await
         {
-            Err(e) if e.kind == StorageErrorKind::PreconditionFailed => Ok(false),
+            Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                // Ours if it holds our token: that merge was conditional on the running record.
+                let held = self.store.get_entity(self.scans_table, scan_id, SCAN_ROW);
+                Ok(held.await?.is_some_and(|(e, _)| {
+                    get_str(&e.properties, LEASE_BY_PROPERTY).as_deref() == Some(token.as_str())
+                }))
+            }
             other => other.map(|()| true),
         }
     }
@@ -221,7 +239,7 @@ impl<T: TableStore> Tracker<'_, T> {
     /// Gives the completion lease up (it expires now), after a completion step failed, so that
     /// the next delivery may try again at once.
     pub async fn release_completion_lease(&self, scan_id: &str) -> Result<(), StorageError> {
-        self.set_lease(scan_id, OffsetDateTime::now_utc(), None)
+        self.set_lease(scan_id, OffsetDateTime::now_utc(), None, None)
             .await
     }
 
@@ -229,10 +247,14 @@ impl<T: TableStore> Tracker<'_, T> {
         &self,
         scan_id: &str,
         until: OffsetDateTime,
+        by: Option<&str>,
         etag: Option<String>,
     ) -> Result<(), StorageError> {
         let mut entity = Entity::new(scan_id, SCAN_ROW);
         put_time(&mut entity.properties, LEASE_PROPERTY, until);
+        if let Some(by) = by {
+            put_str(&mut entity.properties, LEASE_BY_PROPERTY, by);
+        }
         let op = BatchOperation::Merge { entity, etag };
         self.store
             .submit_batch(self.scans_table, scan_id, &[op])
@@ -305,6 +327,10 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// Moves a running scan to `state` (with `error`); returns false if it was no longer running.
+    /// A merge that met a 412 after an earlier attempt of it took effect (the adapter retried
+    /// it: its answer was lost) is known by what it wrote, the state, error and end time to the
+    /// millisecond, and counts as this call's end (its `on_end` hook runs, and a cancel is
+    /// answered as done).
     pub async fn finish_scan(
         &self,
         scan_id: &str,
@@ -312,22 +338,32 @@ impl<T: TableStore> Tracker<'_, T> {
         error: Option<&str>,
     ) -> Result<bool, StorageError> {
         let mut schedule = contention();
+        let mut sent: Option<OffsetDateTime> = None;
         loop {
             let Some(record) = self.get_scan(scan_id).await? else {
                 return Ok(false);
             };
-            if record.state != ScanState::Running {
-                return Ok(false);
+            let stored = error.map(diagnostic);
+            let ours = |at: OffsetDateTime| {
+                record.state == state
+                    && record.completed_at.map(format_time) == Some(format_time(at))
+                    && record.error == stored
+            };
+            match sent {
+                Some(at) if ours(at) => {
+                    self.scan_ended(scan_id, state, record.started_at, error)
+                        .await;
+                    return Ok(true);
+                }
+                _ if record.state != ScanState::Running => return Ok(false),
+                _ => {}
             }
+            let now = OffsetDateTime::now_utc();
             let mut entity = Entity::new(scan_id, SCAN_ROW);
             entity.properties.insert("State", json!(state.as_str()));
-            put_time(
-                &mut entity.properties,
-                "CompletedAt",
-                OffsetDateTime::now_utc(),
-            );
-            if let Some(e) = error {
-                entity.properties.insert("Error", json!(diagnostic(e)));
+            put_time(&mut entity.properties, "CompletedAt", now);
+            if let Some(e) = &stored {
+                entity.properties.insert("Error", json!(e));
             }
             let op = BatchOperation::Merge {
                 entity,
@@ -339,17 +375,30 @@ impl<T: TableStore> Tracker<'_, T> {
                 .await
             {
                 Ok(()) => {
-                    observe::scan_ended(scan_id, state, record.started_at, error);
-                    if let Some(hook) = self.on_end {
-                        hook.scan_ended(scan_id).await;
-                    }
+                    self.scan_ended(scan_id, state, record.started_at, error)
+                        .await;
                     return Ok(true);
                 }
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
+                    sent = Some(now);
                     again(&mut schedule, Verdict::Retry, "scan record").await?
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// What follows the end of a scan recorded by this call: the event, then the `on_end` hook.
+    async fn scan_ended(
+        &self,
+        scan_id: &str,
+        state: ScanState,
+        started_at: OffsetDateTime,
+        error: Option<&str>,
+    ) {
+        observe::scan_ended(scan_id, state, started_at, error);
+        if let Some(hook) = self.on_end {
+            hook.scan_ended(scan_id).await;
         }
     }
 }

@@ -375,34 +375,43 @@ impl<T: TableStore> Tracker<'_, T> {
                 {
                     again(&mut schedule, Verdict::Retry, &what).await?
                 }
+                // Rows already there: registered by another execution, by an adopted outcome's
+                // first execution, or by this transaction's earlier attempt whose answer was lost
+                // (then all of them). Look the rest up at once rather than failing one
+                // transaction per existing row (a group holds up to 99, more than the attempts).
                 Err(e) if e.kind == StorageErrorKind::Conflict => {
                     again(&mut schedule, Verdict::RetryNow, &what).await?;
-                    match e.failed_operation {
-                        Some(i) if i < items.len() => {
-                            items.remove(i);
-                        }
-                        _ => {
-                            // The service did not say which insert failed: look them up.
-                            let mut missing = Vec::new();
-                            for item in items {
-                                if self
-                                    .store
-                                    .get_entity(self.work_table, &pk, &item.id)
-                                    .await?
-                                    .is_none()
-                                {
-                                    missing.push(item);
-                                }
-                            }
-                            items = missing;
-                        }
+                    if let Some(i) = e.failed_operation.filter(|&i| i < items.len()) {
+                        items.remove(i);
                     }
+                    items = self.missing_rows(&pk, items).await?;
                 }
                 Err(e) => return Err(e),
             }
         }
     }
+
+    /// Of `items`, those with no row in partition `pk` yet (point reads, a few at a time).
+    async fn missing_rows<'w>(
+        &self,
+        pk: &str,
+        items: Vec<&'w NewWork>,
+    ) -> Result<Vec<&'w NewWork>, StorageError> {
+        let mut missing = Vec::new();
+        for chunk in items.chunks(MISSING_ROW_READS) {
+            let reads = chunk
+                .iter()
+                .map(|w| self.store.get_entity(self.work_table, pk, &w.id));
+            let rows = try_join_all(reads).await?;
+            let absent = chunk.iter().zip(rows).filter(|(_, row)| row.is_none());
+            missing.extend(absent.map(|(w, _)| *w));
+        }
+        Ok(missing)
+    }
 }
+
+/// Point reads [`Tracker::missing_rows`] keeps in flight.
+const MISSING_ROW_READS: usize = 8;
 
 /// The property of a finished row holding its driver's result ([`Tracker::complete`]).
 pub const RESULT_PROPERTY: &str = "Result";

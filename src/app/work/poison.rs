@@ -22,7 +22,10 @@
 //!    round, and a second delivery of the same poison message finds its own id and starts no
 //!    other; if that redelivery finds the row still unmarked, its earlier attempt may have died
 //!    between merge and put, and it puts the message again (at worst a duplicate live copy of an
-//!    unfinished item, which completion's ETag counts once, as any duplicate delivery).
+//!    unfinished item, which completion's ETag counts once, as any duplicate delivery). A
+//!    delivery whose merge failed on the ETag reads the row again, and if the round it tried to
+//!    start is there under its id, its own merge took effect and only the answer was lost (the
+//!    adapter retried it): it puts the message as if the merge had answered.
 //! 4. The re-queued copy carries its round in its envelope (`r`, `messages::with_round`; 0 on
 //!    its driver's message), and only a poison message of the row's current round (`Requeues`)
 //!    can start the next. So duplicate live copies of one item, poisoned in the same round (a
@@ -244,6 +247,10 @@ impl<S: Stores> Runner<'_, S> {
         // The round this copy was delivered in (0: its driver's message; module invariant 4).
         let of_round = messages::round_of(&invocation.message);
         let mut read = read_row().await;
+        // The round this delivery's own merge may have started (its answer lost: the adapter
+        // retried it and the retry found the ETag the merge itself changed), and whether the
+        // row was marked before it.
+        let mut merged: Option<(u32, bool)> = None;
         for _ in 0..MAX_ROUND_ATTEMPTS {
             let (etag, marks) = match read {
                 Err(e) => {
@@ -265,6 +272,12 @@ impl<S: Stores> Runner<'_, S> {
                     marks,
                 ))) => (etag, marks),
             };
+            // This delivery's merge started the round: put the message, as after an answer.
+            if let Some((round, marked)) = merged.filter(|(round, _)| {
+                *round == marks.rounds && marks.requeued_by.as_deref().unwrap_or("") == me
+            }) {
+                return self.requeue::<M>(invocation, work_id, round, marked).await;
+            }
             // This message started the round already.
             if !me.is_empty() && marks.requeued_by.as_deref() == Some(me.as_str()) {
                 return self
@@ -303,7 +316,10 @@ impl<S: Stores> Runner<'_, S> {
                 }
                 // Changed since read: another delivery started a round, or a live delivery
                 // recorded an outcome or marked the row.
-                Ok(None) => read = read_row().await,
+                Ok(None) => {
+                    merged = Some((round, marks.marked));
+                    read = read_row().await
+                }
                 Err(e) => {
                     return reply(
                         StatusCode::SERVICE_UNAVAILABLE,

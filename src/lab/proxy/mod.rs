@@ -67,6 +67,10 @@ pub struct FaultPolicy {
     /// Policies that replace this one for particular kinds (the first match wins), e.g. to spare
     /// queue receives from `reset_after`, which would hide messages for the 10-minute visibility.
     pub per_kind: Vec<(RequestKind, FaultPolicy)>,
+    /// No failure, reset or delay is injected once the proxy has injected this many faults (of
+    /// any kind) since it started: `Some(1)` faults only the first request that draws one (an
+    /// answer lost once, then the retry goes through). `None`: no bound.
+    pub max_faults: Option<u64>,
 }
 
 impl FaultPolicy {
@@ -164,7 +168,10 @@ enum Fault {
 impl Shared {
     fn pick_fault(&self, kind: Kind) -> Fault {
         let policy = self.faults.lock().unwrap().for_kind(kind).clone();
-        if !policy.applies_to(kind) {
+        let spent = policy
+            .max_faults
+            .is_some_and(|max| self.injected.load(Ordering::Relaxed) >= max);
+        if !policy.applies_to(kind) || spent {
             return Fault::None;
         }
         let mut rng = self.rng.lock().unwrap();
