@@ -6,7 +6,8 @@
 //! check's and the phase never started (an import stayed `running` with nothing pending, as CI
 //! saw under storage faults); a completion lease held by nobody for 11 minutes; an end's hook
 //! skipped; a poison message's round started and its message never put back; registering more
-//! than 49 existing rows again failed as contention.
+//! than 49 existing rows again failed as contention; an export or index build taking over a
+//! cancelled scan's prefix was refused, the prefix left reserved by a scan with no record.
 //! Rows are read back with the raw REST client (tests/support/raw.rs), not tablescan's parser.
 
 use crate::support;
@@ -24,6 +25,7 @@ use support::router::{call, queue_payload, running_count_record, InProcessApp};
 use tablescan::app::tracking::{NewWork, ScanEndHook, ScanState, Tracker};
 use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::azure_table::AzureTableStore;
+use tablescan::storage::blob::{BlobRequestKind, BlobStore};
 use tablescan::storage::connection::StorageAccount;
 use tablescan::storage::request_counts::{RequestCounters, RequestKind};
 use tablescan::storage::{BatchOperation, Entity, TableStore};
@@ -236,4 +238,64 @@ async fn a_poison_round_whose_answer_was_lost_puts_the_message_back() {
     let (_, back) = live.expect("the message is back on its live queue");
     let back: serde_json::Value = serde_json::from_str(&back).unwrap();
     assert_eq!(back["r"], 1, "in round 1: {back}");
+}
+
+/// A start that takes over a prefix reserved by a cancelled scan, the takeover's answer lost
+/// (the create before it goes through: it finds the reservation): the start is accepted and the
+/// reservation names it. Before, it was refused (400, "another export took over … first") and
+/// the prefix stayed reserved by a scan that never got a record. For an export and for an
+/// index build (`reservation` names the prefix's reservation blob).
+#[tokio::test]
+async fn a_reservation_takeover_whose_answer_was_lost_is_its_starters() {
+    for (driver, reservation, format) in [
+        ("export", "reservation.json", "tablescan-export/1"),
+        ("index", "index-build.json", "tablescan-index-pointer/1"),
+    ] {
+        let proxy = support::faults::proxy(FaultPolicy::none(), 7).await;
+        let connection = proxy.connection_string();
+        let account = StorageAccount::parse(&connection).unwrap();
+        let t = InProcessApp::start_with_tables(account, &[("AzureWebJobsStorage", &connection)]);
+        let store = support::table_store().0;
+        let source = support::new_table(&store, "Source").await;
+        let row = BatchOperation::Insert(Entity::new("a", "r"));
+        store.submit_batch(&source, "a", &[row]).await.unwrap();
+        let mut holder = running_count_record(SCAN, 4, OffsetDateTime::now_utc());
+        holder.state = ScanState::Cancelled;
+        let tracker = t.state.tracker_on(t.state.bookkeeping());
+        tracker.ensure_tables().await.unwrap();
+        tracker.insert_scan(&holder).await.unwrap();
+        let blobs = support::backup::blobs();
+        let container = support::unique_name("taken");
+        blobs.create_container(&container).await.unwrap();
+        let name = format!("p/{reservation}");
+        let held = json!({"format": format, "scanId": SCAN, "reservedAt": "2026-11-27T00:00:00Z"});
+        support::backup::put(
+            &blobs,
+            &container,
+            &name,
+            held.to_string(),
+            "application/json",
+        )
+        .await;
+
+        // The create (409: it is there) goes through; the takeover's answer is lost.
+        proxy.set_faults(FaultPolicy {
+            reset_after: 1.0,
+            blob_kinds: vec![BlobRequestKind::Write],
+            spare_first: 1,
+            max_faults: Some(1),
+            ..FaultPolicy::default()
+        });
+        let mut body = json!({"driver": driver, "sourceTable": source,
+            "destinationContainer": container, "destinationPrefix": "p"});
+        if driver == "index" {
+            body["property"] = json!("V");
+        }
+        let (status, started) = call(&t.state, "POST", "/api/scans", Some(body)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{driver}: {started}");
+        assert_eq!(proxy.faults_injected(), 1, "{:?}", proxy.faults_by_kind());
+        let now = support::backup::download(&blobs, &container, &name).await;
+        let now: serde_json::Value = serde_json::from_slice(&now.unwrap()).unwrap();
+        assert_eq!(now["scanId"], started["id"], "{driver}: {now}");
+    }
 }

@@ -156,14 +156,16 @@ impl InProcessApp {
         counters: &Arc<RequestCounters>,
         queues: &AzureQueueStore,
     ) -> Arc<AppState<AzureStores>> {
-        let tables = BTreeMap::from([(
-            "AzureWebJobsStorage".to_string(),
-            tables.table_store(counters.clone()),
-        )]);
-        AppState::new(
+        let own = "AzureWebJobsStorage".to_string();
+        let blob_counters = Arc::new(tablescan::storage::blob::BlobRequestCounters::default());
+        let blobs = BTreeMap::from([(own.clone(), tables.blob_store(blob_counters))]);
+        let tables = BTreeMap::from([(own.clone(), tables.table_store(counters.clone()))]);
+        let queues = BTreeMap::from([(own, queues.clone())]);
+        AppState::with_connections(
             config,
             tables,
-            queues.clone(),
+            queues,
+            blobs,
             tablescan::app::drivers::registry(),
         )
     }

@@ -67,10 +67,13 @@ pub struct FaultPolicy {
     /// Policies that replace this one for particular kinds (the first match wins), e.g. to spare
     /// queue receives from `reset_after`, which would hide messages for the 10-minute visibility.
     pub per_kind: Vec<(RequestKind, FaultPolicy)>,
-    /// No failure, reset or delay is injected once the proxy has injected this many faults (of
-    /// any kind) since it started: `Some(1)` faults only the first request that draws one (an
-    /// answer lost once, then the retry goes through). `None`: no bound.
+    /// No failure, reset or delay is injected once this policy has injected this many (since it
+    /// was set, at start or by `set_faults`): `Some(1)` faults only the first request that
+    /// draws one (an answer lost once, then the retry goes through). `None`: no bound.
     pub max_faults: Option<u64>,
+    /// The first this many requests of the selected kinds (since the policy was set) go
+    /// through unfaulted: with `max_faults`, a fault aimed at the n-th request of a call.
+    pub spare_first: u64,
 }
 
 impl FaultPolicy {
@@ -110,6 +113,8 @@ struct Shared {
     rng: Mutex<StdRng>,
     counts: Mutex<Counts>,
     injected: AtomicU64,
+    /// Requests of the selected kinds, and faults injected, since the policy was set.
+    tally: Mutex<(u64, u64)>,
     /// Faults injected by request kind (`kind_name`/`blob_kind_name`).
     injected_by_kind: Mutex<BTreeMap<&'static str, u64>>,
     duplicated: AtomicU64,
@@ -168,10 +173,12 @@ enum Fault {
 impl Shared {
     fn pick_fault(&self, kind: Kind) -> Fault {
         let policy = self.faults.lock().unwrap().for_kind(kind).clone();
-        let spent = policy
-            .max_faults
-            .is_some_and(|max| self.injected.load(Ordering::Relaxed) >= max);
-        if !policy.applies_to(kind) || spent {
+        if !policy.applies_to(kind) {
+            return Fault::None;
+        }
+        let mut tally = self.tally.lock().unwrap();
+        tally.0 += 1;
+        if tally.0 <= policy.spare_first || policy.max_faults.is_some_and(|max| tally.1 >= max) {
             return Fault::None;
         }
         let mut rng = self.rng.lock().unwrap();
@@ -192,6 +199,7 @@ impl Shared {
             Fault::None
         };
         if !matches!(fault, Fault::None) {
+            tally.1 += 1;
             self.injected.fetch_add(1, Ordering::Relaxed);
             *self
                 .injected_by_kind
@@ -395,6 +403,7 @@ impl StorageProxy {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             counts: Mutex::new(Counts::new()),
             injected: AtomicU64::new(0),
+            tally: Mutex::new((0, 0)),
             injected_by_kind: Mutex::new(BTreeMap::new()),
             duplicated: AtomicU64::new(0),
             in_flight: InFlight::default(),
@@ -453,6 +462,7 @@ impl StorageProxy {
     /// Replaces the fault policy (e.g. to turn faults off before verifying).
     pub fn set_faults(&self, faults: FaultPolicy) {
         *self.shared.faults.lock().unwrap() = faults;
+        *self.shared.tally.lock().unwrap() = (0, 0);
     }
 
     /// Requests seen so far, by (kind, table or queue).
