@@ -139,9 +139,11 @@ thread_local! {
 /// A random token naming one attempt to claim something (a phase start, a completion lease),
 /// stored with the claim: the adapters retry a write whose answer was lost, and a retry that
 /// then finds the claim taken (409 or 412) reads it back and knows it by its token as its own.
+/// Drawn from the thread's RNG, not [`JITTER`]: its value changes nothing, and drawing it there
+/// would shift the simulator's seeded sequence.
 fn claim_token() -> String {
     use rand::Rng;
-    format!("{:016x}", JITTER.with(|j| j.borrow_mut().gen::<u64>()))
+    format!("{:016x}", rand::thread_rng().gen::<u64>())
 }
 
 /// Re-seeds this thread's contention-backoff jitter (used by the simulator for determinism).

@@ -462,6 +462,23 @@ struct Driven {
     started: Instant,
 }
 
+/// The host's invocation counts once every committed message's invocation has returned: the
+/// invocation that ends a scan records the end before it answers, and a short scan's others
+/// may answer after it too, so counts read at once can miss them all (a 0.5-s copy read 0).
+/// Waits at most 5 s for `messagesProcessed` invocations.
+async fn settled_stats(host: &RunningHost, status: &Value) -> BTreeMap<String, FunctionStats> {
+    let committed = status["messagesProcessed"].as_u64().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = host.invocation_stats();
+        let seen: u64 = stats.values().map(|s| s.invocations).sum();
+        if seen >= committed || Instant::now() >= deadline {
+            return stats;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Starts the scan over HTTP and follows it to the end while sampling the handlers.
 async fn drive(
     run: &RunSpec<'_>,
@@ -504,7 +521,7 @@ async fn drive(
     .await?;
     sampler.sample(host);
     let mean_in_flight = proxy.in_flight().mean_since(&in_flight);
-    let stats = host.invocation_stats();
+    let stats = settled_stats(host, &status).await;
     Ok(Driven {
         mean_in_flight,
         status,

@@ -388,9 +388,14 @@ impl Host {
         let queues = &self.state.queues;
         CPU.scope(instance.cpu.clone(), async {
             match outcome {
-                // Success, or the last failed attempt (the host moves it to the poison queue).
-                Ok(ok) if ok || m.dequeue_count >= model.max_dequeue_count => {
+                Ok(true) => {
                     let _ = queues.delete_message(queue, &m.id, &m.pop_receipt).await;
+                }
+                // The last failed attempt: the host moves it to the poison queue, whose
+                // function settles it (re-queues the item for another round, or fails it).
+                Ok(false) if m.dequeue_count >= model.max_dequeue_count => {
+                    let _ = queues.delete_message(queue, &m.id, &m.pop_receipt).await;
+                    self.poison(instance, f, &m).await;
                 }
                 // A failure: the host releases the message for another attempt after
                 // host.json's visibilityTimeout (default: at once).
@@ -416,21 +421,52 @@ impl Host {
         });
     }
 
+    /// The poison function's deliveries of a message whose deliveries were all used up (as
+    /// `<name>Poison` on `<queue>-poison`, with an id of its own), retried as any failed
+    /// delivery up to `maxDequeueCount` times. Modelled at once on the same instance; the
+    /// poison queue's own put, receive and delete are not modelled. The blog's app has none.
+    async fn poison(&self, instance: &Instance, f: Function, m: &ReceivedMessage) {
+        if matches!(self.mode, ScanMode::Blog(_)) {
+            return;
+        }
+        let name = format!("{}Poison", f.name());
+        let id = format!("{}-poison", m.id);
+        for attempt in 1..=self.model.max_dequeue_count {
+            if self.deliver(instance, &name, &m.text, attempt, &id).await {
+                return;
+            }
+            sleep(Model::ms(self.model.failed_visibility_ms)).await;
+        }
+    }
+
     /// Delivers one message to the function; true if it succeeded.
     async fn invoke(&self, instance: &Instance, f: Function, m: &ReceivedMessage) -> bool {
         if let ScanMode::Blog(blog) = &self.mode {
             return blog.execute(&m.text).await.is_ok();
         }
+        self.deliver(instance, f.name(), &m.text, m.dequeue_count, &m.id)
+            .await
+    }
+
+    /// Posts one delivery of queue text `text` to function `name` on `instance`'s handler.
+    async fn deliver(
+        &self,
+        instance: &Instance,
+        name: &str,
+        text: &str,
+        dequeue_count: u64,
+        id: &str,
+    ) -> bool {
         let Ok(decoded) = MessageEncoding::Base64
-            .decode(&m.text)
+            .decode(text)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
         else {
             return false;
         };
-        let body = host_payload(f.name(), &decoded, m.dequeue_count, &m.id);
+        let body = host_payload(name, &decoded, dequeue_count, id);
         let request = Request::builder()
             .method("POST")
-            .uri(format!("/{}", f.name()))
+            .uri(format!("/{name}"))
             .header("content-type", "application/json")
             .body(Body::from(body))
             .expect("valid request");
