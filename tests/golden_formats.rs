@@ -820,7 +820,8 @@ async fn scan_records_as_stored() {
     }
     let header = "Scan records (scans table; PartitionKey = scan id, RowKey `scan`): the transactions\n\
                   that write them, each operation's entity as sent. A start inserts the record; the\n\
-                  end merges State, CompletedAt and Error (If-Match). Clock stamps fixed.";
+                  end merges State, CompletedAt, Error and EndedBy, the ending call's token\n\
+                  (If-Match). Clock stamps and claim tokens fixed.";
     let golden = check_examples("scan-records.txt", header, &examples);
 
     // Read back: the rows as stored, written by the test's own client, read by today's tracker.

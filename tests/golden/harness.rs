@@ -222,9 +222,9 @@ pub fn fix_clock(entity: &Entity) -> Entity {
     entity
 }
 
-/// Properties holding a random claim token (the attempt that claimed a phase start or took a
-/// completion lease): checked to be in the form the code writes, then set to [`FIXED_TOKEN`].
-const TOKEN_PROPERTIES: [&str; 2] = ["ClaimedBy", "CompletionLeaseBy"];
+/// Properties holding a random claim token (the attempt that claimed a phase start, took a
+/// completion lease or ended a scan): checked to be in the form the code writes, then set to [`FIXED_TOKEN`].
+const TOKEN_PROPERTIES: [&str; 3] = ["ClaimedBy", "CompletionLeaseBy", "EndedBy"];
 /// What claim tokens are replaced with in golden rows.
 pub const FIXED_TOKEN: &str = "0123456789abcdef";
 

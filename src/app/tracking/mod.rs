@@ -70,8 +70,8 @@
 //! 8. The storage adapters retry a request whose answer was lost, so a conditional write can
 //!    meet itself: 409 (its insert is there) or 412 (its own merge changed the ETag). Where
 //!    that would read as another worker's win, the write is known by a read-back: a claim
-//!    token (`ClaimedBy` on a phase claim, `CompletionLeaseBy` on the completion lease), what
-//!    an end wrote (state, error, `CompletedAt`), a poison round's `RequeuedBy`, rows that a
+//!    token (`ClaimedBy` on a phase claim, `CompletionLeaseBy` on the completion lease,
+//!    `EndedBy` on a scan's end), a poison round's `RequeuedBy`, rows that a
 //!    registration finds there already (looked up, not failed one transaction each), an
 //!    outcome compared with its own. A check that took a lost answer for another's win would
 //!    succeed and delete its message, and nothing would resume the scan.

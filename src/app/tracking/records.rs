@@ -21,6 +21,8 @@ pub(super) const SCAN_ROW: &str = "scan";
 pub(super) const LEASE_PROPERTY: &str = "CompletionLeaseUntil";
 /// The scan record's property naming the attempt that took the completion lease (a token).
 const LEASE_BY_PROPERTY: &str = "CompletionLeaseBy";
+/// The scan record's property naming the call that ended the scan (a token).
+const ENDED_BY_PROPERTY: &str = "EndedBy";
 /// How long a completion step's lease lasts: longer than any invocation may run (host.json's
 /// `functionTimeout`, 10 minutes), so that a lease outlives the step that took it unless that
 /// step's invocation died, and then it expires by itself.
@@ -327,10 +329,11 @@ impl<T: TableStore> Tracker<'_, T> {
     }
 
     /// Moves a running scan to `state` (with `error`); returns false if it was no longer running.
-    /// A merge that met a 412 after an earlier attempt of it took effect (the adapter retried
-    /// it: its answer was lost) is known by what it wrote, the state, error and end time to the
-    /// millisecond, and counts as this call's end (its `on_end` hook runs, and a cancel is
-    /// answered as done).
+    /// The end names this call (`EndedBy`, a token): a merge that met a 412 after an earlier
+    /// attempt of it took effect (the adapter retried it: its answer was lost) reads the record
+    /// back, knows its own end by the token, and counts it as this call's (its `on_end` hook
+    /// runs, and a cancel is answered as done); another call's end, even the same state at the
+    /// same millisecond, is not.
     pub async fn finish_scan(
         &self,
         scan_id: &str,
@@ -338,33 +341,32 @@ impl<T: TableStore> Tracker<'_, T> {
         error: Option<&str>,
     ) -> Result<bool, StorageError> {
         let mut schedule = contention();
-        let mut sent: Option<OffsetDateTime> = None;
+        let token = claim_token();
+        let stored = error.map(diagnostic);
+        let mut sent = false;
         loop {
-            let Some(record) = self.get_scan(scan_id).await? else {
+            let Some((record, by)) = self.get_scan_and_ender(scan_id).await? else {
                 return Ok(false);
             };
-            let stored = error.map(diagnostic);
-            let ours = |at: OffsetDateTime| {
-                record.state == state
-                    && record.completed_at.map(format_time) == Some(format_time(at))
-                    && record.error == stored
-            };
-            match sent {
-                Some(at) if ours(at) => {
-                    self.scan_ended(scan_id, state, record.started_at, error)
-                        .await;
-                    return Ok(true);
-                }
-                _ if record.state != ScanState::Running => return Ok(false),
-                _ => {}
+            if sent && by.as_deref() == Some(token.as_str()) {
+                self.scan_ended(scan_id, state, record.started_at, error)
+                    .await;
+                return Ok(true);
             }
-            let now = OffsetDateTime::now_utc();
+            if record.state != ScanState::Running {
+                return Ok(false);
+            }
             let mut entity = Entity::new(scan_id, SCAN_ROW);
             entity.properties.insert("State", json!(state.as_str()));
-            put_time(&mut entity.properties, "CompletedAt", now);
+            put_time(
+                &mut entity.properties,
+                "CompletedAt",
+                OffsetDateTime::now_utc(),
+            );
             if let Some(e) = &stored {
                 entity.properties.insert("Error", json!(e));
             }
+            put_str(&mut entity.properties, ENDED_BY_PROPERTY, &token);
             let op = BatchOperation::Merge {
                 entity,
                 etag: Some(record.etag),
@@ -380,11 +382,43 @@ impl<T: TableStore> Tracker<'_, T> {
                     return Ok(true);
                 }
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
-                    sent = Some(now);
-                    again(&mut schedule, Verdict::Retry, "scan record").await?
+                    sent = true;
+                    if let Err(stop) = again(&mut schedule, Verdict::Retry, "scan record").await {
+                        // The last attempt's answer may have been lost as well: one read says.
+                        let ended = self.get_scan_and_ender(scan_id).await?;
+                        let ours = |(_, by): &(ScanRecord, Option<String>)| {
+                            by.as_deref() == Some(token.as_str())
+                        };
+                        if let Some((record, _)) = ended.filter(ours) {
+                            self.scan_ended(scan_id, state, record.started_at, error)
+                                .await;
+                            return Ok(true);
+                        }
+                        return Err(stop);
+                    }
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// A scan's record and the token of the call that ended it (`EndedBy`; none while it runs,
+    /// or if a version before the token ended it).
+    async fn get_scan_and_ender(
+        &self,
+        scan_id: &str,
+    ) -> Result<Option<(ScanRecord, Option<String>)>, StorageError> {
+        match self
+            .store
+            .get_entity(self.scans_table, scan_id, SCAN_ROW)
+            .await
+        {
+            Ok(found) => Ok(found.and_then(|(e, etag)| {
+                let by = get_str(&e.properties, ENDED_BY_PROPERTY);
+                Self::parse_scan(e, etag).map(|r| (r, by))
+            })),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
         }
     }
 

@@ -274,7 +274,9 @@ impl<S: Stores> Runner<'_, S> {
             };
             // This delivery's merge started the round: put the message, as after an answer.
             if let Some((round, marked)) = merged.filter(|(round, _)| {
-                *round == marks.rounds && marks.requeued_by.as_deref().unwrap_or("") == me
+                !me.is_empty()
+                    && *round == marks.rounds
+                    && marks.requeued_by.as_deref() == Some(&me)
             }) {
                 return self.requeue::<M>(invocation, work_id, round, marked).await;
             }

@@ -67,12 +67,15 @@ pub struct FaultPolicy {
     /// Policies that replace this one for particular kinds (the first match wins), e.g. to spare
     /// queue receives from `reset_after`, which would hide messages for the 10-minute visibility.
     pub per_kind: Vec<(RequestKind, FaultPolicy)>,
-    /// No failure, reset or delay is injected once this policy has injected this many (since it
-    /// was set, at start or by `set_faults`): `Some(1)` faults only the first request that
-    /// draws one (an answer lost once, then the retry goes through). `None`: no bound.
+    /// No failure, reset or delay is injected once this many have been (since the policy was
+    /// set, at start or by `set_faults`): `Some(1)` faults only the first request that draws
+    /// one (an answer lost once, then the retry goes through). `None`: no bound. Read from the
+    /// policy in force for the request (a `per_kind` one's own), but counted over every request
+    /// any of them selected.
     pub max_faults: Option<u64>,
-    /// The first this many requests of the selected kinds (since the policy was set) go
-    /// through unfaulted: with `max_faults`, a fault aimed at the n-th request of a call.
+    /// The first this many requests of the selected kinds (since the policy was set; counted as
+    /// `max_faults` is) go through unfaulted: with `max_faults`, a fault aimed at the n-th
+    /// request of a call.
     pub spare_first: u64,
 }
 

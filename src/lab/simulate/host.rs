@@ -372,6 +372,16 @@ impl Host {
     /// One execution: invoke, then delete, release or (after a timeout) abandon the message.
     async fn execute(&self, instance: &Instance, f: Function, queue: &str, m: ReceivedMessage) {
         let model = self.model.clone();
+        if m.dequeue_count > model.max_dequeue_count {
+            // Back after its last delivery timed out: the host poisons it without running it.
+            let queues = &self.state.queues;
+            CPU.scope(instance.cpu.clone(), async {
+                let _ = queues.delete_message(queue, &m.id, &m.pop_receipt).await;
+                self.poison(instance, f, &m).await;
+            })
+            .await;
+            return;
+        }
         let start = Instant::now();
         instance.enter();
         let limit = Duration::from_secs_f64(model.function_timeout_s);
