@@ -186,14 +186,25 @@ impl<T: TableStore> Tracker<'_, T> {
         &self,
         scan_id: &str,
     ) -> Result<Option<(ScanRecord, Option<OffsetDateTime>)>, StorageError> {
+        self.get_scan_with(scan_id, |e| get_time(&e.properties, LEASE_PROPERTY))
+            .await
+    }
+
+    /// The scan's record and what `mark` reads from its row (a property the record leaves
+    /// out). One point read.
+    async fn get_scan_with<R>(
+        &self,
+        scan_id: &str,
+        mark: impl FnOnce(&Entity) -> R,
+    ) -> Result<Option<(ScanRecord, R)>, StorageError> {
         match self
             .store
             .get_entity(self.scans_table, scan_id, SCAN_ROW)
             .await
         {
             Ok(found) => Ok(found.and_then(|(e, etag)| {
-                let lease = get_time(&e.properties, LEASE_PROPERTY);
-                Self::parse_scan(e, etag).map(|r| (r, lease))
+                let marked = mark(&e);
+                Self::parse_scan(e, etag).map(|r| (r, marked))
             })),
             // No scans table yet: no scan was ever started.
             Err(e) if e.is_not_found() => Ok(None),
@@ -408,18 +419,8 @@ impl<T: TableStore> Tracker<'_, T> {
         &self,
         scan_id: &str,
     ) -> Result<Option<(ScanRecord, Option<String>)>, StorageError> {
-        match self
-            .store
-            .get_entity(self.scans_table, scan_id, SCAN_ROW)
+        self.get_scan_with(scan_id, |e| get_str(&e.properties, ENDED_BY_PROPERTY))
             .await
-        {
-            Ok(found) => Ok(found.and_then(|(e, etag)| {
-                let by = get_str(&e.properties, ENDED_BY_PROPERTY);
-                Self::parse_scan(e, etag).map(|r| (r, by))
-            })),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 
     /// What follows the end of a scan recorded by this call: the event, then the `on_end` hook.
