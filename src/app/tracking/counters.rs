@@ -405,10 +405,13 @@ impl<T: TableStore> Tracker<'_, T> {
             Err(e) if e.kind == StorageErrorKind::Conflict => {}
             Err(e) => return Err(e),
         }
+        let ours = |held: &Entity| {
+            get_str(&held.properties, CLAIMED_BY).as_deref() == Some(token.as_str())
+        };
         let Some((held, etag)) = self.store.get_entity(self.work_table, &pk, &row).await? else {
             return Ok(false);
         };
-        if get_str(&held.properties, CLAIMED_BY).as_deref() == Some(token.as_str()) {
+        if ours(&held) {
             return Ok(true);
         }
         let claimed = get_time(&held.properties, CLAIMED_AT);
@@ -427,9 +430,7 @@ impl<T: TableStore> Tracker<'_, T> {
             Ok(()) => Ok(true),
             Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
                 let held = self.store.get_entity(self.work_table, &pk, &row).await?;
-                Ok(held.is_some_and(|(held, _)| {
-                    get_str(&held.properties, CLAIMED_BY).as_deref() == Some(token.as_str())
-                }))
+                Ok(held.is_some_and(|(held, _)| ours(&held)))
             }
             Err(e) => Err(e),
         }

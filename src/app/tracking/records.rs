@@ -354,15 +354,21 @@ impl<T: TableStore> Tracker<'_, T> {
         let mut schedule = contention();
         let token = claim_token();
         let stored = error.map(diagnostic);
-        let mut sent = false;
+        // Set when the contention attempts are used up: the record is read once more, since
+        // the last attempt's answer may have been lost as well.
+        let mut stopped: Option<StorageError> = None;
         loop {
             let Some((record, by)) = self.get_scan_and_ender(scan_id).await? else {
                 return Ok(false);
             };
-            if sent && by.as_deref() == Some(token.as_str()) {
+            // The token is this call's own: only one of its merges can have written it.
+            if by.as_deref() == Some(token.as_str()) {
                 self.scan_ended(scan_id, state, record.started_at, error)
                     .await;
                 return Ok(true);
+            }
+            if let Some(stop) = stopped {
+                return Err(stop);
             }
             if record.state != ScanState::Running {
                 return Ok(false);
@@ -393,20 +399,9 @@ impl<T: TableStore> Tracker<'_, T> {
                     return Ok(true);
                 }
                 Err(e) if e.kind == StorageErrorKind::PreconditionFailed => {
-                    sent = true;
-                    if let Err(stop) = again(&mut schedule, Verdict::Retry, "scan record").await {
-                        // The last attempt's answer may have been lost as well: one read says.
-                        let ended = self.get_scan_and_ender(scan_id).await?;
-                        let ours = |(_, by): &(ScanRecord, Option<String>)| {
-                            by.as_deref() == Some(token.as_str())
-                        };
-                        if let Some((record, _)) = ended.filter(ours) {
-                            self.scan_ended(scan_id, state, record.started_at, error)
-                                .await;
-                            return Ok(true);
-                        }
-                        return Err(stop);
-                    }
+                    stopped = again(&mut schedule, Verdict::Retry, "scan record")
+                        .await
+                        .err();
                 }
                 Err(e) => return Err(e),
             }
