@@ -22,7 +22,7 @@
 // Property reference: https://learn.microsoft.com/azure/templates/microsoft.web/sites
 // Plan: https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan
 //
-// Nothing here names an account key, a SAS or a keyed connection string: tests/infra.rs checks
+// Nothing here names an account key, a SAS or a keyed connection string: tests/deploy/infra.rs checks
 // that, and that every setting the handler requires is set.
 
 @description('Region of every resource. Must offer Flex Consumption: az functionapp list-flexconsumption-locations')
@@ -213,7 +213,7 @@ var appSettings = [
     name: 'TABLESCAN_WORK_TABLE'
     value: workTable
   }
-  // Must equal host.json extensions.queues.maxDequeueCount (tests/infra.rs checks it).
+  // Must equal host.json extensions.queues.maxDequeueCount (tests/deploy/infra.rs checks it).
   {
     name: 'TABLESCAN_MAX_DEQUEUE_COUNT'
     value: '5'

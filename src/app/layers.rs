@@ -11,7 +11,7 @@
 //!   host retries a queue message), before the host's own function timeout would kill it.
 //!
 //! Invariant: [`INVOCATION_TIMEOUT`] stays below `functionTimeout` in host.json (tested in
-//! tests/function_defs.rs).
+//! tests/deploy/function_defs.rs).
 
 use std::any::Any;
 use std::time::Duration;

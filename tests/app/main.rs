@@ -7,15 +7,21 @@
 //! - `status`: the read side (`GET /api/scans/{id}`, `GET /api/scans`) on Azurite;
 //! - `retention`: ended scans cleaned up after their retention, on Azurite;
 //! - `validation`: bad requests of every driver refused naming the field, nothing written;
-//! - `request_guards`: a connection aliasing the app's own account, through the local host.
+//! - `request_guards`: a connection aliasing the app's own account, through the local host;
+//! - `scan/`: the scan engine (in memory, bounded steps, adversarial keys on Azurite);
+//! - `storage/`: the storage adapters on Azurite (tables, queues, blobs, records, the proxy);
+//! - `golden_formats`: every stored and queued format against its golden copy (`tests/golden/`).
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod ended;
+mod golden_formats;
 mod inprocess;
 mod lost_answers;
 mod request_guards;
 mod retention;
+mod scan;
 mod status;
+mod storage;
 mod validation;

@@ -2,7 +2,7 @@
 //! no host, no handler process): a bad request is a 400 naming the field, refused before any
 //! storage call, and nothing is written (read back with the test's own REST client). The
 //! protocol-level refusals (bodies, methods, sizes) are in `inprocess.rs` and, through the real
-//! host, `tests/faults.rs` (`hostile_http_requests_get_4xx_and_write_nothing`).
+//! host, `tests/scans/faults.rs` (`hostile_http_requests_get_4xx_and_write_nothing`).
 
 use serde_json::{json, Value};
 

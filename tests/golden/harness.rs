@@ -1,4 +1,4 @@
-//! The golden files' harness (used by `tests/golden_formats.rs`): the text layout of a golden
+//! The golden files' harness (used by `tests/app/golden_formats.rs`): the text layout of a golden
 //! file of examples, comparing against (or, with `UPDATE_GOLDEN=1`, rewriting) a golden file, a
 //! table store that records every transaction it commits, and the times the code stamps with
 //! the clock replaced by a fixed one.

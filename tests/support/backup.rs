@@ -1,4 +1,4 @@
-//! Export and import checks for the fault suite (`tests/backups/faults.rs`), independent of
+//! Export and import checks for the fault suite (`tests/scans/backups/faults.rs`), independent of
 //! tablescan's export format code: the manifest is read as generic JSON, every part is hashed
 //! here (`sha2`) and inflated here (`flate2`) and its lines parsed as generic JSON; restored
 //! tables are read with the raw REST client ([`super::raw`]). Blobs are read and listed with

@@ -1,4 +1,4 @@
-//! Keyless test pieces (tests/keyless/app_service.rs, tests/keyless/credentials.rs): Azurite over
+//! Keyless test pieces (tests/scans/keyless/app_service.rs, tests/scans/keyless/credentials.rs): Azurite over
 //! https in OAuth mode, a self-signed certificate trusted through `SSL_CERT_FILE`, JWTs Azurite
 //! accepts, and fakes of every place tokens come from, in this process:
 //! - one fake identity server (its own thread and runtime, so it outlives each test's runtime)

@@ -1,4 +1,4 @@
-//! Fixtures of the scan engine's tests (`tests/scan/`): the table they scan, a current-thread
+//! Fixtures of the scan engine's tests (`tests/app/scan/`): the table they scan, a current-thread
 //! runtime, the oracle (what a scan must return) and the adversarial keys of the property tests.
 
 use proptest::prelude::*;

@@ -78,7 +78,7 @@ pub const PACED_SEGMENTS_PER_PREFIX: u32 = 16;
 /// its steps must have puts waiting. Simulated with a handler per instance (35M rows at 32 rows
 /// a message on Flex, docs/enqueue.md): at 8 puts (the copies' `TABLESCAN_COPY_CONCURRENCY`),
 /// 1,143 s and 1.101 × the minimum requests; at 16, 959 s and 1.095 ×; at 32, 913 s and
-/// 1.091 ×, but a queue slower than the scan's limit (`tests/lab/simulate.rs`, 400 puts/s
+/// 1.091 ×, but a queue slower than the scan's limit (`tests/scans/lab/simulate.rs`, 400 puts/s
 /// against 2,000) then refused so many puts that steps kept failing and putting their rows
 /// again. At most this many texts (each under 64 KiB) are held per step.
 pub const PUTS_IN_FLIGHT: usize = 16;

@@ -1,4 +1,4 @@
-//! When each request reached the proxy, for rate measurements (`tests/rate_limit.rs`): off
+//! When each request reached the proxy, for rate measurements (`tests/scans/rate_limit.rs`): off
 //! until [`Timeline::start`], then one [`Stamp`] per request, marked if its path, query or body
 //! contains one of the marks the caller gave (e.g. a row key, to tell one row's requests apart).
 

@@ -178,7 +178,7 @@ pub struct Model {
     pub blob_per_mib_ms: f64,
 
     // --- Retry policy of the storage adapters (mirrors `storage::retry_policy::RetryPolicy::default()`;
-    // checked by tests/lab/simulate.rs) ---
+    // checked by tests/scans/lab/simulate.rs) ---
     pub retry_max_attempts: u32,
     pub retry_base_ms: f64,
     pub retry_max_ms: f64,

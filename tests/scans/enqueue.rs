@@ -7,7 +7,7 @@
 //! refusal, and the fault suite's faults (handler kills, duplicated messages, storage faults)
 //! during an enqueue: no row missing.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};

@@ -6,9 +6,9 @@
 //!
 //! Every fault kind prints one line (`eprintln!`, visible with `--nocapture` or on failure):
 //! `faults: <kind>: scans N, faults N, rows N, lost 0, mismatches 0`.
-//! Longer soak variants run with `cargo test --test faults -- --ignored`.
+//! Longer soak variants run with `cargo test --test scans faults:: -- --ignored`.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -451,7 +451,7 @@ async fn poison_fails_the_scan_and_spares_the_others() {
 
 // A message the host poisons although no delivery recorded its failure is settled by the
 // poison-queue function only if the item's last delivery began (it marks the item's row first):
-// `tests/backups/races.rs` kills an item's last delivery (function timeout) and checks that the
+// `tests/scans/backups/races.rs` kills an item's last delivery (function timeout) and checks that the
 // scan fails, and forges a poison message for an item with deliveries left and checks that the
 // scan completes. (A handler whose `TABLESCAN_MAX_DEQUEUE_COUNT` is above host.json's
 // `maxDequeueCount` never sees a last delivery, so its poison messages are ignored like forged ones.)

@@ -13,9 +13,9 @@
 //! the whole host stopped and a new one started on the same storage, and the copy completes
 //! exactly.
 
-mod support;
+use crate::support;
 
-#[path = "golden/harness.rs"]
+#[path = "../golden/harness.rs"]
 mod harness;
 
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! `openssl`, trusted through `SSL_CERT_FILE`) in OAuth mode (`--oauth basic`), and a fake App
 //! Service identity endpoint in this process issuing tokens Azurite accepts
 //! (`support::identity`). The connection is the identity-based app settings only: no account key
-//! anywhere. The other credentials are in tests/keyless/credentials.rs.
+//! anywhere. The other credentials are in tests/scans/keyless/credentials.rs.
 //!
 //! One test binary of its own: it sets `SSL_CERT_FILE` (and the fakes' hosts) for the whole
 //! process.

@@ -3,10 +3,7 @@
 //! - `credentials`: every other credential (client secret, workload identity, Azure CLI, IMDS).
 //!
 //! Fakes of the token sources: `tests/support/identity.rs`. That no credential reaches a log is
-//! `tests/secrets_in_logs.rs` (its own process: it sets `RUST_LOG=trace` for the whole process).
-
-#[path = "../support/mod.rs"]
-mod support;
+//! `tests/scans/secrets_in_logs.rs` (its own process: it sets `RUST_LOG=trace` for the whole process).
 
 mod app_service;
 mod credentials;

@@ -7,7 +7,7 @@
 //! the host's queue receives (`queue_get`: the host polls its queues whether or not a scan
 //! runs); the schedule's own requests are those naming its row (`RowKey` `pace`).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

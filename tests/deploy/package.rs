@@ -4,7 +4,7 @@
 //! crate. Entries, modes, no local settings, same bytes on every run; refuses a handler for the
 //! other OS; and the unzipped package runs under the local Functions host and copies a table.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::Read;

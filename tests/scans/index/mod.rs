@@ -11,8 +11,7 @@
 
 mod faults;
 mod prune;
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

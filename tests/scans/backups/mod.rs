@@ -6,9 +6,6 @@
 //! - `verify`: an import checks every part before writing a row, and its memory stays bounded;
 //! - `faults`: both under handler crashes, duplicated messages and storage faults, corrupted parts.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod export_import;
 mod faults;
 mod races;

@@ -4,9 +4,6 @@
 //! - `records`: tablescan's own records at the service's size limits;
 //! - `proxy`: the storage proxy that counts requests and injects Azure's faults.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod blobs;
 mod proxy;
 mod records;

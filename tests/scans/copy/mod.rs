@@ -2,10 +2,7 @@
 //! - `end_to_end`: copy and count scans are exact (rows, properties, counters); cancel and poison;
 //! - `exact`: every value byte for byte, checked by an oracle independent of tablescan's parser.
 //!
-//! Copies under faults (crashes, duplicates, storage faults) are in `tests/faults.rs`.
-
-#[path = "../support/mod.rs"]
-mod support;
+//! Copies under faults (crashes, duplicates, storage faults) are in `tests/scans/faults.rs`.
 
 mod end_to_end;
 mod exact;

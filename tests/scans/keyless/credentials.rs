@@ -1,4 +1,4 @@
-//! Every keyless credential but the App Service identity endpoint (tests/keyless/app_service.rs), end
+//! Every keyless credential but the App Service identity endpoint (tests/scans/keyless/app_service.rs), end
 //! to end against Azurite in OAuth mode, with fakes of their token sources in this process
 //! (`support::identity`): a service principal's client secret and workload identity's federated
 //! token against a fake Entra ID token endpoint (https, at `AZURE_AUTHORITY_HOST`), the Azure

@@ -12,7 +12,7 @@
 //! (`support::raw`) and compared with the source text for text.
 //!
 //! One line per fault kind and scan (`faults: export-storage-faults: scans 1, faults …`), visible
-//! with `cargo test --test backups -- --nocapture`.
+//! with `cargo test --test scans backups:: -- --nocapture`.
 
 use crate::support;
 

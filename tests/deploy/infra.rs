@@ -22,13 +22,14 @@ use tablescan::app::catalog::{Trigger, FUNCTIONS, PREFIX_SCAN_QUEUE_SETTING};
 use tablescan::app::config::{required_settings, Config, STORAGE_SETTING};
 use tablescan::deploy::stage::function_json;
 
+#[path = "bicep/mod.rs"]
 mod bicep;
 use bicep::{is, parse, str, Template, V};
 
-const TEMPLATE: &str = include_str!("../infra/main.bicep");
-const PARAMETERS: &str = include_str!("../infra/main.parameters.json");
-const HOST_JSON: &str = include_str!("../host.json");
-const SAMPLE_SETTINGS: &str = include_str!("../local.settings.sample.json");
+const TEMPLATE: &str = include_str!("../../infra/main.bicep");
+const PARAMETERS: &str = include_str!("../../infra/main.parameters.json");
+const HOST_JSON: &str = include_str!("../../host.json");
+const SAMPLE_SETTINGS: &str = include_str!("../../local.settings.sample.json");
 
 /// Built-in role ids (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles):
 /// what the app's identity needs on its own account and on Application Insights.

@@ -19,7 +19,7 @@ const ROWS: usize = 240;
 /// blob write, read and listing (staging records, segments, manifest, reservation, pointer),
 /// table queries (the source's, and the drained checks'), queue puts and deletes. Not on
 /// single-entity writes, point reads and batches of the bookkeeping tables, which the copy
-/// driver's fault suite covers (`tests/faults.rs`). With every kind faulted, one run of this
+/// driver's fault suite covers (`tests/scans/faults.rs`). With every kind faulted, one run of this
 /// test had a build whose every message was processed stay `running` past 240 s; the likely
 /// cause is in the runner, not the driver: a completion-lease write that took effect but whose
 /// answer was lost (or a failure after the completion step, which keeps the lease) makes the

@@ -927,7 +927,7 @@ async fn azurite_stores_and_refuses_as_documented() {
     }
     assert!(
         surprises.is_empty(),
-        "Azurite no longer behaves as documented in tests/copy/exact.rs: {surprises:#?}"
+        "Azurite no longer behaves as documented in tests/scans/copy/exact.rs: {surprises:#?}"
     );
 }
 

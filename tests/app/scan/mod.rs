@@ -6,9 +6,6 @@
 //!
 //! Shared fixtures: `tests/support/scan.rs`.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod azurite;
 mod budget;
 mod memory;

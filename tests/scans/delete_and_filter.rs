@@ -5,7 +5,7 @@
 //! read back with the test's own REST client (`support::raw`), and which rows are in range is
 //! decided by the test's own predicate (UTF-16 code-unit order), never by tablescan's.
 
-mod support;
+use crate::support;
 
 use std::cmp::Ordering;
 use std::time::Duration;

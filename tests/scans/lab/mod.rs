@@ -1,9 +1,6 @@
 //! The development tools, so they cannot rot: the demo (`demo`), the benchmark (`bench`) and the
 //! simulator (`simulate`), each on a small table.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod bench;
 mod demo;
 mod simulate;

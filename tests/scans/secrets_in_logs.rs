@@ -8,9 +8,12 @@
 //! - the local host's own log (its queue polling uses the same storage clients), written by the
 //!   subscriber `tablescan host` installs, captured from this process.
 //!
-//! One test binary of its own: it sets `RUST_LOG` and the keyless tests' process-wide settings.
+//! A process of its own: it sets `RUST_LOG=trace` for the whole process and installs the global
+//! log subscriber, which would slow every other test of the binary and capture their logs. So the
+//! cases are `#[ignore]`d and gated by `TABLESCAN_SECRETS_IN_LOGS`; the one test that `cargo test`
+//! runs, [`in_a_process_of_its_own`], runs them in a child process of this test binary.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -29,6 +32,46 @@ const CLIENT_ID: &str = "0c5a3a1e-1111-4000-8000-00000000c11e";
 const SECRET: &str = "Q8v7Q~client.secret-0123456789abcdefGHIJ";
 /// A federated token (what the platform writes into the token file).
 const FEDERATED: &str = "eyJhbGciOiJSUzI1NiJ9.federated-token-of-logs.c2lnbmF0dXJl";
+
+/// The variable that tells a child process of the test binary to run the cases.
+const ISOLATED: &str = "TABLESCAN_SECRETS_IN_LOGS";
+
+/// Runs every case of this file in a child process of this test binary (see the module's doc),
+/// its output forwarded; fails if any case failed.
+#[test]
+fn in_a_process_of_its_own() {
+    // The cases' names as libtest knows them: their path below the test crate's root.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([&format!("{module}::case_"), "--ignored", "--nocapture"])
+        .env(ISOLATED, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // A summary line per case; the logs themselves are large.
+    for line in text.lines().filter(|l| l.starts_with("test ")) {
+        eprintln!("secrets_in_logs (child): {line}");
+    }
+    assert!(output.status.success(), "a case failed:\n{text}");
+    assert!(
+        text.contains("test result: ok. 5 passed"),
+        "not every case ran:\n{text}"
+    );
+}
+
+/// Whether this process is the child that runs the cases (else a case returns at once: run with
+/// `--ignored` beside other tests, it would set `RUST_LOG` for them all).
+fn isolated() -> bool {
+    let yes = std::env::var_os(ISOLATED).is_some();
+    if !yes {
+        eprintln!("runs only in its own process: see in_a_process_of_its_own");
+    }
+    yes
+}
 
 /// Everything the host's subscriber in this process wrote.
 #[derive(Clone, Default)]
@@ -177,14 +220,22 @@ async fn scan_logs_no_token(settings: &[(String, String)], identity: &Identity, 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_account_key_connection_string_is_never_logged() {
+#[ignore = "run by in_a_process_of_its_own"]
+async fn case_an_account_key_connection_string_is_never_logged() {
+    if !isolated() {
+        return;
+    }
     let connection = oauth_azurite().connection_string();
     let (handler, host) = copy_scan_logs(&[("AzureWebJobsStorage", &connection)]).await;
     assert_no_secret(&[&handler, &host], &[DEVELOPMENT_ACCOUNT_KEY, &connection]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sas_connection_string_is_never_logged() {
+#[ignore = "run by in_a_process_of_its_own"]
+async fn case_a_sas_connection_string_is_never_logged() {
+    if !isolated() {
+        return;
+    }
     let azurite = oauth_azurite();
     // For blobs, queues and tables, with every permission: what an operator would paste into a
     // connection string.
@@ -204,7 +255,11 @@ async fn a_sas_connection_string_is_never_logged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_secret_and_its_tokens_are_never_logged() {
+#[ignore = "run by in_a_process_of_its_own"]
+async fn case_a_client_secret_and_its_tokens_are_never_logged() {
+    if !isolated() {
+        return;
+    }
     let identity = Identity::accepting(SECRET);
     let tenant = fakes().tenant(&identity);
     let settings = identity_storage(&[
@@ -216,7 +271,11 @@ async fn a_client_secret_and_its_tokens_are_never_logged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_federated_token_and_its_tokens_are_never_logged() {
+#[ignore = "run by in_a_process_of_its_own"]
+async fn case_a_federated_token_and_its_tokens_are_never_logged() {
+    if !isolated() {
+        return;
+    }
     let (_dir, file) = token_file("azure-identity-token", FEDERATED);
     let identity = Identity::accepting(FEDERATED);
     let tenant = fakes().tenant(&identity);
@@ -232,7 +291,11 @@ async fn a_federated_token_and_its_tokens_are_never_logged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_identity_header_and_its_tokens_are_never_logged() {
+#[ignore = "run by in_a_process_of_its_own"]
+async fn case_an_identity_header_and_its_tokens_are_never_logged() {
+    if !isolated() {
+        return;
+    }
     let identity = Identity::default();
     let url = fakes().app_service(&identity);
     let settings = identity_storage(&[

@@ -500,7 +500,7 @@ fn calibration_anchors() {
 #[test]
 fn flex_defaults_are_the_templates() {
     let parameters: serde_json::Value =
-        serde_json::from_str(include_str!("../../infra/main.parameters.json")).unwrap();
+        serde_json::from_str(include_str!("../../../infra/main.parameters.json")).unwrap();
     let flex = tablescan::lab::simulate::model::Flex::default();
     let p = &parameters["parameters"];
     assert_eq!(
@@ -559,7 +559,7 @@ fn a_rate_limited_copy_holds_its_limit_on_flex() {
 }
 
 /// The scenario: a 35M-row copy at 2,000 requests/s on Flex (simulated; a few minutes
-/// of wall time: `cargo test --test simulate -- --ignored --nocapture`).
+/// of wall time: `cargo test --test scans lab::simulate:: -- --ignored --nocapture`).
 #[test]
 #[ignore]
 fn a_35m_row_copy_at_2000_requests_per_second_on_flex() {
@@ -722,7 +722,7 @@ fn a_throttled_enqueue_retries_refused_puts_and_loses_no_row() {
 
 /// The scenario: 35M rows put on one queue at `rowsPerMessage` 1 and 32, on Flex, with
 /// and without `maxRequestsPerSecond: 2000` (simulated; long: at 1 row a message the queue's
-/// floor alone is 4.9 simulated hours. `cargo test --release --test lab
+/// floor alone is 4.9 simulated hours. `cargo test --release --test scans lab::
 /// a_35m_row_enqueue -- --ignored --nocapture`).
 #[test]
 #[ignore]

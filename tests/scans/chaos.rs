@@ -12,7 +12,7 @@
 //! Destination and work rows are read with the test's own REST client (`support::raw`), never
 //! through tablescan's parser.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
