@@ -1253,11 +1253,12 @@ async fn a_private_azurite_stops_when_dropped() {
         "a fresh instance has no tables"
     );
     drop(azurite);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // Only a hang bound: the stop is usually under a second; a loaded machine may take longer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
         assert!(
             std::time::Instant::now() < deadline,
-            "Azurite still listens after drop"
+            "Azurite still listens on {port} 60 s after drop"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1540,11 +1541,12 @@ fn azurite_dies_with_its_killed_owner() {
     );
     owner.kill().unwrap();
     owner.wait().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // Only a hang bound: the watchdog usually stops it within a second of the owner's death.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
         assert!(
             std::time::Instant::now() < deadline,
-            "Azurite outlived its killed owner (port {port})"
+            "Azurite outlived its killed owner by 60 s (port {port})"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
