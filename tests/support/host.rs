@@ -11,8 +11,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tablescan::lab::host::{Host, HostConfig, HostError, NoStorage, RunningHost};
 
-/// The test handler binary; `cargo test` builds examples next to the test binaries.
+/// The test handler binary: the one in `TABLESCAN_TEST_HANDLER` if set (a copy kept apart from a
+/// target directory other checkouts build into), else the one `cargo test` builds next to the
+/// test binaries.
 pub fn test_handler() -> PathBuf {
+    if let Some(path) = std::env::var_os("TABLESCAN_TEST_HANDLER") {
+        return path.into();
+    }
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let handler = dir.join("examples").join("test_handler");
