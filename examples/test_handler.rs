@@ -13,9 +13,10 @@
 //! trigger value, a JSON object with optional fields: `fail_until` (answer 500 while
 //! DequeueCount < n), `crash_until` (exit while DequeueCount < n), `hang_until` (never answer while
 //! DequeueCount < n), `hold` (a file: answer only once it exists, so the test decides when an
-//! invocation ends, in any handler process), `status`, `sleep_ms`, `raw` + `content_type` (answer
-//! that body), `empty` (answer 200 with no body), `logs`, `outputs`, `return_value`. Other fields
-//! (a name, a number) only tell invocations apart in the records.
+//! invocation ends, in any handler process), `status`, `raw` + `content_type` (answer that body),
+//! `empty` (answer 200 with no body), `logs`, `outputs`, `return_value`. Other fields (a name, a
+//! number) only tell invocations apart in the records. Nothing here sleeps for a set time: a
+//! test that needs an invocation in flight holds it on a gate.
 //! Any other request is echoed as JSON (method, path, query, headers, body), with the status
 //! taken from an `x-test-status` header. `GET /stats` reports invocations in flight.
 
@@ -162,9 +163,6 @@ async fn invoke(envelope: &Value) -> Response {
             .and_then(Value::as_u64)
             .is_some_and(|n| dequeue_count < n)
     };
-    if let Some(ms) = cmd.get("sleep_ms").and_then(Value::as_u64) {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
     if below("crash_until") {
         eprintln!("test handler: crashing on purpose (DequeueCount {dequeue_count})");
         std::process::exit(3);

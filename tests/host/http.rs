@@ -277,7 +277,9 @@ async fn restarts_a_crashed_or_killed_handler() {
 
 /// Waits for the host to give up on an instance, with the host's message.
 async fn expect_give_up(host: &RunningHost, what: &str) {
-    let error = tokio::time::timeout(LONG, host.failed()).await.expect(what);
+    let error = tokio::time::timeout(LONG, host.failed())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no give-up (a hang); log: {:#?}", host.log_lines()));
     assert!(
         error
             .to_string()
@@ -543,7 +545,7 @@ async fn an_empty_answer_is_flagged_and_treated_as_a_hang() {
     // The handler answered; the host flagged the answer, then ended the invocation by its
     // function timeout (waiting it out: `invoke.rs`'s unit test) and restarted the handler.
     let id = invocation_id(&app.requests()[0]).to_string();
-    assert_eq!(app.done(), [id.clone()]);
+    assert_eq!(app.done(), [id.as_str()]);
     let lines = host.log_lines();
     let flagged = line_index(&lines, &format!("[{id}] !!! "));
     assert!(

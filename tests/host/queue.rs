@@ -409,7 +409,7 @@ async fn a_timeout_restarts_the_handler_and_the_message_is_retried() {
         &format!("(Id: '{hung}'). A function timeout has occurred. Restarting worker process")
     ));
     assert_eq!((attempts[1].0, attempts[1].1.as_str()), (started[1], "2"));
-    assert_eq!(app.done(), [retry.clone()]);
+    assert_eq!(app.done(), [retry.as_str()]);
     host.shutdown().await;
 }
 
