@@ -456,54 +456,48 @@ async fn function_timeout_restarts_the_handler() {
     host.shutdown().await;
 }
 
+/// A timeout restart kills the handler with everything in flight on it: the other invocation
+/// fails too, unanswered. Which event ends it (the first one's restart, not a deadline of its own)
+/// and when is `invoke.rs`'s paused-time test: here the two deadlines are a few milliseconds
+/// apart, and a restart on a loaded machine can take longer than that, so either may fire first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_invocations_fail_when_another_one_times_out() {
-    // The second invocation must reach the handler within functionTimeout of the first: 3 s
-    // against the few milliseconds a local request takes is this test's hang margin. Which event
-    // ends each one is the claim; when (at the first one's deadline) is `invoke.rs`'s unit test.
     let app = App::new(json!({ "functionTimeout": "00:00:03" }), json!({}))
         .function("Work", http_fn("work", json!(["post"])));
     let host = app.start_http().await.unwrap();
     host.wait_ready(LONG).await.unwrap();
     let url = format!("http://{}/api/work", host.http_addr());
-    // Both hang: only the first one's timeout (it started first) or their own can end them.
+    // Both hang: only a timeout (and its restart) can end them.
     let first = hang(&url, "times-out-first");
     let first_request = request_named(&app, "times-out-first").await;
-    let second = hang(&url, "victim-second");
-    let second_request = request_named(&app, "victim-second").await;
-    assert_eq!(first.await.unwrap(), 500);
-    assert_eq!(second.await.unwrap(), 500);
+    let second = hang(&url, "in-flight-second");
+    let second_request = request_named(&app, "in-flight-second").await;
+    // The second must reach the handler within functionTimeout (3 s) of the first, which takes
+    // milliseconds: that is this test's hang margin.
+    let pid = first_request["pid"].as_u64().unwrap();
     assert_eq!(
-        second_request["pid"], first_request["pid"],
+        second_request["pid"], pid,
         "the second invocation reached the handler only after the first one's timeout restarted it"
     );
-    let (first_id, second_id) = (
-        invocation_id(&first_request),
-        invocation_id(&second_request),
-    );
+    assert_eq!(first.await.unwrap(), 500);
+    assert_eq!(second.await.unwrap(), 500);
     let lines = host.log_lines();
-    let timeouts: Vec<&String> = lines
-        .iter()
-        .filter(|l| l.contains("Timeout value"))
-        .collect();
-    assert_eq!(timeouts.len(), 1, "{lines:#?}");
-    assert!(
-        timeouts[0].contains(&format!("(Id: '{first_id}')")),
-        "{lines:#?}"
+    for request in [&first_request, &second_request] {
+        line_index(
+            &lines,
+            &format!("[{}] invocation failed: ", invocation_id(request)),
+        );
+    }
+    line_index(
+        &lines,
+        "A function timeout has occurred. Restarting worker process",
     );
-    // The second failed at that restart (after its line), not at a timeout of its own.
-    let failed = line_index(&lines, &format!("[{second_id}] invocation failed: "));
-    assert!(
-        !lines[failed].contains("function timeout"),
-        "{}",
-        lines[failed]
-    );
-    assert!(line_index(&lines, "Timeout value") < failed, "{lines:#?}");
     assert!(
         app.done().is_empty(),
         "neither answered: {:?}",
         app.handler_records()
     );
+    restarted_after(&host, pid as u32, "the handler restart").await;
     host.shutdown().await;
 }
 
