@@ -12,6 +12,13 @@
 //! 2. `Held::now` counts the requests waiting. A waiting request whose client went away (the
 //!    connection closed: a killed handler's) is dropped by the server, and no longer counted.
 //! 3. `Held::total` counts every request that was ever held, once, since the proxy started.
+//!
+//! A queue can also be hidden: its receives are answered "no message" at once, without reaching
+//! storage, so its messages wait untouched (not received, not made invisible) while the host
+//! keeps polling, and can stop, as over an empty queue. (A held receive would keep its poller
+//! waiting, and a host's shutdown with it.)
+
+use std::sync::Mutex;
 
 use tokio::sync::watch;
 
@@ -79,6 +86,8 @@ pub struct Held {
 pub(super) struct Gate {
     hold: watch::Sender<Option<Hold>>,
     held: watch::Sender<Held>,
+    /// Queues whose receives find no message.
+    hidden: Mutex<Vec<String>>,
 }
 
 /// One request counted in `Held::now` until dropped (let through, or abandoned by its client).
@@ -95,6 +104,7 @@ impl Default for Gate {
         Gate {
             hold: watch::channel(None).0,
             held: watch::channel(Held::default()).0,
+            hidden: Mutex::default(),
         }
     }
 }
@@ -106,6 +116,16 @@ impl Gate {
 
     pub(super) fn held(&self) -> watch::Receiver<Held> {
         self.held.subscribe()
+    }
+
+    pub(super) fn hide(&self, queues: &[&str]) {
+        *self.hidden.lock().unwrap() = queues.iter().map(|q| q.to_string()).collect();
+    }
+
+    /// Whether the request is a receive from a hidden queue.
+    pub(super) fn hides(&self, kind: Kind, resource: &str) -> bool {
+        kind == Kind::Storage(RequestKind::QueueGet)
+            && self.hidden.lock().unwrap().iter().any(|q| q == resource)
     }
 
     /// Returns once the hold in force does not match the request (at once if none does).

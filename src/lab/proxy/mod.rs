@@ -171,6 +171,28 @@ fn error_response(
         .expect("valid response")
 }
 
+/// The queue service's answer to a receive that finds no message (in the API version the
+/// request named, with the headers the service always sends).
+fn no_messages(version: Option<&hyper::header::HeaderValue>) -> Response<Full<Bytes>> {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/xml")
+        .header("x-ms-request-id", uuid::Uuid::new_v4().to_string())
+        .header(
+            "x-ms-version",
+            version
+                .cloned()
+                .unwrap_or(hyper::header::HeaderValue::from_static("2019-12-12")),
+        )
+        .header("date", date)
+        .header("server", "Windows-Azure-Queue/1.0 Microsoft-HTTPAPI/2.0")
+        .body(Full::new(Bytes::from_static(
+            b"<?xml version=\"1.0\" encoding=\"utf-8\"?><QueueMessagesList></QueueMessagesList>",
+        )))
+        .expect("valid response")
+}
+
 enum Fault {
     None,
     ServerBusy,
@@ -280,6 +302,9 @@ async fn handle(
         .entry((any_kind_name(kind).to_string(), resource.clone()))
         .or_default() += 1;
 
+    if shared.gate.hides(kind, &resource) {
+        return Ok(no_messages(parts.headers.get("x-ms-version")));
+    }
     shared.gate.pass(kind, &resource).await;
     let fault = shared.pick_fault(kind);
     match fault {
@@ -487,6 +512,12 @@ impl StorageProxy {
     /// Lets every held request through, and holds no more.
     pub fn release(&self) {
         self.shared.gate.set(None);
+    }
+
+    /// Receives from `queues` find no message (answered by the proxy: the messages wait
+    /// untouched, and the host polling them can stop) until another call; `&[]` shows them all.
+    pub fn hide_messages(&self, queues: &[&str]) {
+        self.shared.gate.hide(queues);
     }
 
     /// Requests held so far (waiting now, and in all).

@@ -2,6 +2,7 @@
 
 use super::classify::*;
 use super::*;
+use std::sync::atomic::AtomicU64;
 
 #[test]
 fn classifies_storage_requests() {
@@ -177,13 +178,18 @@ fn policies_select_blob_kinds_apart_from_table_and_queue_kinds() {
     assert_eq!(spared.for_kind(blob_write).server_busy, 1.0);
 }
 
-/// A stand-in for Azurite that answers every request 200 with an empty body.
-async fn upstream() -> SocketAddr {
+/// A stand-in for Azurite that answers every request 200 with an empty body, and counts them.
+async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new().fallback(|| async { "" });
+    let seen = Arc::new(AtomicU64::new(0));
+    let count = seen.clone();
+    let app = axum::Router::new().fallback(move || {
+        count.fetch_add(1, Ordering::SeqCst);
+        async { "" }
+    });
     tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+    (addr, seen)
 }
 
 /// The raw bytes of an entity group transaction writing to `table` through the proxy.
@@ -221,7 +227,7 @@ async fn held_until(proxy: &StorageProxy, what: &str, until: impl FnMut(&Held) -
 
 #[tokio::test]
 async fn a_hold_keeps_what_it_matches_until_replaced_or_released() {
-    let up = upstream().await;
+    let (up, _) = upstream().await;
     let proxy = StorageProxy::start(up, up, FaultPolicy::none(), 1)
         .await
         .unwrap();
@@ -275,4 +281,42 @@ fn holds_select_kinds_and_resources() {
     assert!(blobs.matches(blob_write, "c") && !blobs.matches(batch, "c"));
     // No kinds and no resources: everything.
     assert!(Hold::default().matches(blob_write, "x") && Hold::default().matches(get, "y"));
+}
+
+/// A hidden queue's receives find no message, answered by the proxy (the store parses the
+/// answer as an empty receive; storage sees nothing), until it is shown again.
+#[tokio::test]
+async fn a_hidden_queue_is_received_from_as_an_empty_one() {
+    use crate::storage::connection::StorageAccount;
+    use crate::storage::request_counts::RequestCounters;
+    use crate::storage::QueueStore;
+
+    let (up, seen) = upstream().await;
+    let proxy = StorageProxy::start(up, up, FaultPolicy::none(), 1)
+        .await
+        .unwrap();
+    let queues = StorageAccount::parse(&proxy.connection_string())
+        .unwrap()
+        .queue_store(Arc::new(RequestCounters::new()));
+    proxy.hide_messages(&["work"]);
+    let got = queues
+        .get_messages("work", 32, Duration::from_secs(30))
+        .await
+        .expect("an empty receive");
+    assert!(got.is_empty());
+    assert_eq!(seen.load(Ordering::SeqCst), 0, "storage saw nothing");
+    assert_eq!(
+        proxy.count_of(RequestKind::QueueGet),
+        1,
+        "counted as a receive"
+    );
+    // Other queues, and the same one once shown, reach storage.
+    let _ = queues
+        .get_messages("other", 1, Duration::from_secs(30))
+        .await;
+    proxy.hide_messages(&[]);
+    let _ = queues
+        .get_messages("work", 1, Duration::from_secs(30))
+        .await;
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
 }
