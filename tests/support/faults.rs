@@ -15,10 +15,13 @@ use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::Entity;
 
 use super::e2e::{seed, TestApp};
-
-pub mod kills;
 use super::raw::{self, RawClient, RawEntity};
 use super::unique_name;
+
+pub mod kills;
+
+// Each test binary uses a part of them.
+#[allow(unused_imports)]
 pub use kills::{
     check_kills, failed_by_kills, kill_every_second_while_running, kill_while_running, Killer,
 };

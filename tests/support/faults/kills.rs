@@ -185,7 +185,7 @@ impl Killer {
                         .filter(|v| v.instance == i && v.ended.is_none() && v.began_at >= since[i])
                         .count()
                 };
-                let blocked = held.is_none_or(|p| p.held().now > 0);
+                let blocked = held.map_or(true, |p| p.held().now > 0);
                 let best = (0..pids.len())
                     .filter(|i| eligible(*i, kills) && pids[*i].is_some() && in_flight(*i) > 0)
                     .max_by_key(|i| (Reverse(kills[*i]), in_flight(*i), Reverse(*i)));
