@@ -271,3 +271,11 @@ pub fn assert_host_headers<'a>(request: &'a Value, user_agent: &str) -> &'a str 
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
     id
 }
+
+/// A `function.json` with an HTTP trigger on `route` for `methods` and an `http` output.
+pub fn http_function(route: &str, methods: Value) -> Value {
+    json!({ "bindings": [
+        { "name": "req", "type": "httpTrigger", "direction": "in", "authLevel": "function", "route": route, "methods": methods },
+        { "name": "res", "type": "http", "direction": "out" }
+    ]})
+}
