@@ -53,7 +53,8 @@ pub fn invocations(lines: &[String]) -> Vec<Invocation> {
         let Some((instance, function, id, text)) = tagged(line) else {
             continue;
         };
-        if text.starts_with("Executing '") {
+        // (Queue-triggered only: HTTP ones name their method and path instead of a queue.)
+        if text.starts_with("Executing '") && text.contains("(queue ") {
             all.push(Invocation {
                 instance,
                 function: function.to_string(),
