@@ -515,6 +515,8 @@ async fn verify_copy_keep_poison(
     let live_len = || async {
         queue_len(&app.names.prefix_queue).await + queue_len(&app.names.copy_queue).await
     };
+    // The scan's end first (under its own bound), then the queues' settling (a hang's).
+    wait_recorded_end(app, id, SCAN_TIMEOUT).await;
     wait_until(
         "the live queues to drain and the poison queues to settle",
         || async {
