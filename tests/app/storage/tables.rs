@@ -1253,12 +1253,17 @@ async fn a_private_azurite_stops_when_dropped() {
         "a fresh instance has no tables"
     );
     drop(azurite);
-    // Only a hang bound: the stop is usually under a second; a loaded machine may take longer.
+    wait_until_closed(port, "Azurite still listens after its drop");
+}
+
+/// Waits until nothing listens on `port`. Only a hang bound (60 s): the stop usually takes under
+/// a second, a loaded machine longer.
+fn wait_until_closed(port: u16, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
         assert!(
             std::time::Instant::now() < deadline,
-            "Azurite still listens on {port} 60 s after drop"
+            "{what}: port {port} still open after 60 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1541,15 +1546,7 @@ fn azurite_dies_with_its_killed_owner() {
     );
     owner.kill().unwrap();
     owner.wait().unwrap();
-    // Only a hang bound: the watchdog usually stops it within a second of the owner's death.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "Azurite outlived its killed owner by 60 s (port {port})"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_closed(port, "Azurite outlived its killed owner");
 }
 
 /// Records are sized the way the service counts them: an entity exactly at the 1 MiB limit with
