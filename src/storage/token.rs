@@ -236,11 +236,8 @@ impl TokenProvider {
             return Ok(token);
         }
         let fetch = || async { Cached::received(self.fetch.fetch().await?, Instant::now()) };
-        let failure = match retry(&self.backoff, FullJitter, fetch, |e: &FetchError| {
-            e.transient
-        })
-        .await
-        {
+        let worth_retrying = |e: &FetchError| e.transient;
+        let failure = match retry(&self.backoff, FullJitter, fetch, worth_retrying).await {
             Ok(fresh) => {
                 let token = fresh.handed_out();
                 *self.cached.write().expect("not poisoned") = Some(fresh);
