@@ -48,6 +48,49 @@ impl std::fmt::Display for RawError {
     }
 }
 
+/// How [`no_answer`] starts a request that found no connection (so was never sent).
+const NO_CONNECTION: &str = "no connection: ";
+
+/// A request that got no (whole) answer: status 0, and the transport error with its causes
+/// (reqwest's own text is only "error sending request").
+fn no_answer(e: reqwest::Error) -> RawError {
+    let mut body = if e.is_connect() { NO_CONNECTION } else { "" }.to_string();
+    body.push_str(&e.to_string());
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let _ = write!(body, ": {cause}");
+        source = cause.source();
+    }
+    RawError { status: 0, body }
+}
+
+/// Whether a request that failed with `e` on its `attempt`-th resend (0: the first sending) is
+/// sent again: only one that got no answer, at most 3 times, and only when a second sending
+/// cannot change the outcome: a read (`GET`), or a request refused before it was sent (no
+/// connection). Under load a pooled connection that Azurite closes as it is reused fails a
+/// request with "error sending request"; a write is never resent, since this oracle must not
+/// turn one insert into an insert and a 409.
+fn resend(method: &Method, e: &RawError, attempt: u32) -> bool {
+    let unsent = e.body.starts_with(NO_CONNECTION);
+    e.status == 0 && attempt < 3 && (method == Method::GET || unsent)
+}
+
+/// Runs `once` until it succeeds or fails in a way [`resend`] does not send again (50, 100,
+/// 200 ms apart).
+async fn resending<T, F: std::future::Future<Output = Result<T, RawError>>>(
+    method: &Method,
+    mut once: impl FnMut() -> F,
+) -> Result<T, RawError> {
+    let mut attempt = 0;
+    loop {
+        match once().await {
+            Err(e) if resend(method, &e, attempt) => attempt += 1,
+            other => return other,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
+    }
+}
+
 /// One entity as the service wrote it: key and property texts, read-only metadata dropped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawEntity {
@@ -208,7 +251,7 @@ impl RawClient {
         RawClient {
             // Idle connections are dropped well before Azurite's keep-alive (Node's 5 s) closes
             // them: reusing one the server is closing fails the request ("error sending request",
-            // seen under load), and this client retries nothing.
+            // seen under load); a read that fails so is sent again ([`resend`]).
             http: reqwest::Client::builder()
                 .pool_idle_timeout(std::time::Duration::from_secs(2))
                 .build()
@@ -235,12 +278,26 @@ impl RawClient {
         format!("SharedKey {}:{signature}", self.account)
     }
 
-    /// Sends one signed request; returns the headers and body of a 2xx answer.
+    /// Sends one signed request; returns the headers and body of a 2xx answer. A request that
+    /// got no answer is sent again when that cannot change what it does ([`resend`]).
     async fn send(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, &str)],
+        accept: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(reqwest::header::HeaderMap, String), RawError> {
+        resending(&method, || {
+            self.send_once(method.clone(), (path, query), accept, body.clone())
+        })
+        .await
+    }
+
+    async fn send_once(
+        &self,
+        method: Method,
+        (path, query): (&str, &[(&str, &str)]),
         accept: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(reqwest::header::HeaderMap, String), RawError> {
@@ -265,16 +322,10 @@ impl RawClient {
                 .header("prefer", "return-no-content")
                 .body(body);
         }
-        let response = request.send().await.map_err(|e| RawError {
-            status: 0,
-            body: e.to_string(),
-        })?;
+        let response = request.send().await.map_err(no_answer)?;
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response.bytes().await.map_err(|e| RawError {
-            status: 0,
-            body: e.to_string(),
-        })?;
+        let body = response.bytes().await.map_err(no_answer)?;
         let body = String::from_utf8(body.to_vec()).map_err(|e| RawError {
             status: status.as_u16(),
             body: format!("response is not UTF-8: {e}"),
@@ -607,6 +658,7 @@ impl RawQueueClient {
 
     /// `SharedKey account:base64(HMAC-SHA256(key, "VERB\n" + 11 empty standard headers +
     /// canonical x-ms- headers + "/account/path" + "\nname:value" per query parameter, sorted))`.
+    /// Never resent: a receive that got no answer may still have hidden its messages.
     async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<String, RawError> {
         let c = &self.table;
         let date = httpdate::fmt_http_date(SystemTime::now());
@@ -638,19 +690,19 @@ impl RawQueueClient {
             .header("x-ms-version", VERSION)
             .send()
             .await
-            .map_err(|e| RawError {
-                status: 0,
-                body: e.to_string(),
-            })?;
+            .map_err(no_answer)?;
         let status = response.status().as_u16();
-        let body = response.text().await.map_err(|e| RawError {
-            status,
-            body: e.to_string(),
-        })?;
+        let body = response.text().await.map_err(no_answer)?;
         match status {
             200..=299 => Ok(body),
             _ => Err(RawError { status, body }),
         }
+    }
+
+    /// [`RawQueueClient::get`] for a request that changes nothing (a peek, a metadata read):
+    /// sent again when it got no answer ([`resend`]).
+    async fn read(&self, path: &str, query: &[(&str, &str)]) -> Result<String, RawError> {
+        resending(&Method::GET, || self.get(path, query)).await
     }
 
     /// Receives up to 32 messages, hiding them for `visibility_secs`.
@@ -671,7 +723,7 @@ impl RawQueueClient {
     /// Peeks at up to 32 messages (their visibility unchanged).
     pub async fn peek(&self, queue: &str) -> Result<Vec<RawMessage>, RawError> {
         let query = [("numofmessages", "32"), ("peekonly", "true")];
-        let body = self.get(&format!("{queue}/messages"), &query).await?;
+        let body = self.read(&format!("{queue}/messages"), &query).await?;
         Ok(parse_messages(&body))
     }
 
@@ -694,7 +746,7 @@ impl RawQueueClient {
 
     /// Whether the queue exists (a metadata read).
     pub async fn exists(&self, queue: &str) -> bool {
-        match self.get(queue, &[("comp", "metadata")]).await {
+        match self.read(queue, &[("comp", "metadata")]).await {
             Ok(_) => true,
             Err(e) if e.status == 404 => false,
             Err(e) => panic!("raw metadata of {queue}: {e}"),

@@ -24,11 +24,11 @@ use support::backup::{blobs, download, list_all, put, start, SCAN_TIMEOUT};
 use support::e2e::TestApp;
 use support::faults::{
     poison_invocations, proxy, recorded_state, seeded_source, source_entities, start_copy,
-    unfinished_bookkeeping, verify_copy, wait_recorded_end,
+    start_then_arm, unfinished_bookkeeping, verify_copy, wait_recorded_end,
 };
 use support::raw::RawEntity;
 use support::{queue_store, unique_name};
-use tablescan::lab::proxy::FaultPolicy;
+use tablescan::lab::proxy::{FaultPolicy, Hold};
 use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::QueueStore;
 
@@ -257,29 +257,32 @@ async fn a_forged_poison_message_is_ignored_and_the_scan_completes_exactly() {
     app.shutdown().await;
 }
 
-/// The genuine case still fails the scan: every delivery is the last (maxDequeueCount 1), table
-/// queries hang past the 3 s function timeout, so the host restarts the handler in the middle of
-/// an item's last delivery and poisons its message; the item's row was marked before it ran, so
-/// the poison function fails the scan with a reason instead of leaving it running.
+/// The genuine case still fails the scan: every delivery is the last (maxDequeueCount 1), the
+/// source's queries are held at the proxy past the 3 s function timeout, so the host restarts
+/// the handler in the middle of an item's last delivery and poisons its message; the item's row
+/// was marked before it ran, so the poison function fails the scan with a reason instead of
+/// leaving it running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_item_killed_during_its_last_delivery_still_fails_the_scan() {
     let proxy = proxy(FaultPolicy::none(), 29).await;
     let app = app_with(&proxy.connection_string(), 1, "00:00:00", "00:00:03", &[]).await;
     let (source, _) = seeded_source(&app, source_entities(200, 34)).await;
-    // Armed before the copy starts, so no page is read on time by chance; the first query is
-    // the start's probe of the source (`POST /api/scans`), spared.
-    proxy.set_faults(FaultPolicy {
-        delay: 1.0,
-        max_delay: Duration::from_secs(30),
-        kinds: vec![RequestKind::Query],
-        spare_first: 1,
-        ..FaultPolicy::none()
-    });
-    let id = start_copy(&app, &source, &unique_name("Dest"), 50).await;
+    // Held from before the first delivery (the start's own probe of the source is spared):
+    // no page of the source is ever read, so every delivery outlasts its timeout.
+    let destination = unique_name("Dest");
+    let start = start_copy(&app, &source, &destination, 50);
+    let id = start_then_arm(&app, &proxy, start, |_| {
+        proxy.hold(Hold {
+            kinds: vec![RequestKind::Query],
+            resources: vec![source.clone()],
+            ..Hold::default()
+        })
+    })
+    .await;
     // Read from the scans table: the status API's handler is restarted under it.
     let state = wait_recorded_end(&app, &id, SCAN_TIMEOUT).await;
     assert_eq!(state, "failed");
-    proxy.set_faults(FaultPolicy::none());
+    proxy.release();
     let status = app.wait_for_end(&id, SCAN_TIMEOUT).await;
     let error = status["error"].as_str().unwrap_or_default();
     assert!(error.contains("was poisoned"), "a useful reason: {status}");
