@@ -2193,21 +2193,38 @@ fn index_values() {
 /// value a candidate of its ranges.
 #[test]
 fn index_staging_record_and_segment() {
-    use tablescan::index::{
-        build_segment, decode_staging, encode_staging, IndexValue, SegmentDirectory,
-        DIRECTORY_FIXED_LEN,
-    };
+    use tablescan::index::{build_segment, decode_staging, encode_staging, SEGMENT_VERSION};
     let ranges = index_ranges();
     check("index-staging.bin", &encode_staging(&ranges).unwrap());
     check("index-segment.bin", &build_segment(&ranges).unwrap());
 
     let staged = decode_staging(&harness::read("index-staging.bin")).unwrap();
     assert_eq!(staged, ranges);
-    let segment = harness::read("index-segment.bin");
-    let len = SegmentDirectory::directory_len(&segment[..DIRECTORY_FIXED_LEN]).unwrap();
+    check_index_segment("index-segment.bin", SEGMENT_VERSION, &ranges);
+}
+
+/// The segment as version 1 wrote it (no body row checksums; docs/compatibility.md): still read,
+/// every staged value a candidate of its ranges.
+#[test]
+fn index_segment_of_version_1_is_still_read() {
+    check_index_segment(
+        "index-segment-v1.bin",
+        tablescan::index::SEGMENT_VERSION_1,
+        &index_ranges(),
+    );
+}
+
+/// Reads a golden segment as a lookup does (its header, its directory, two body rows per value)
+/// and checks every staged value is a candidate of the ranges holding it.
+fn check_index_segment(name: &str, version: u16, ranges: &[tablescan::index::StagedRange]) {
+    use tablescan::index::{IndexValue, SegmentDirectory, SegmentHeader, DIRECTORY_FIXED_LEN};
+    let segment = harness::read(name);
+    let header = SegmentHeader::parse(&segment[..DIRECTORY_FIXED_LEN]).unwrap();
+    assert_eq!(header.version, version, "{name}");
+    let len = header.directory_len as usize;
     let directory = SegmentDirectory::parse(&segment[..len]).unwrap();
     assert_eq!(directory.segment_len(), segment.len() as u64);
-    assert_eq!(directory.ranges().len(), ranges.len());
+    assert_eq!(directory.range_count(), ranges.len());
     for literal in INDEX_LITERALS {
         let value = IndexValue::from_literal(literal).unwrap();
         let [(o1, l1), (o2, l2)] = directory.bucket_spans(&value);
@@ -2216,9 +2233,9 @@ fn index_staging_record_and_segment() {
             .candidates(&value, span(o1, l1), span(o2, l2))
             .unwrap();
         for (i, range) in ranges.iter().enumerate() {
-            assert_eq!(directory.ranges()[i].keys, range.keys);
+            assert_eq!(directory.range(i).keys, range.keys);
             if range.hashes.contains(&value.index_hash()) {
-                assert!(found.contains(&i), "{literal} in range {i}");
+                assert!(found.contains(&i), "{name}: {literal} in range {i}");
             }
         }
     }
