@@ -297,13 +297,18 @@ impl SegmentDirectory {
     }
 
     /// [`SegmentDirectory::candidates`] for a value's index hash: checks each row's length and,
-    /// in version 2, its checksum (an error names the row).
+    /// in version 2, its checksum (an error names the row). A segment whose rows have no slots
+    /// (`S = 0`) needs none read: empty rows give its always-candidate ranges.
     pub fn candidates_for_hash(
         &self,
         hash: u64,
         row1: &[u8],
         row2: &[u8],
     ) -> Result<Vec<usize>, FormatError> {
+        if self.row_slots == 0 && row1.is_empty() && row2.is_empty() {
+            // No slots: only the always-candidate ranges (nothing of the body is relied on).
+            return Ok(self.always_candidates());
+        }
         let want = self.header.row_stride() as usize;
         if row1.len() != want || row2.len() != want {
             return Err(FormatError::new(format!(
@@ -329,6 +334,12 @@ impl SegmentDirectory {
             .filter(|(_, e)| e.always_candidate || holds(slots1, e) || holds(slots2, e))
             .map(|(i, _)| i)
             .collect())
+    }
+
+    fn always_candidates(&self) -> Vec<usize> {
+        (0..self.entries.len())
+            .filter(|&i| self.entries[i].always_candidate)
+            .collect()
     }
 
     /// Row `j`'s slots, its checksum checked (version 2).
