@@ -201,6 +201,16 @@ pub struct IndexManifest {
     pub built_at: OffsetDateTime,
 }
 
+impl std::fmt::Display for Indexed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "property {} of table {} (connection {})",
+            self.property, self.source_table, self.source_connection
+        )
+    }
+}
+
 impl IndexManifest {
     /// What the build indexed.
     pub fn indexed(&self) -> Indexed {

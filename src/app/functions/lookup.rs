@@ -287,7 +287,7 @@ fn check_source<S: Stores>(
         )
     } else if recorded.is_some_and(|r| r != source) {
         format!(
-            "it says the build indexed {source:?}, but the pointer {container}/{} says {:?}",
+            "it says the build indexed {source}, but the pointer {container}/{} says {}",
             layout.pointer(),
             recorded.expect("some")
         )

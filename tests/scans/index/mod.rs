@@ -8,8 +8,12 @@
 //! and nothing else is.
 //!
 //! Faults during a build (duplicated messages, storage faults; kills are here): [`faults`].
+//! Forged and damaged index files: [`hostile`], and what lookups hold over them:
+//! [`hostile_memory`].
 
 mod faults;
+mod hostile;
+mod hostile_memory;
 mod prune;
 use crate::support;
 
