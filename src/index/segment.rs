@@ -44,9 +44,9 @@ pub const MAX_SEGMENT_VALUES: usize = 8 << 20;
 pub const MAX_SEGMENT_BYTES: usize = 64 << 20;
 /// Largest directory (a build's are about 80 bytes a range: ~250 KiB for 3,000 ranges).
 pub const MAX_DIRECTORY_BYTES: usize = 16 << 20;
-/// Most slots in a body row, all ranges together (a row of 2 MiB; a build's are about three
-/// slots a range).
-pub const MAX_ROW_SLOTS: usize = 1 << 20;
+/// Most slots in a body row, all ranges together (a row of 1 MiB; a build's are about three
+/// slots a range, under 200,000 slots).
+pub const MAX_ROW_SLOTS: usize = 1 << 19;
 /// The segment size a build should plan for (what one invocation reads and writes in seconds):
 /// about 6 million distinct values at 2.5 bytes each.
 pub const RECOMMENDED_SEGMENT_BYTES: usize = 16 << 20;

@@ -8,7 +8,7 @@ use super::hostile::{built, forge, refused, Built, ForgedRange};
 use super::*;
 
 /// The handler's budget (`functions::lookup::budget`): reads and held bytes, and the cache.
-const BUDGET: u64 = (32 + 16) << 20;
+const BUDGET: u64 = (24 + 16) << 20;
 const CACHE: u64 = 8 << 20;
 
 /// A valid version 2 segment whose directory is about `directory` bytes (ranges of four keys of
@@ -99,7 +99,7 @@ async fn lookups_over_huge_forged_indexes_stay_within_the_budget() {
         peak >= 4 << 20,
         "the 4-MiB directories were not accounted: {peak}"
     );
-    assert!(cache <= CACHE && cache >= 3 << 20, "{cache}");
+    assert!((3 << 20..=CACHE).contains(&cache), "{cache}");
 
     let every = forged_index(&index, 2, &big_segment(3 << 20, true)).await;
     let answer = index.lookup(&app, &every, "'alice'").await;
@@ -117,6 +117,8 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// The worst forged indexes: sixteen segments of 16-MiB directories (the format's bound),
 /// twenty-four of 4 MiB, the sweep's 16-MiB bomb listed once, three lookups at once over each.
 /// Goal: at most 64 MiB of peak RSS over the handler's baseline (was 421 MB for one lookup).
+/// The handler inherits this process's environment, so `MIMALLOC_PURGE_DELAY=0` set here is
+/// the handler's (see the figures at the assertion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement: a lookup's peak RSS over forged indexes (uploads ~400 MiB to Azurite)"]
 async fn measure_peak_rss_of_lookups_over_forged_indexes() {
@@ -139,8 +141,19 @@ async fn measure_peak_rss_of_lookups_over_forged_indexes() {
     let pid = app.host().handler_pids()[0].expect("the handler runs");
     let baseline = peak_rss_kib(pid);
     let started = std::time::Instant::now();
+    let grown = |pid| (peak_rss_kib(pid) - baseline) / 1024;
+    lookups_at_once(&app, &index, &huge, 1, 1).await;
+    println!(
+        "one lookup over 16 x 16-MiB directories: +{} MiB",
+        grown(pid)
+    );
     lookups_at_once(&app, &index, &huge, 3, 2).await;
+    println!("three at once, twice: +{} MiB", grown(pid));
     lookups_at_once(&app, &index, &four, 3, 2).await;
+    println!(
+        "three at once over 24 x 4-MiB directories, twice: +{} MiB",
+        grown(pid)
+    );
     let answer = index.lookup(&app, &bombed, "'alice'").await;
     refused("bomb", answer, 409, &["4194304 slots"]);
     let peak = peak_rss_kib(pid);

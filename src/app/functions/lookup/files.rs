@@ -251,7 +251,7 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
         let (size, mut want) = match self.memory.cached(&key) {
             Some(d) => (
                 d.segment_len(),
-                d.memory() + spans_cost(d.header(), d.segment_len()),
+                d.memory() + spans_transient(d.header(), d.segment_len()),
             ),
             None => {
                 let size = self.size(name, declared).await?;
@@ -310,7 +310,7 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
                 Err(more) => return Ok(Step::Need(more)),
             },
         };
-        let need = directory.memory() + spans_cost(directory.header(), size);
+        let need = directory.memory() + spans_transient(directory.header(), size);
         if need > charge.bytes() {
             return Ok(Step::Need(need));
         }
@@ -319,10 +319,10 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
             directory.candidates(value, &[], &[]).map_err(bad)?
         } else {
             let [(o1, l1), (o2, l2)] = directory.bucket_spans(value);
-            let row1 = self.range(name, o1, l1).await?;
+            let row1 = self.row(name, o1, l1).await?;
             let row2 = match (o2, l2) == (o1, l1) {
                 true => row1.clone(),
-                false => self.range(name, o2, l2).await?,
+                false => self.row(name, o2, l2).await?,
             };
             directory.candidates(value, &row1, &row2).map_err(bad)?
         };
@@ -350,7 +350,7 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
                 header.segment_len()
             )));
         }
-        let need = directory_cost(&header, size) + spans_cost(&header, size);
+        let need = segment_need(&header, size);
         if need > charge.bytes() {
             return Ok(Err(need));
         }
@@ -359,14 +359,28 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
             Bytes::copy_from_slice(&first[..len as usize])
         } else {
             drop(first);
-            let read = self.range(name, 0, len).await?;
-            match len < STORE_WINDOW {
-                true => Bytes::copy_from_slice(&read),
-                false => read,
+            // Read in pieces of at most a window into one buffer of the directory's size: a
+            // single large read holds its growing buffer's copies besides (measured: a 16-MiB
+            // read cost 33 MiB of peak RSS).
+            let mut directory = Vec::with_capacity(len as usize);
+            while (directory.len() as u64) < len {
+                let at = directory.len() as u64;
+                let piece = self.range(name, at, STORE_WINDOW.min(len - at)).await?;
+                if piece.is_empty() {
+                    return Err(bad("it ends inside its directory".to_string()));
+                }
+                directory.extend_from_slice(&piece);
             }
+            Bytes::from(directory)
         };
         let directory = SegmentDirectory::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
         Ok(Ok(Arc::new(directory)))
+    }
+
+    /// A body row, copied out of the read (which may hold a window).
+    async fn row(&self, name: &str, offset: u64, len: u64) -> Result<Bytes, ApiError> {
+        let read = self.range(name, offset, len).await?;
+        Ok(Bytes::copy_from_slice(&read))
     }
 
     /// Bytes `offset..offset + len` of a segment (409 if it is missing).
@@ -405,35 +419,40 @@ fn read_cost(offset: u64, len: u64, size: u64) -> u64 {
         .max(len)
 }
 
-/// The first charge of an uncached segment of `size` bytes: its first read, a directory of
-/// that size parsed, and two body rows of a window each.
+/// The first charge of an uncached segment of `size` bytes: its first read and a directory of
+/// that size parsed, or its two body rows read after.
 fn first_want(size: u64) -> u64 {
     let first = read_cost(0, FIRST_READ.min(size), size);
-    first + FIRST_READ + FIRST_READ / 4 + 2 * read_cost(0, 0, size)
+    FIRST_READ + FIRST_READ / 4 + first.max(read_cost(0, 0, size) + 2 * FIRST_READ)
 }
 
-/// What reading and parsing the directory holds at most: the first read (dropped before a
-/// second read of a longer directory), the directory's bytes (copied out of a read that may
-/// hold more, kept as read otherwise), and its parsed entries.
-fn directory_cost(header: &SegmentHeader, size: u64) -> u64 {
+/// The whole charge of an uncached segment: its parsed directory, kept throughout, and the
+/// larger of what reading the directory and reading the rows hold besides (one after the other).
+fn segment_need(header: &SegmentHeader, size: u64) -> u64 {
+    SegmentDirectory::memory_for(header)
+        + directory_transient(header, size).max(spans_transient(header, size))
+}
+
+/// What reading the directory holds besides its bytes: the first read, then (for a longer
+/// directory, read in pieces into one buffer) one piece.
+fn directory_transient(header: &SegmentHeader, size: u64) -> u64 {
     let first = read_cost(0, FIRST_READ.min(size), size);
     let len = header.directory_len;
-    let entries = SegmentDirectory::memory_for(header) - len;
-    let bytes = if len <= FIRST_READ {
-        first + len
-    } else if len < STORE_WINDOW {
-        first.max(read_cost(0, len, size) + len)
-    } else {
-        first.max(read_cost(0, len, size))
-    };
-    bytes + entries
+    match len <= FIRST_READ {
+        true => first,
+        false => first.max(read_cost(0, STORE_WINDOW.min(len), size)),
+    }
 }
 
-/// What reading a value's two body rows holds at most (nothing when the rows have no slots).
-fn spans_cost(header: &SegmentHeader, size: u64) -> u64 {
+/// What reading a value's two body rows holds: one read, and the two rows copied out of the
+/// reads (nothing when the rows have no slots).
+fn spans_transient(header: &SegmentHeader, size: u64) -> u64 {
     match header.row_slots {
         0 => 0,
-        _ => 2 * read_cost(header.directory_len, header.row_stride(), size),
+        _ => {
+            let stride = header.row_stride();
+            read_cost(header.directory_len, stride, size) + 2 * stride
+        }
     }
 }
 
@@ -479,13 +498,13 @@ mod tests {
             MAX_DIRECTORY_BYTES as u64,
         ] {
             let h = header(len, 1, MAX_SEGMENT_RANGES as u32, MAX_ROW_SLOTS as u32);
-            most = most.max(directory_cost(&h, size) + spans_cost(&h, size));
+            most = most.max(segment_need(&h, size));
         }
         assert!(most <= READ_BUDGET, "{most}");
         assert!(first_want(size) <= READ_BUDGET);
         let small = 40_000;
         let h = header(2_000, 300, 20, 60);
-        assert!(directory_cost(&h, small) + spans_cost(&h, small) <= 3 * small);
+        assert!(segment_need(&h, small) <= 2 * small);
         assert!(first_want(small) < 4 * FIRST_READ);
     }
 
