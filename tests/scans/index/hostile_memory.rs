@@ -117,8 +117,9 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// The worst forged indexes: sixteen segments of 16-MiB directories (the format's bound),
 /// twenty-four of 4 MiB, the sweep's 16-MiB bomb listed once, three lookups at once over each.
 /// Goal: at most 64 MiB of peak RSS over the handler's baseline (was 421 MB for one lookup).
-/// The handler inherits this process's environment, so `MIMALLOC_PURGE_DELAY=0` set here is
-/// the handler's (see the figures at the assertion).
+/// The handler gives freed memory back at once (`src/main.rs`, mimalloc's purge delay 0); it
+/// inherits this process's environment, so `MIMALLOC_PURGE_DELAY=1000` set here measures
+/// mimalloc's default instead (figures in docs/development.md, Measurements).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement: a lookup's peak RSS over forged indexes (uploads ~400 MiB to Azurite)"]
 async fn measure_peak_rss_of_lookups_over_forged_indexes() {

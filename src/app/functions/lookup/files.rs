@@ -13,9 +13,8 @@
 //! Invariants:
 //! - A file that cannot be used is a 409 naming it and saying why; 404 only for a pointer that
 //!   does not exist (no index) or a build that is gone; storage errors stay storage errors.
-//! - What a read may hold is charged before the read: its length, or [`STORE_WINDOW`] bytes
-//!   within the blob when that is more (the blob adapter reads short ranges from Azurite as a
-//!   window of that size, `storage::azure_blob`).
+//! - What a read holds is charged before the read: its length (a ranged read holds its range's
+//!   bytes only, even where the blob adapter reads a larger window, `storage::azure_blob`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -38,8 +37,8 @@ use super::budget::{Budget, Charge, Held, HeldRefused, HELD_BUDGET, READ_BUDGET}
 
 /// The first read of a segment: its header, and most directories whole.
 const FIRST_READ: u64 = 64 * 1024;
-/// The least a ranged read may hold (see the module's invariants).
-pub const STORE_WINDOW: u64 = 4 << 20;
+/// The pieces a long directory is read in.
+pub const DIRECTORY_PIECE: u64 = 4 << 20;
 /// Bytes of directories kept per process.
 pub const DIRECTORY_CACHE_BYTES: u64 = 8 << 20;
 /// Largest directory cached (in memory bytes).
@@ -249,10 +248,7 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
     ) -> Result<Vec<KeyBounds>, ApiError> {
         let key = format!("{}/{}/{name}", self.connection, self.container);
         let (size, mut want) = match self.memory.cached(&key) {
-            Some(d) => (
-                d.segment_len(),
-                d.memory() + spans_transient(d.header(), d.segment_len()),
-            ),
+            Some(d) => (d.segment_len(), d.memory() + spans_transient(d.header())),
             None => {
                 let size = self.size(name, declared).await?;
                 (size, first_want(size))
@@ -310,7 +306,7 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
                 Err(more) => return Ok(Step::Need(more)),
             },
         };
-        let need = directory.memory() + spans_transient(directory.header(), size);
+        let need = directory.memory() + spans_transient(directory.header());
         if need > charge.bytes() {
             return Ok(Step::Need(need));
         }
@@ -359,13 +355,13 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
             Bytes::copy_from_slice(&first[..len as usize])
         } else {
             drop(first);
-            // Read in pieces of at most a window into one buffer of the directory's size: a
-            // single large read holds its growing buffer's copies besides (measured: a 16-MiB
-            // read cost 33 MiB of peak RSS).
+            // Read in pieces into one buffer of the directory's size: the directory and one
+            // piece at a time (one 16-MiB read was measured at 33 MiB of peak RSS before the
+            // adapter kept one buffer a read).
             let mut directory = Vec::with_capacity(len as usize);
             while (directory.len() as u64) < len {
                 let at = directory.len() as u64;
-                let piece = self.range(name, at, STORE_WINDOW.min(len - at)).await?;
+                let piece = self.range(name, at, DIRECTORY_PIECE.min(len - at)).await?;
                 if piece.is_empty() {
                     return Err(bad("it ends inside its directory".to_string()));
                 }
@@ -377,7 +373,7 @@ impl<'a, B: BlobStore> IndexFiles<'a, B> {
         Ok(Ok(Arc::new(directory)))
     }
 
-    /// A body row, copied out of the read (which may hold a window).
+    /// A body row, copied out of the read (which may be a slice of a larger network chunk).
     async fn row(&self, name: &str, offset: u64, len: u64) -> Result<Bytes, ApiError> {
         let read = self.range(name, offset, len).await?;
         Ok(Bytes::copy_from_slice(&read))
@@ -412,46 +408,38 @@ enum Step {
     Need(u64),
 }
 
-/// What a read of `len` bytes at `offset` of a blob of `size` bytes may hold.
-fn read_cost(offset: u64, len: u64, size: u64) -> u64 {
-    len.max(STORE_WINDOW)
-        .min(size.saturating_sub(offset))
-        .max(len)
-}
-
-/// The first charge of an uncached segment of `size` bytes: its first read and a directory of
-/// that size parsed, or its two body rows read after.
+/// The first charge of an uncached segment of `size` bytes: its first read, a directory of
+/// that size parsed, and its two body rows (read and copied out) of that size.
 fn first_want(size: u64) -> u64 {
-    let first = read_cost(0, FIRST_READ.min(size), size);
-    FIRST_READ + FIRST_READ / 4 + first.max(read_cost(0, 0, size) + 2 * FIRST_READ)
+    FIRST_READ + FIRST_READ / 4 + 3 * FIRST_READ.min(size)
 }
 
 /// The whole charge of an uncached segment: its parsed directory, kept throughout, and the
 /// larger of what reading the directory and reading the rows hold besides (one after the other).
 fn segment_need(header: &SegmentHeader, size: u64) -> u64 {
     SegmentDirectory::memory_for(header)
-        + directory_transient(header, size).max(spans_transient(header, size))
+        + directory_transient(header, size).max(spans_transient(header))
 }
 
 /// What reading the directory holds besides its bytes: the first read, then (for a longer
 /// directory, read in pieces into one buffer) one piece.
 fn directory_transient(header: &SegmentHeader, size: u64) -> u64 {
-    let first = read_cost(0, FIRST_READ.min(size), size);
+    let first = FIRST_READ.min(size);
     let len = header.directory_len;
     match len <= FIRST_READ {
         true => first,
-        false => first.max(read_cost(0, STORE_WINDOW.min(len), size)),
+        false => first.max(DIRECTORY_PIECE.min(len)),
     }
 }
 
 /// What reading a value's two body rows holds: one read, and the two rows copied out of the
 /// reads (nothing when the rows have no slots).
-fn spans_transient(header: &SegmentHeader, size: u64) -> u64 {
+fn spans_transient(header: &SegmentHeader) -> u64 {
     match header.row_slots {
         0 => 0,
         _ => {
             let stride = header.row_stride();
-            read_cost(header.directory_len, stride, size) + 2 * stride
+            3 * stride
         }
     }
 }
@@ -493,8 +481,8 @@ mod tests {
         let mut most = 0;
         for len in [
             FIRST_READ,
-            STORE_WINDOW - 1,
-            STORE_WINDOW,
+            DIRECTORY_PIECE - 1,
+            DIRECTORY_PIECE,
             MAX_DIRECTORY_BYTES as u64,
         ] {
             let h = header(len, 1, MAX_SEGMENT_RANGES as u32, MAX_ROW_SLOTS as u32);
@@ -508,11 +496,17 @@ mod tests {
         assert!(first_want(small) < 4 * FIRST_READ);
     }
 
+    /// Reads cost their lengths, not the blob's size nor the emulator's 4-MiB window: a small
+    /// directory and short rows of the largest segment are a small charge.
     #[test]
-    fn a_read_costs_its_window_within_the_blob() {
-        assert_eq!(read_cost(0, 10, 100), 100);
-        assert_eq!(read_cost(90, 10, 100), 10);
-        assert_eq!(read_cost(0, 10, 64 << 20), STORE_WINDOW);
-        assert_eq!(read_cost(0, 8 << 20, 64 << 20), 8 << 20);
+    fn a_small_directory_of_a_large_segment_is_a_small_charge() {
+        let size = MAX_SEGMENT_BYTES as u64;
+        let h = header(2_000, 300, 20, 60);
+        let need = segment_need(&h, size);
+        assert!(need <= FIRST_READ + 4_000, "{need}");
+        let h = header(FIRST_READ + 1, 300, 20, 60);
+        let need = segment_need(&h, size);
+        assert!(need <= 3 * FIRST_READ, "{need}");
+        assert!(first_want(size) <= 5 * FIRST_READ);
     }
 }
