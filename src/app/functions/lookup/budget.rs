@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Bytes of index files the process's lookups read and work on at once (the largest segment
-/// the bounds allow needs about 23 MiB: a 16-MiB directory, and a window read).
+/// the bounds allow needs about 21 MiB: a 16-MiB directory parsed, and a 4-MiB piece of it read).
 pub const READ_BUDGET: u64 = 24 << 20;
 /// Bytes the process's lookups keep across their reads (segment lists, candidate ranges).
 pub const HELD_BUDGET: u64 = 16 << 20;
