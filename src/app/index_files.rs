@@ -14,12 +14,21 @@
 //!   build's manifest names them.
 //! - `P builds/<scan id>/manifest.json`: the build's manifest, written before the pointer.
 //!
-//! Invariant: these names and the JSON fields below are a stored format: never change them.
+//! Invariants:
+//! - These names and the JSON fields below are a stored format: never change them (a field
+//!   added is optional, and ignored by readers that do not know it).
+//! - A reader trusts nothing in these files: [`check_pointer`] and [`check_manifest`] check every
+//!   name and bound a lookup will act on (the build named, the manifest's path, the source
+//!   table by the service's rules, the property, each segment's name and size) before anything
+//!   is read through them. What a caller's configuration decides (allowed connections,
+//!   bookkeeping tables) is the lookup's to check.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use time::OffsetDateTime;
 
 use crate::app::export_format::{ExportFormatError, ExportLayout};
+use crate::index::MAX_SEGMENT_BYTES;
+use crate::storage::odata;
 
 /// The pointer's `format`.
 pub const POINTER_FORMAT: &str = "tablescan-index-pointer/1";
@@ -31,6 +40,11 @@ pub const MAX_POINTER_BYTES: u64 = 64 * 1024;
 pub const MAX_MANIFEST_BYTES: u64 = 8 * 1024 * 1024;
 /// Content type of the JSON files.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
+/// Most segments one build may have (its manifest stays under a few MiB).
+pub const MAX_SEGMENTS: usize = 20_000;
+/// Longest segment file name (without `.seg`) a manifest may list: a build names them after
+/// a staging record (32 hex digits).
+pub const MAX_SEGMENT_STEM: usize = 64;
 
 /// The blobs of the indexes under one prefix.
 #[derive(Debug, Clone)]
@@ -71,6 +85,19 @@ impl IndexLayout {
         format!("{}segments/{name}.seg", Self::build(scan_id))
     }
 
+    /// The stem of a segment of build `scan_id` as a manifest lists it (relative to the prefix):
+    /// `builds/<scan id>/segments/<stem>.seg`, the stem 1 to [`MAX_SEGMENT_STEM`] letters,
+    /// digits, `-` or `_`; `None` for anything else.
+    pub fn segment_stem<'a>(scan_id: &str, name: &'a str) -> Option<&'a str> {
+        let folder = format!("{}segments/", Self::build(scan_id));
+        let stem = name.strip_prefix(&folder)?.strip_suffix(".seg")?;
+        let valid = (1..=MAX_SEGMENT_STEM).contains(&stem.len())
+            && stem
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        valid.then_some(stem)
+    }
+
     /// A build's manifest, relative to the prefix (as the pointer names it).
     pub fn manifest_name(scan_id: &str) -> String {
         format!("{}manifest.json", Self::build(scan_id))
@@ -99,6 +126,20 @@ pub struct Pointer {
     /// (`drivers/index/prune`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub superseded: Vec<Superseded>,
+    /// What the build indexed (absent in pointers of earlier versions): a lookup checks the
+    /// manifest says the same, and answers which table it searched.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub indexed: Option<Indexed>,
+}
+
+/// What a build indexed: the property of a table on a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Indexed {
+    pub property: String,
+    pub source_table: String,
+    /// The app-setting name of the source's connection (never a connection string).
+    pub source_connection: String,
 }
 
 /// Most superseded builds a pointer remembers (an older one is known to have been superseded
@@ -150,11 +191,195 @@ pub struct IndexManifest {
     /// Rows holding the property when their range was read.
     pub rows: u64,
     pub ranges: u64,
-    /// In name order.
+    /// In name order (at most [`MAX_SEGMENTS`]: a longer list is refused while it is read).
+    #[serde(deserialize_with = "bounded_segments")]
     pub segments: Vec<SegmentEntry>,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
     /// When the build completed: rows written after `startedAt` may be missing.
     #[serde(with = "time::serde::rfc3339")]
     pub built_at: OffsetDateTime,
+}
+
+impl std::fmt::Display for Indexed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "property {} of table {} (connection {})",
+            self.property, self.source_table, self.source_connection
+        )
+    }
+}
+
+impl IndexManifest {
+    /// What the build indexed.
+    pub fn indexed(&self) -> Indexed {
+        Indexed {
+            property: self.property.clone(),
+            source_table: self.source_table.clone(),
+            source_connection: self.source_connection.clone(),
+        }
+    }
+}
+
+/// The manifest's segment list, refused past [`MAX_SEGMENTS`] entries while it is read (so a
+/// forged manifest of tiny entries is not held whole before it is counted).
+fn bounded_segments<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SegmentEntry>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<SegmentEntry>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_SEGMENTS} segments")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(entry) = seq.next_element()? {
+                if out.len() == MAX_SEGMENTS {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_SEGMENTS} segments"
+                    )));
+                }
+                out.push(entry);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded)
+}
+
+/// Refuses a property name an index build refuses: a key property, `Timestamp`, or a name a
+/// filter cannot compare (`Owner` is fine; `Owner eq 1` is not one name).
+pub fn check_property(property: &str) -> Result<(), String> {
+    if property == "Timestamp" {
+        return Err("Timestamp is set by the service; index a property of your own".into());
+    }
+    match odata::parse(&format!("{property} eq 0")) {
+        Ok(odata::Expr::Compare { property: p, .. }) if p == property => Ok(()),
+        Ok(_) => Err(format!("{property:?} is not one property name")),
+        Err(e) => Err(format!(
+            "{property:?} is not a non-key property name a filter can compare ({e})"
+        )),
+    }
+}
+
+/// Checks a pointer read back (see the module's invariants): its format, the build it names (a
+/// scan id), and that its manifest is that build's.
+pub fn check_pointer(pointer: &Pointer) -> Result<(), String> {
+    if pointer.format != POINTER_FORMAT {
+        return Err(format!(
+            "its format is {:?}; this build reads {POINTER_FORMAT:?}",
+            pointer.format
+        ));
+    }
+    if !crate::app::job::is_valid_scan_id(&pointer.build) {
+        return Err(format!(
+            "it names build {:?}, which is not a scan id",
+            pointer.build
+        ));
+    }
+    if pointer.manifest != IndexLayout::manifest_name(&pointer.build) {
+        return Err(format!(
+            "it names manifest {:?}; build {}'s is {:?}",
+            pointer.manifest,
+            pointer.build,
+            IndexLayout::manifest_name(&pointer.build)
+        ));
+    }
+    match &pointer.indexed {
+        Some(indexed) => check_indexed(indexed),
+        None => Ok(()),
+    }
+}
+
+/// Checks a manifest read back as build `build`'s (see the module's invariants): its format and
+/// build, what it indexed, and every segment: named in the build's folder, listed once in name
+/// order, at most [`MAX_SEGMENT_BYTES`].
+pub fn check_manifest(manifest: &IndexManifest, build: &str) -> Result<(), String> {
+    if manifest.format != MANIFEST_FORMAT {
+        return Err(format!(
+            "its format is {:?}; this build reads {MANIFEST_FORMAT:?}",
+            manifest.format
+        ));
+    }
+    if manifest.scan_id != build {
+        return Err(format!(
+            "it is build {:?}'s manifest, not build {build}'s",
+            manifest.scan_id
+        ));
+    }
+    check_indexed(&manifest.indexed())?;
+    for (i, segment) in manifest.segments.iter().enumerate() {
+        if IndexLayout::segment_stem(build, &segment.name).is_none() {
+            return Err(format!(
+                "it lists segment {:?}, which is not a segment of build {build} \
+                 (builds/{build}/segments/<name>.seg)",
+                segment.name
+            ));
+        }
+        if i > 0 && manifest.segments[i - 1].name >= segment.name {
+            return Err(format!(
+                "it lists segment {:?} twice or out of name order",
+                segment.name
+            ));
+        }
+        if segment.bytes > MAX_SEGMENT_BYTES as u64 {
+            return Err(format!(
+                "it lists segment {:?} of {} bytes, over the {MAX_SEGMENT_BYTES} a segment may be",
+                segment.name, segment.bytes
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The table by the service's naming rules, and the property as a build accepts it.
+fn check_indexed(indexed: &Indexed) -> Result<(), String> {
+    crate::app::validate::table_name(&indexed.source_table)
+        .map_err(|e| format!("its source table: {e}"))?;
+    check_property(&indexed.property).map_err(|e| format!("its property: {e}"))?;
+    if indexed.source_connection.is_empty() || indexed.source_connection.len() > 256 {
+        return Err("its source connection is not an app-setting name".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_are_in_their_builds_folder() {
+        let build = "8204684855781-5306e88b";
+        let name = IndexLayout::segment_name(build, "0123456789abcdef0123456789abcdef");
+        assert!(IndexLayout::segment_stem(build, &name).is_some());
+        for bad in [
+            "builds/8204684855781-5306e88b/segments/../../x.seg",
+            "builds/8204684855781-5306e88b/segments/a/b.seg",
+            "builds/8204684855781-5306e88b/segments/.seg",
+            "builds/other/segments/a.seg",
+            "../builds/8204684855781-5306e88b/segments/a.seg",
+            "builds/8204684855781-5306e88b/segments/a.seg/",
+        ] {
+            assert!(IndexLayout::segment_stem(build, bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_one_comparable_non_key_property_is_a_property() {
+        check_property("Owner").unwrap();
+        for bad in [
+            "PartitionKey",
+            "RowKey",
+            "Timestamp",
+            "Owner eq 1 or V",
+            "",
+            "a b",
+            "V)",
+        ] {
+            assert!(check_property(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -82,6 +82,11 @@ impl<'a> Reader<'a> {
     }
 
     pub fn string(&mut self) -> Result<String, FormatError> {
+        self.str_ref().map(str::to_string)
+    }
+
+    /// A length-prefixed UTF-8 key, borrowed.
+    pub fn str_ref(&mut self) -> Result<&'a str, FormatError> {
         let len = self.u32()? as usize;
         if len > MAX_KEY_BYTES {
             return Err(FormatError::new(format!(
@@ -90,17 +95,18 @@ impl<'a> Reader<'a> {
             )));
         }
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec())
+        std::str::from_utf8(bytes)
             .map_err(|_| FormatError::new(format!("the {} has a key that is not UTF-8", self.what)))
     }
 }
 
-/// Checks magic, version and hash id at the front of a file.
+/// Checks magic, version (one of `versions`) and hash id at the front of a file; returns the
+/// version.
 pub(crate) fn check_preamble(
     reader: &mut Reader<'_>,
     magic: &[u8; 8],
-    version: u16,
-) -> Result<(), FormatError> {
+    versions: &[u16],
+) -> Result<u16, FormatError> {
     let what = reader.what;
     if reader.take(8)? != magic {
         return Err(FormatError::new(format!(
@@ -109,9 +115,11 @@ pub(crate) fn check_preamble(
         )));
     }
     let found = reader.u16()?;
-    if found != version {
+    if !versions.contains(&found) {
+        let known: Vec<String> = versions.iter().map(u16::to_string).collect();
         return Err(FormatError::new(format!(
-            "index {what} version {found}: this build reads version {version}"
+            "index {what} version {found}: this build reads version {}",
+            known.join(" and ")
         )));
     }
     let hash = reader.u16()?;
@@ -121,5 +129,5 @@ pub(crate) fn check_preamble(
             super::hash::HASH_ID
         )));
     }
-    Ok(())
+    Ok(found)
 }

@@ -13,8 +13,10 @@
 //! - [`hash`]: the fixed hash of those bytes, the fingerprint and the two buckets;
 //! - [`StagedRange`], [`encode_staging`], [`decode_staging`]: what a scan step writes about
 //!   the ranges it read (bounds, rows, value hashes);
-//! - [`build_segment`], [`SegmentDirectory`]: a segment file from staged ranges, and its
-//!   directory (spans to read for a value, and the candidate ranges they give).
+//! - [`build_segment`], [`SegmentHeader`], [`SegmentDirectory`]: a segment file from staged
+//!   ranges; its header (every size a reader will read, checked against the bounds before
+//!   anything else is read) and its directory (spans to read for a value, and the candidate
+//!   ranges they give, each row's checksum verified).
 //!
 //! Invariant of the whole module: **no false negatives**. A range holding a value is always
 //! among its candidates: canonicalisation only merges values (`value.rs`), an insertion never
@@ -22,6 +24,7 @@
 //! (`segment.rs`). A false positive costs one query that returns nothing.
 
 mod codec;
+mod directory;
 mod filter;
 pub mod hash;
 mod segment;
@@ -34,9 +37,10 @@ mod tests;
 mod value_tests;
 
 pub use codec::MAX_KEY_BYTES;
+pub use directory::{RangeEntry, SegmentDirectory, SegmentHeader, SEGMENT_VERSION_1};
 pub use filter::{bucket_count, DESIGN_FP_RATE, MAX_BUCKET_SIZE, MAX_KICKS};
 pub use segment::{
-    build_segment, RangeEntry, SegmentDirectory, DIRECTORY_FIXED_LEN, DIRECTORY_LEN_OFFSET,
+    build_segment, DIRECTORY_FIXED_LEN, DIRECTORY_LEN_OFFSET, MAX_DIRECTORY_BYTES, MAX_ROW_SLOTS,
     MAX_SEGMENT_BYTES, MAX_SEGMENT_RANGES, MAX_SEGMENT_VALUES, RECOMMENDED_SEGMENT_BYTES,
     SEGMENT_MAGIC, SEGMENT_VERSION,
 };

@@ -140,7 +140,7 @@ pub fn decode_staging(bytes: &[u8]) -> Result<Vec<StagedRange>, FormatError> {
         ));
     }
     let mut reader = Reader::new(body, "staging record");
-    codec::check_preamble(&mut reader, STAGING_MAGIC, STAGING_VERSION)?;
+    codec::check_preamble(&mut reader, STAGING_MAGIC, &[STAGING_VERSION])?;
     let count = reader.u32()? as usize;
     check_counts(count, 0)?;
     let mut ranges = Vec::with_capacity(count);

@@ -196,8 +196,8 @@ fn the_directory_reads_back_from_a_prefix() {
     corrupt[40] ^= 1;
     assert!(err(&corrupt).contains("checksum"));
     let mut version = bytes.clone();
-    version[8] = 2;
-    assert!(err(&version).contains("version 2"));
+    version[8] = 3;
+    assert!(err(&version).contains("version 3: this build reads version 1 and 2"));
     let mut hash = bytes.clone();
     hash[10] = 9;
     assert!(err(&hash).contains("hash id 9"));
@@ -216,6 +216,113 @@ fn the_directory_reads_back_from_a_prefix() {
     assert!(dir
         .candidates_for_hash(7, &[0; 3], &vec![0; row as usize])
         .is_err());
+}
+
+/// Version 2's body rows carry their checksum: a damaged row (zeroed, or one bit) is an error
+/// naming it, never a range silently missing from the candidates.
+#[test]
+fn a_damaged_body_row_is_an_error_not_a_missing_candidate() {
+    let ranges: Vec<StagedRange> = (0..4)
+        .map(|i| {
+            StagedRange::new(
+                keys(i),
+                50,
+                (1..=50u64).map(|h| h * 7919 + i as u64).collect(),
+            )
+        })
+        .collect();
+    let bytes = build_segment(&ranges).unwrap();
+    let dir = SegmentDirectory::parse(&bytes).unwrap();
+    let hash = ranges[2].hashes[0];
+    assert!(lookup(&bytes, &dir, hash).contains(&2));
+    let [(o1, l1), (o2, l2)] = dir.bucket_spans_for_hash(hash);
+    for damage in [0usize, 3, l1 as usize - 1] {
+        let mut damaged = bytes.clone();
+        damaged[o1 as usize + damage] ^= 0x40;
+        let span = |o: u64, l: u64| &damaged[o as usize..(o + l) as usize];
+        let e = dir
+            .candidates_for_hash(hash, span(o1, l1), span(o2, l2))
+            .unwrap_err();
+        assert!(e.to_string().contains("checksum does not match"), "{e}");
+    }
+    // The body zeroed after the directory, as the hostile sweep did.
+    let mut zeroed = bytes.clone();
+    zeroed[dir.directory_len as usize..].fill(0);
+    let span = |o: u64, l: u64| &zeroed[o as usize..(o + l) as usize];
+    assert!(dir
+        .candidates_for_hash(hash, span(o1, l1), span(o2, l2))
+        .is_err());
+}
+
+/// A version 1 segment (no row checksums) is still read, with the same candidates.
+#[test]
+fn version_1_segments_are_still_read() {
+    let ranges: Vec<StagedRange> = (0..3)
+        .map(|i| StagedRange::new(keys(i), 9, (1..=9u64).map(|h| h * 31 + i as u64).collect()))
+        .collect();
+    let v2 = build_segment(&ranges).unwrap();
+    let dir2 = SegmentDirectory::parse(&v2).unwrap();
+    let len = dir2.directory_len as usize;
+    let stride = dir2.header().row_stride() as usize;
+    let mut v1 = v2[..len].to_vec();
+    v1[8] = 1;
+    let sum = hash::value_hash(&v1[..len - 8]);
+    v1[len - 8..len].copy_from_slice(&sum.to_le_bytes());
+    for row in v2[len..].chunks_exact(stride) {
+        v1.extend_from_slice(&row[..stride - 8]);
+    }
+    let dir1 = SegmentDirectory::parse(&v1).unwrap();
+    assert_eq!(dir1.header().version, SEGMENT_VERSION_1);
+    assert_eq!(dir1.segment_len(), v1.len() as u64);
+    for h in ranges
+        .iter()
+        .flat_map(|r| r.hashes.iter().copied())
+        .chain([5, 6, 7])
+    {
+        assert_eq!(lookup(&v1, &dir1, h), lookup(&v2, &dir2, h), "hash {h}");
+    }
+}
+
+/// A header over the bounds is refused from its 32 bytes, before anything else is read: the
+/// sizes the hostile sweep used (a directory of 4 GiB, a body row of 512 MiB, buckets of 4 Mi
+/// slots, a segment over 64 MiB).
+#[test]
+fn headers_over_the_bounds_are_refused_from_32_bytes() {
+    let header = |d: u32, b: u32, r: u32, s: u32| {
+        let mut h = SEGMENT_MAGIC.to_vec();
+        h.extend_from_slice(&2u16.to_le_bytes());
+        h.extend_from_slice(&1u16.to_le_bytes());
+        for v in [d, b, r, s, 0] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        SegmentHeader::parse(&h).map_err(|e| e.to_string())
+    };
+    assert!(header(100, 10, 1, 3).is_ok());
+    assert!(header(u32::MAX, 1, 1, 1)
+        .unwrap_err()
+        .contains("directory is 4294967295 bytes"));
+    assert!(header(100, 1, 1, 1 << 28)
+        .unwrap_err()
+        .contains("body rows"));
+    assert!(header(100, 1, 1, 4 << 20)
+        .unwrap_err()
+        .contains("body rows"));
+    assert!(header(100, 1, 1, 65).unwrap_err().contains("body rows"));
+    assert!(header(100, 1, 70_000, 1)
+        .unwrap_err()
+        .contains("70000 ranges"));
+    assert!(header(100, 40_000_000, 1, 1).unwrap_err().contains("64"));
+    assert!(header(100, 0, 1, 1).unwrap_err().contains("0 buckets"));
+    // A directory whose one range claims buckets of 4 Mi slots (with a fitting header).
+    let mut forged = build_segment(&[StagedRange::new(keys(0), 1, vec![1])]).unwrap();
+    let len = SegmentDirectory::directory_len(&forged).unwrap();
+    forged.truncate(len);
+    forged[DIRECTORY_FIXED_LEN..DIRECTORY_FIXED_LEN + 4]
+        .copy_from_slice(&(4u32 << 20).to_le_bytes());
+    let sum = hash::value_hash(&forged[..len - 8]);
+    forged[len - 8..].copy_from_slice(&sum.to_le_bytes());
+    let e = SegmentDirectory::parse(&forged).unwrap_err().to_string();
+    assert!(e.contains("body rows") || e.contains("slots"), "{e}");
 }
 
 #[test]
@@ -337,7 +444,12 @@ fn measure(sizes: &[u64], probes: u64) -> Measured {
         false_candidates += lookup(&bytes, &dir, probe.index_hash()).len() as u64;
     }
     let body = &bytes[dir.directory_len as usize..];
-    let occupied = body.chunks_exact(2).filter(|s| s != &[0, 0]).count() as f64;
+    let stride = dir.header().row_stride() as usize;
+    let occupied = body
+        .chunks_exact(stride)
+        .flat_map(|row| row[..stride - 8].chunks_exact(2))
+        .filter(|s| s != &[0, 0])
+        .count() as f64;
     let theory = 2.0 * occupied / f64::from(dir.buckets) / 65535.0 / sizes.len() as f64;
     Measured {
         rate: false_candidates as f64 / (probes * sizes.len() as u64) as f64,

@@ -224,10 +224,14 @@ impl From<Literal> for IndexValue {
 }
 
 /// One filter literal, through the filter parser (as the right side of `V eq …`; anything
-/// more than one literal is refused).
+/// more than one literal is refused). A literal too long for a filter can only be a string or
+/// a binary: [`parse_long_literal`].
 fn parse_literal(text: &str) -> Result<Literal, ValueError> {
     const PREFIX: &str = "V eq ";
     let word = text.trim();
+    if word.chars().count() + PREFIX.len() > odata::MAX_FILTER_CHARS {
+        return parse_long_literal(word);
+    }
     if word.starts_with(|c: char| c.is_alphabetic() || c == '_')
         && word.chars().all(|c| c.is_alphanumeric() || c == '_')
         && word != "true"
@@ -398,4 +402,45 @@ fn render_ticks(ticks: i64) -> Result<String, ValueError> {
         Ok(Literal::DateTime(canonical)) => Ok(canonical),
         _ => Err(outside()),
     }
+}
+
+/// A string (`'…'`, `''` for a quote) or binary (`X'…'`, `binary'…'`) literal too long for the
+/// filter parser, read by the parser's rules: a value the index holds can be as long as the
+/// service stores (64 KiB), and a lookup finds it (the rows are read without a filter on it).
+fn parse_long_literal(word: &str) -> Result<Literal, ValueError> {
+    let quoted = |prefix: &str| {
+        word.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('\''))
+            .and_then(|rest| rest.strip_suffix('\''))
+    };
+    if let Some(inner) = quoted("") {
+        let mut content = String::with_capacity(inner.len());
+        let mut chars = inner.chars();
+        while let Some(c) = chars.next() {
+            if c == '\'' && chars.next() != Some('\'') {
+                return Err(ValueError(
+                    "a long string literal has a lone quote inside (a quote is written '')".into(),
+                ));
+            }
+            content.push(c);
+        }
+        return Ok(Literal::String(content));
+    }
+    if let Some(hex) = quoted("X").or_else(|| quoted("binary")) {
+        let bytes = (hex.len() % 2 == 0 && hex.is_ascii())
+            .then(|| {
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+                    .collect::<Option<Vec<u8>>>()
+            })
+            .flatten();
+        return bytes.map(Literal::Binary).ok_or_else(|| {
+            ValueError("a long binary literal is not an even number of hex digits".into())
+        });
+    }
+    Err(ValueError(format!(
+        "a literal of {} characters can only be a string ('…') or a binary (X'…')",
+        word.chars().count()
+    )))
 }

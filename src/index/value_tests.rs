@@ -93,6 +93,41 @@ fn malformed_literals_are_refused_with_a_reason() {
     }
 }
 
+/// Literals longer than a filter (2,048 characters) are read too: strings up to the 32K
+/// characters the service stores, binaries up to 64 KiB; anything else that long is refused.
+#[test]
+fn long_string_and_binary_literals_are_read() {
+    for n in [2_043usize, 2_044, 2_047, 32_000] {
+        let text = "x'".repeat(n / 2);
+        let literal = format!("'{}'", text.replace('\'', "''"));
+        assert_eq!(
+            IndexValue::from_literal(&literal).unwrap(),
+            IndexValue::String(text.clone()),
+            "{n}"
+        );
+    }
+    let bytes: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
+    let hex: String = bytes.iter().map(|b| format!("{b:02X}")).collect();
+    for prefix in ["X", "binary"] {
+        assert_eq!(
+            IndexValue::from_literal(&format!("{prefix}'{hex}'")).unwrap(),
+            IndexValue::Binary(bytes.clone())
+        );
+    }
+    let long = "y".repeat(3000);
+    for (text, says) in [
+        (format!("'{long}'x"), "string"),
+        (format!("'{long}'{long}'"), "lone quote"),
+        (format!("X'{long}'"), "hex"),
+        (format!("X'0{}'", "00".repeat(1500)), "hex"),
+        (format!("guid'{long}'"), "string"),
+        ("1".repeat(3000), "string"),
+    ] {
+        let e = IndexValue::from_literal(&text).unwrap_err().to_string();
+        assert!(e.contains(says), "{e}");
+    }
+}
+
 #[test]
 fn types_are_kept_apart_as_the_service_compares_them() {
     let three = ["3", "3L", "3.0", "'3'", "X'03'"].map(literal);

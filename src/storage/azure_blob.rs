@@ -13,8 +13,12 @@
 //! - A ranged download (`download_range`) asks for exactly its range. For a range under 4 MiB
 //!   the SDK adds `x-ms-range-get-content-crc64`, which the service honours and Azurite's strict
 //!   mode refuses (500 `FeatureNotSupported`); after one such refusal the store (and its clones)
-//!   read a 4 MiB window from the offset instead and keep the range's bytes — a fallback for the
-//!   emulator, counted as the extra request it is.
+//!   read a 4 MiB window from the offset instead — a fallback for the emulator, counted as the
+//!   extra request it is.
+//! - A ranged download holds its range's bytes and no more, whatever the window: a buffer of the
+//!   range's length (or one network chunk sliced, when that holds the whole range), the rest of
+//!   a window drained and dropped chunk by chunk. Callers bound their memory by the lengths they
+//!   ask for (lookups charge them to their budget, `app::functions::lookup::budget`).
 //! - A download never buffers more than its bound (+1 byte): a longer blob is refused from the
 //!   response's length before its body is read, and the body is read chunk by chunk, stopping
 //!   past the bound whatever the service sends.
@@ -190,7 +194,7 @@ impl AzureBlobStore {
         len: u64,
     ) -> StorageResult<Bytes> {
         if !self.crc_refused.load(Ordering::Relaxed) {
-            match self.read_window(container, name, offset, len).await {
+            match self.read_window(container, name, offset, len, len).await {
                 Err(e) if e.code.as_deref() == Some("FeatureNotSupported") => {
                     self.crc_refused.store(true, Ordering::Relaxed);
                     self.counters.record(BlobRequestKind::Read);
@@ -199,18 +203,19 @@ impl AzureBlobStore {
             }
         }
         let window = len.max(MIN_RANGE_WITHOUT_CRC);
-        let mut bytes = self.read_window(container, name, offset, window).await?;
-        bytes.truncate(len as usize);
-        Ok(bytes)
+        self.read_window(container, name, offset, window, len).await
     }
 
-    /// Bytes `offset..offset + window` (fewer at the blob's end; none past it).
+    /// The first `keep` bytes of `offset..offset + window` (fewer at the blob's end; none past
+    /// it), holding no more than them: the rest of the window is read and dropped, so that the
+    /// connection stays reusable.
     async fn read_window(
         &self,
         container: &str,
         name: &str,
         offset: u64,
         window: u64,
+        keep: u64,
     ) -> StorageResult<Bytes> {
         let operation = || format!("read a range of blob {container}/{name}");
         let mut pages = self
@@ -230,18 +235,27 @@ impl AzureBlobStore {
             }
         };
         let mut body = response.data;
+        let keep = keep as usize;
         let mut joined = BytesMut::new();
+        let mut seen = 0u64;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| map_sdk_error(&operation(), e))?;
-            if joined.is_empty() && chunk.len() as u64 >= window {
-                return Ok(chunk.slice(..window as usize));
+            if seen == 0 && window == keep as u64 && chunk.len() >= keep {
+                return Ok(chunk.slice(..keep));
             }
-            joined.extend_from_slice(&chunk);
-            if joined.len() as u64 >= window {
+            seen += chunk.len() as u64;
+            let wanted = keep - joined.len();
+            if wanted > 0 {
+                if joined.capacity() == 0 {
+                    // One buffer of the range's length: no doubling copies as it fills.
+                    joined.reserve(keep);
+                }
+                joined.extend_from_slice(&chunk[..wanted.min(chunk.len())]);
+            }
+            if seen >= window {
                 break;
             }
         }
-        joined.truncate(window as usize);
         Ok(joined.freeze())
     }
 

@@ -2088,21 +2088,111 @@ fn index_values() {
 /// value a candidate of its ranges.
 #[test]
 fn index_staging_record_and_segment() {
-    use tablescan::index::{
-        build_segment, decode_staging, encode_staging, IndexValue, SegmentDirectory,
-        DIRECTORY_FIXED_LEN,
-    };
+    use tablescan::index::{build_segment, decode_staging, encode_staging, SEGMENT_VERSION};
     let ranges = index_ranges();
     check("index-staging.bin", &encode_staging(&ranges).unwrap());
     check("index-segment.bin", &build_segment(&ranges).unwrap());
 
     let staged = decode_staging(&harness::read("index-staging.bin")).unwrap();
     assert_eq!(staged, ranges);
-    let segment = harness::read("index-segment.bin");
-    let len = SegmentDirectory::directory_len(&segment[..DIRECTORY_FIXED_LEN]).unwrap();
+    check_index_segment("index-segment.bin", SEGMENT_VERSION, &ranges);
+}
+
+/// The segment as version 1 wrote it (no body row checksums; docs/compatibility.md): still read,
+/// every staged value a candidate of its ranges.
+#[test]
+fn index_segment_of_version_1_is_still_read() {
+    check_index_segment(
+        "index-segment-v1.bin",
+        tablescan::index::SEGMENT_VERSION_1,
+        &index_ranges(),
+    );
+}
+
+/// The pointer (with what its build indexed, and as earlier versions wrote it) and a
+/// manifest, as a build publishes them: exact bytes, and read back through the lookup's checks.
+#[test]
+fn index_pointer_and_manifest() {
+    use tablescan::app::index_files::{
+        check_manifest, check_pointer, IndexManifest, Indexed, Pointer, Superseded,
+        MANIFEST_FORMAT, POINTER_FORMAT,
+    };
+    let build = "8204684855781-5306e88b";
+    let at = |s: &str| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    let indexed = Indexed {
+        property: "Owner".into(),
+        source_table: "Packages".into(),
+        source_connection: "AzureWebJobsStorage".into(),
+    };
+    let pointer = |indexed: Option<Indexed>| Pointer {
+        format: POINTER_FORMAT.into(),
+        build: build.into(),
+        manifest: format!("builds/{build}/manifest.json"),
+        switched_at: at("2026-11-26T20:01:02.345Z"),
+        superseded: vec![Superseded {
+            build: "8204684899999-0a1b2c3d".into(),
+            at: at("2026-11-26T20:01:02.345Z"),
+        }],
+        indexed,
+    };
+    let manifest = IndexManifest {
+        format: MANIFEST_FORMAT.into(),
+        scan_id: build.into(),
+        property: indexed.property.clone(),
+        source_table: indexed.source_table.clone(),
+        source_connection: indexed.source_connection.clone(),
+        rows: 35_000_000,
+        ranges: 17_500,
+        segments: vec![SegmentEntry {
+            name: format!("builds/{build}/segments/0a1b2c3d4e5f60718293a4b5c6d7e8f9.seg"),
+            ranges: 1500,
+            rows: 3_000_000,
+            bytes: 7_340_032,
+        }],
+        started_at: at("2026-11-26T19:40:00Z"),
+        built_at: at("2026-11-26T20:01:02Z"),
+    };
+    check(
+        "index-pointer.json",
+        &serde_json::to_vec(&pointer(Some(indexed.clone()))).unwrap(),
+    );
+    check(
+        "index-pointer-earlier.json",
+        &serde_json::to_vec(&pointer(None)).unwrap(),
+    );
+    check(
+        "index-manifest.json",
+        &serde_json::to_vec(&manifest).unwrap(),
+    );
+    for (name, recorded) in [
+        ("index-pointer.json", Some(indexed.clone())),
+        ("index-pointer-earlier.json", None),
+    ] {
+        let read: Pointer = serde_json::from_slice(&harness::read(name)).unwrap();
+        check_pointer(&read).unwrap();
+        assert_eq!(read.indexed, recorded, "{name}");
+        assert_eq!(read.superseded.len(), 1);
+    }
+    let read: IndexManifest =
+        serde_json::from_slice(&harness::read("index-manifest.json")).unwrap();
+    check_manifest(&read, build).unwrap();
+    assert_eq!(read.indexed(), indexed);
+    assert_eq!(read.segments, manifest.segments);
+}
+
+/// Reads a golden segment as a lookup does (its header, its directory, two body rows per value)
+/// and checks every staged value is a candidate of the ranges holding it.
+fn check_index_segment(name: &str, version: u16, ranges: &[tablescan::index::StagedRange]) {
+    use tablescan::index::{IndexValue, SegmentDirectory, SegmentHeader, DIRECTORY_FIXED_LEN};
+    let segment = harness::read(name);
+    let header = SegmentHeader::parse(&segment[..DIRECTORY_FIXED_LEN]).unwrap();
+    assert_eq!(header.version, version, "{name}");
+    let len = header.directory_len as usize;
     let directory = SegmentDirectory::parse(&segment[..len]).unwrap();
     assert_eq!(directory.segment_len(), segment.len() as u64);
-    assert_eq!(directory.ranges().len(), ranges.len());
+    assert_eq!(directory.range_count(), ranges.len());
     for literal in INDEX_LITERALS {
         let value = IndexValue::from_literal(literal).unwrap();
         let [(o1, l1), (o2, l2)] = directory.bucket_spans(&value);
@@ -2111,9 +2201,9 @@ fn index_staging_record_and_segment() {
             .candidates(&value, span(o1, l1), span(o2, l2))
             .unwrap();
         for (i, range) in ranges.iter().enumerate() {
-            assert_eq!(directory.ranges()[i].keys, range.keys);
+            assert_eq!(directory.range(i).keys, range.keys);
             if range.hashes.contains(&value.index_hash()) {
-                assert!(found.contains(&i), "{literal} in range {i}");
+                assert!(found.contains(&i), "{name}: {literal} in range {i}");
             }
         }
     }

@@ -3,25 +3,33 @@
 //!
 //! One call: reads the prefix's pointer and the build's manifest; per segment its directory
 //! (cached in the process: segments never change once a manifest names them) and the two byte
-//! spans that hold every range's candidate slots for the value; sorts the candidate ranges of
-//! all segments by key and merges those that overlap; then asks the index's recorded source
-//! table `(<range>) and (<property> eq <value>)` for at most [`RANGES_PER_CALL`] of them, and
-//! hands a `continuationToken` back for the rest.
+//! spans that hold every range's candidate slots for the value (`files`); sorts the candidate
+//! ranges of all segments by key and merges those that overlap; then asks the index's recorded
+//! source table `(<range>) and (<property> eq <value>)` for at most [`RANGES_PER_CALL`] of
+//! them (a value too long for a filter: the ranges' rows, compared here), and hands a
+//! `continuationToken` back for the rest.
 //!
 //! Invariants:
 //! - It never writes, and never trusts a candidate: every row it returns is one the service
-//!   answered for `<property> eq <value>` whose property holds the value with its type (the
-//!   index's equality: the Double `42.0` is not the Int32 `42`), with every value as the
-//!   service's JSON text.
+//!   answered for the range whose property holds the value with its type (the index's equality:
+//!   the Double `42.0` is not the Int32 `42`), with every value as the service's JSON text.
+//! - It never trusts an index file either (`files`, `index_files::check_*`): every name it acts
+//!   on is checked first, the source table as a scan's is (the service's rules, an allowed
+//!   connection, none of tablescan's bookkeeping tables), and a pointer that records what its
+//!   build indexed must agree with the manifest. A file that cannot be used is a 409 naming it.
+//! - Its memory of index files is bounded for the whole process (`budget`), whatever the files
+//!   say.
 //! - A continuation token names its build, so the pages of one lookup come from one index even
 //!   if a rebuild switches the pointer between them (builds are never changed once complete).
-//! - Bounded: at most [`MAX_SEGMENTS_READ`] segments, [`RANGES_PER_CALL`] ranges and
+//! - Bounded: at most `index_files::MAX_SEGMENTS` segments, [`RANGES_PER_CALL`] ranges and
 //!   [`MAX_QUERIES_PER_RANGE`] queries per range per call.
 //! - Only allowed connection names are accepted, never a connection string; the source table's
 //!   connection is the one the build recorded, and must be allowed on this app too.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+mod budget;
+mod files;
+
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -35,35 +43,34 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::app::error::ApiError;
-use crate::app::index_files::{
-    IndexLayout, IndexManifest, Pointer, MAX_MANIFEST_BYTES, MAX_POINTER_BYTES,
-};
+use crate::app::index_files::IndexLayout;
 use crate::app::job::range::range_filter;
 use crate::app::job::request::{check_connection, default_connection};
 use crate::app::pace::Meter;
 use crate::app::state::AppState;
-use crate::index::{IndexValue, KeyBounds, SegmentDirectory, DIRECTORY_FIXED_LEN};
-use crate::storage::blob::{check_container, BlobStore};
-use crate::storage::odata::{Cmp, Expr};
+use crate::index::{IndexValue, KeyBounds};
+use crate::storage::blob::check_container;
+use crate::storage::odata::{Cmp, Expr, MAX_FILTER_CHARS};
 use crate::storage::stores::Stores;
-use crate::storage::{compare_keys, Entity, Filter, Query, StorageError, TableStore};
+use crate::storage::{compare_keys, Entity, Filter, Query, TableStore};
 
-/// Largest accepted request body.
-pub const MAX_BODY: usize = 16 * 1024;
+use budget::{Held, HELD_PER_LOOKUP};
+use files::{held_refused, unusable, Build, IndexFiles, Memory};
+
+/// Largest accepted request body: a value as long as the service stores (a 64 KiB binary is
+/// 128 Ki hex digits; a string of 32 Ki characters, JSON-escaped, up to 192 KiB).
+pub const MAX_BODY: usize = 256 * 1024;
 /// Candidate ranges one call reads (the rest: `continuationToken`).
 pub const RANGES_PER_CALL: usize = 16;
 /// Queries one candidate range may take (pages of matches; a range holds about 2,000 rows).
 pub const MAX_QUERIES_PER_RANGE: usize = 16;
-/// Most segments a lookup reads (a build has a few per 10 million rows).
-pub const MAX_SEGMENTS_READ: usize = 20_000;
-/// Segments read at once.
+/// Segments read at once (within the process's budget: `budget`).
 const SEGMENTS_IN_FLIGHT: usize = 16;
 /// Ranges queried at once.
 const QUERIES_IN_FLIGHT: usize = 4;
-/// The first read of a directory: enough for most directories whole.
-const DIRECTORY_FIRST_READ: u64 = 64 * 1024;
-/// Directories kept per process (the cache is cleared when it grows past this).
-const MAX_CACHED_DIRECTORIES: usize = 4096;
+/// Longest value literal a lookup puts in a filter (`<property> eq <literal>`); a longer value
+/// (a string or binary) is found by reading its candidate ranges and comparing each row here.
+pub const MAX_FILTER_LITERAL_CHARS: usize = MAX_FILTER_CHARS - 48;
 
 /// The request body.
 #[derive(Debug, Deserialize)]
@@ -116,10 +123,6 @@ impl Token {
 fn value_tag(value: &IndexValue) -> String {
     format!("{:016x}", value.index_hash())
 }
-
-/// Segment directories read by this process, by blob (segments never change).
-#[derive(Default)]
-struct Directories(Mutex<HashMap<String, Arc<SegmentDirectory>>>);
 
 pub async fn handle<S: Stores>(
     State(state): State<Arc<AppState<S>>>,
@@ -189,44 +192,48 @@ async fn lookup<S: Stores>(
 ) -> Result<Answer, ApiError> {
     let blobs = state.blob_store(&request.source_connection, requests)?;
     let container = &request.source_container;
-    let build = match &token {
-        Some(token) => token.b.clone(),
-        None => {
-            let pointer =
-                read_json::<Pointer, _>(&blobs, container, &layout.pointer(), MAX_POINTER_BYTES)
-                    .await?
-                    .ok_or_else(|| {
-                        ApiError::NotFound(format!(
-                            "no index at {container}/{}: build one with a scan of driver \"index\"",
-                            layout.pointer()
-                        ))
-                    })?;
-            pointer.build
-        }
+    let memory = state.driver_state(Memory::default);
+    let files = IndexFiles {
+        blobs: &blobs,
+        connection: &request.source_connection,
+        container,
+        layout,
+        memory: &memory,
     };
-    let manifest_name = layout.blob(&IndexLayout::manifest_name(&build));
-    let manifest =
-        read_json::<IndexManifest, _>(&blobs, container, &manifest_name, MAX_MANIFEST_BYTES)
-            .await?
-            .ok_or_else(|| {
+    let mut held = memory.budget.hold(HELD_PER_LOOKUP);
+    let (build_id, recorded) = match &token {
+        Some(token) => (token.b.clone(), None),
+        None => {
+            let pointer = files.pointer().await?.ok_or_else(|| {
                 ApiError::NotFound(format!(
-                    "index build {build} is gone ({container}/{manifest_name})"
+                    "no index at {container}/{}: build one with a scan of driver \"index\"",
+                    layout.pointer()
                 ))
             })?;
-    if manifest.segments.len() > MAX_SEGMENTS_READ {
-        return Err(ApiError::Conflict(format!(
-            "the index has {} segments, over the {MAX_SEGMENTS_READ} a lookup reads",
-            manifest.segments.len()
-        )));
-    }
-    let cache = state.driver_state(Directories::default);
-    let candidates = candidates(&blobs, container, layout, &manifest, value, &cache).await?;
+            (pointer.build, pointer.indexed)
+        }
+    };
+    let build = files.build(&build_id, &mut held).await?.ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "index build {build_id} is gone ({container}/{})",
+            layout.blob(&IndexLayout::manifest_name(&build_id))
+        ))
+    })?;
+    check_source(state, container, layout, &build, recorded.as_ref())?;
+    let candidates = candidates(&files, &build, value, &mut held).await?;
     let next = token.map_or(0, |t| t.n).min(candidates.len());
     let end = (next + RANGES_PER_CALL).min(candidates.len());
-    let rows = query_ranges(state, &manifest, value, &candidates[next..end], requests).await?;
+    let rows = query_ranges(state, &build, value, &candidates[next..end], requests).await?;
+    tracing::debug!(
+        held = held.bytes(),
+        process_in_use = memory.budget.in_use(),
+        process_peak = memory.budget.peak(),
+        cache = memory.cache_bytes(),
+        "lookup memory"
+    );
     let continuation_token = (end < candidates.len()).then(|| {
         Token {
-            b: build.clone(),
+            b: build_id.clone(),
             n: end,
             h: value_tag(value),
         }
@@ -234,123 +241,81 @@ async fn lookup<S: Stores>(
     });
     Ok(Answer {
         rows,
-        ranges: manifest.ranges,
+        ranges: build.ranges,
         candidate_ranges: candidates.len(),
         storage_requests: requests.count(),
         index: serde_json::json!({
-            "property": manifest.property,
-            "sourceTable": manifest.source_table,
-            "rows": manifest.rows,
-            "builtAt": crate::app::tracking::format_time(manifest.built_at),
-            "build": build,
+            "property": build.indexed.property,
+            "sourceTable": build.indexed.source_table,
+            "sourceConnection": build.indexed.source_connection,
+            "rows": build.rows,
+            "builtAt": crate::app::tracking::format_time(build.built_at),
+            "build": build_id,
         }),
         continuation_token,
     })
 }
 
-/// A small JSON blob, `None` if it does not exist.
-async fn read_json<J: serde::de::DeserializeOwned, B: BlobStore>(
-    blobs: &B,
-    container: &str,
-    name: &str,
-    max: u64,
-) -> Result<Option<J>, ApiError> {
-    let bytes = match blobs.download(container, name, max).await {
-        Ok(found) => found.bytes,
-        Err(e) if e.is_not_found() => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| ApiError::Conflict(format!("{container}/{name} is not an index file: {e}")))
-}
-
-/// The candidate ranges of every segment, in key order, those that overlap merged.
-async fn candidates<B: BlobStore>(
-    blobs: &B,
+/// The build's source as a scan's source is checked: an allowed connection, none of
+/// tablescan's bookkeeping tables (its name by the service's rules: `index_files`), and what
+/// the pointer recorded, if it did. 409 naming the manifest.
+fn check_source<S: Stores>(
+    state: &AppState<S>,
     container: &str,
     layout: &IndexLayout,
-    manifest: &IndexManifest,
+    build: &Build,
+    recorded: Option<&crate::app::index_files::Indexed>,
+) -> Result<(), ApiError> {
+    let source = &build.indexed;
+    let why = if !state
+        .config
+        .connections
+        .contains_key(&source.source_connection)
+    {
+        format!(
+            "its source connection {:?} is not allowed on this app (TABLESCAN_CONNECTIONS)",
+            source.source_connection
+        )
+    } else if state
+        .config
+        .is_bookkeeping_table(&source.source_connection, &source.source_table)
+    {
+        format!(
+            "its source table {} is one of tablescan's bookkeeping tables, refused on every \
+             connection",
+            source.source_table
+        )
+    } else if recorded.is_some_and(|r| r != source) {
+        format!(
+            "it says the build indexed {source}, but the pointer {container}/{} says {}",
+            layout.pointer(),
+            recorded.expect("some")
+        )
+    } else {
+        return Ok(());
+    };
+    Err(unusable(container, &build.manifest, why))
+}
+
+/// The candidate ranges of every segment, in key order, those that overlap merged; each
+/// segment's kept in `held`.
+async fn candidates<B: crate::storage::blob::BlobStore>(
+    files: &IndexFiles<'_, B>,
+    build: &Build,
     value: &IndexValue,
-    cache: &Directories,
+    held: &mut Held,
 ) -> Result<Vec<KeyBounds>, ApiError> {
-    let per_segment: Vec<Vec<KeyBounds>> = stream::iter(manifest.segments.clone())
-        .map(|segment| {
-            let name = layout.blob(&segment.name);
-            async move {
-                let directory = directory(blobs, container, &name, cache).await?;
-                let [(o1, l1), (o2, l2)] = directory.bucket_spans(value);
-                let row1 = blobs.download_range(container, &name, o1, l1).await?;
-                let row2 = match (o2, l2) == (o1, l1) {
-                    true => row1.clone(),
-                    false => blobs.download_range(container, &name, o2, l2).await?,
-                };
-                let found = directory
-                    .candidates(value, &row1, &row2)
-                    .map_err(|e| unreadable(container, &name, e))?;
-                Ok::<_, ApiError>(
-                    found
-                        .into_iter()
-                        .map(|i| directory.ranges()[i].keys.clone())
-                        .collect(),
-                )
-            }
-        })
-        .buffered(SEGMENTS_IN_FLIGHT)
-        .try_collect()
-        .await?;
-    Ok(merge(per_segment.into_iter().flatten().collect()))
-}
-
-fn unreadable(container: &str, name: &str, e: impl std::fmt::Display) -> ApiError {
-    ApiError::Conflict(format!(
-        "index segment {container}/{name} is unreadable: {e}"
-    ))
-}
-
-/// A segment's directory: from the process's cache, or read (one ranged read, two for a
-/// directory longer than [`DIRECTORY_FIRST_READ`]).
-async fn directory<B: BlobStore>(
-    blobs: &B,
-    container: &str,
-    name: &str,
-    cache: &Directories,
-) -> Result<Arc<SegmentDirectory>, ApiError> {
-    let key = format!("{container}/{name}");
-    if let Some(found) = cache.0.lock().unwrap().get(&key) {
-        return Ok(found.clone());
+    let mut results = stream::iter(build.segments.iter().cloned())
+        .map(|(name, bytes)| async move { files.candidates(&name, bytes, value).await })
+        .buffer_unordered(SEGMENTS_IN_FLIGHT);
+    let mut all = Vec::new();
+    while let Some(found) = results.next().await {
+        let found = found?;
+        held.add(files::candidate_bytes(&found))
+            .map_err(|r| held_refused(r, "the value's candidate ranges"))?;
+        all.extend(found);
     }
-    let mut bytes = blobs
-        .download_range(container, name, 0, DIRECTORY_FIRST_READ)
-        .await
-        .map_err(|e| missing_segment(container, name, e))?;
-    if bytes.len() < DIRECTORY_FIXED_LEN {
-        return Err(unreadable(
-            container,
-            name,
-            "it is shorter than a directory",
-        ));
-    }
-    let len =
-        SegmentDirectory::directory_len(&bytes).map_err(|e| unreadable(container, name, e))?;
-    if len > bytes.len() {
-        bytes = blobs.download_range(container, name, 0, len as u64).await?;
-    }
-    let parsed =
-        Arc::new(SegmentDirectory::parse(&bytes).map_err(|e| unreadable(container, name, e))?);
-    let mut entries = cache.0.lock().unwrap();
-    if entries.len() >= MAX_CACHED_DIRECTORIES {
-        entries.clear();
-    }
-    entries.insert(key, parsed.clone());
-    Ok(parsed)
-}
-
-fn missing_segment(container: &str, name: &str, e: StorageError) -> ApiError {
-    match e.is_not_found() {
-        true => ApiError::Conflict(format!("index segment {container}/{name} is missing")),
-        false => e.into(),
-    }
+    Ok(merge(all))
 }
 
 fn key_cmp(a: (&str, &str), b: (&str, &str)) -> std::cmp::Ordering {
@@ -392,62 +357,96 @@ fn merge(mut ranges: Vec<KeyBounds>) -> Vec<KeyBounds> {
 }
 
 /// The rows of `ranges` whose property equals `value`, read from the index's source, in key
-/// order, each as the service's JSON text.
+/// order, each as the service's JSON text. The filter is `(<range>) and (<property> eq
+/// <value>)`, or only the range for a value whose literal is longer than
+/// [`MAX_FILTER_LITERAL_CHARS`] (every row is compared here in both cases). A source table
+/// that no longer exists is a 404 naming it.
 async fn query_ranges<S: Stores>(
     state: &AppState<S>,
-    manifest: &IndexManifest,
+    build: &Build,
     value: &IndexValue,
     ranges: &[KeyBounds],
     requests: &Arc<Meter>,
 ) -> Result<Vec<Box<RawValue>>, ApiError> {
-    let source = state
-        .counted_table(&manifest.source_connection, requests)
+    let source = &build.indexed;
+    let table = state
+        .counted_table(&source.source_connection, requests)
         .map_err(|e| ApiError::Conflict(format!("the index's source: {e}")))?;
     let literal = value
         .to_odata()
         .map_err(|e| ApiError::field("value", e.to_string()))?;
-    let condition = Expr::Compare {
-        property: manifest.property.clone(),
-        op: Cmp::Eq,
-        literal,
-    };
+    let condition = (literal.render().chars().count() <= MAX_FILTER_LITERAL_CHARS).then(|| {
+        Filter::Where(Expr::Compare {
+            property: source.property.clone(),
+            op: Cmp::Eq,
+            literal,
+        })
+    });
     let wanted = value.canonical_bytes();
     let pages: Vec<Vec<Box<RawValue>>> = stream::iter(ranges.to_vec())
         .map(|range| {
-            let filter = Filter::and(vec![
-                range_filter(
-                    &(range.first_partition_key.clone(), range.first_row_key.clone()),
-                    &(range.last_partition_key.clone(), range.last_row_key.clone()),
+            let bounds = range_filter(
+                &(
+                    range.first_partition_key.clone(),
+                    range.first_row_key.clone(),
                 ),
-                Filter::Where(condition.clone()),
-            ]);
-            let (source, table) = (&source, &manifest.source_table);
-            let (property, wanted) = (&manifest.property, &wanted);
-            async move {
-                let mut query = Query {
-                    filter: Some(filter),
-                    ..Query::default()
-                };
-                let mut rows = Vec::new();
-                for _ in 0..MAX_QUERIES_PER_RANGE {
-                    let page = source.query_page(table, &query).await?;
-                    for entity in page.entities.iter().filter(|e| holds(e, property, wanted)) {
-                        rows.push(serde_json::value::to_raw_value(&entity.wire()).expect("an entity serializes"));
-                    }
-                    match page.continuation {
-                        Some(next) => query.continuation = Some(next),
-                        None => return Ok::<_, ApiError>(rows),
-                    }
-                }
-                Err(ApiError::Conflict(format!(
-                    "a candidate range holds more than {MAX_QUERIES_PER_RANGE} pages of matches; the table grew since the index was built: rebuild it"
-                )))
-            }
+                &(range.last_partition_key.clone(), range.last_row_key.clone()),
+            );
+            let filter = match &condition {
+                Some(c) => Filter::and(vec![bounds, c.clone()]),
+                None => bounds,
+            };
+            read_range(&table, source, filter, &wanted)
         })
         .buffered(QUERIES_IN_FLIGHT)
         .try_collect()
         .await?;
     Ok(pages.into_iter().flatten().collect())
+}
+
+/// The rows `filter` gives whose property holds `wanted` (canonical bytes), at most
+/// [`MAX_QUERIES_PER_RANGE`] pages.
+async fn read_range<T: TableStore>(
+    table: &T,
+    source: &crate::app::index_files::Indexed,
+    filter: Filter,
+    wanted: &[u8],
+) -> Result<Vec<Box<RawValue>>, ApiError> {
+    let mut query = Query {
+        filter: Some(filter),
+        ..Query::default()
+    };
+    let mut rows = Vec::new();
+    for _ in 0..MAX_QUERIES_PER_RANGE {
+        let page = match table.query_page(&source.source_table, &query).await {
+            Ok(page) => page,
+            Err(e) if e.is_not_found() => {
+                return Err(ApiError::NotFound(format!(
+                    "the index's source table {} (connection {}) does not exist: it was deleted \
+                     after the index was built",
+                    source.source_table, source.source_connection
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for entity in page
+            .entities
+            .iter()
+            .filter(|e| holds(e, &source.property, wanted))
+        {
+            rows.push(
+                serde_json::value::to_raw_value(&entity.wire()).expect("an entity serializes"),
+            );
+        }
+        match page.continuation {
+            Some(next) => query.continuation = Some(next),
+            None => return Ok(rows),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "a candidate range holds more than {MAX_QUERIES_PER_RANGE} pages of rows to compare; the \
+         table grew since the index was built: rebuild it"
+    )))
 }
 
 /// Whether `entity`'s property is the value (type and value, as the index keys it): the

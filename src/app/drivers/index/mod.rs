@@ -64,7 +64,7 @@ use crate::app::tracking::Counters;
 use crate::scan::Strategy;
 use crate::storage::blob::BlobStore;
 use crate::storage::stores::Stores;
-use crate::storage::{odata, Entity};
+use crate::storage::Entity;
 
 use super::kit::range::page_items;
 use super::kit::{check_blob_connection, check_container_field};
@@ -153,20 +153,7 @@ pub enum BuildWork {
 
 /// 4xx naming `property` unless it names one non-key property a filter can compare.
 fn check_property(property: &str) -> Result<(), ApiError> {
-    if property == "Timestamp" {
-        return Err(ApiError::field(
-            "property",
-            "Timestamp is set by the service; index a property of your own",
-        ));
-    }
-    odata::parse(&format!("{property} eq 0"))
-        .map(|_| ())
-        .map_err(|e| {
-            ApiError::field(
-                "property",
-                format!("{property:?} is not a non-key property name a filter can compare ({e})"),
-            )
-        })
+    crate::app::index_files::check_property(property).map_err(|e| ApiError::field("property", e))
 }
 
 /// A build's `segmentsPerFirstPrefix` and `segmentsPerSubsequentPrefix` when the request names

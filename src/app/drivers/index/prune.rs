@@ -485,6 +485,7 @@ mod tests {
             manifest: "m".into(),
             switched_at: at(0),
             superseded,
+            indexed: None,
         };
         let mut list = Vec::new();
         for i in 0..(MAX_SUPERSEDED as u64 + 5) {

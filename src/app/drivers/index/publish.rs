@@ -25,8 +25,9 @@ use time::OffsetDateTime;
 
 use crate::app::error::ApiError;
 use crate::app::index_files::{
-    IndexLayout, IndexManifest, Pointer, Reservation, SegmentEntry, Superseded, JSON_CONTENT_TYPE,
-    MANIFEST_FORMAT, MAX_POINTER_BYTES, MAX_SUPERSEDED, POINTER_FORMAT,
+    IndexLayout, IndexManifest, Indexed, Pointer, Reservation, SegmentEntry, Superseded,
+    JSON_CONTENT_TYPE, MANIFEST_FORMAT, MAX_POINTER_BYTES, MAX_SEGMENTS, MAX_SUPERSEDED,
+    POINTER_FORMAT,
 };
 use crate::app::job::{Begun, ScanContext, WorkError, WorkOutcome};
 use crate::app::messages::ItemMessage;
@@ -39,9 +40,6 @@ use crate::storage::stores::Stores;
 use crate::storage::{StorageError, StorageErrorKind};
 
 use super::{prune, IndexOptions};
-
-/// Most segments one build may have (its manifest stays under a few MiB).
-pub const MAX_SEGMENTS: usize = 20_000;
 
 fn json<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(serde_json::to_vec(value).expect("serializes"))
@@ -192,6 +190,11 @@ pub async fn publish<S: Stores>(
         manifest: manifest_name,
         switched_at,
         superseded: superseded_after(previous, switched_at),
+        indexed: Some(Indexed {
+            property: options.property.clone(),
+            source_table: context.source.table.clone(),
+            source_connection: context.source.connection.clone(),
+        }),
     });
     let condition = match current {
         Some(found) => WriteCondition::IfMatch(found.properties.etag),
