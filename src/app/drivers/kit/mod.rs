@@ -1,7 +1,7 @@
 //! The shared driver kit: what several drivers use, so that no driver imports another —
 //! range items ([`range`]), the adapter that registers a driver ([`hooks`]), and the small
-//! checks and row edits below (blob targets, queue targets, dropping nulls, how a range item
-//! is re-read).
+//! checks and row edits below (blob targets, queue targets, whether the scan ended, dropping
+//! nulls, how a range item is re-read).
 
 pub mod hooks;
 pub mod range;
@@ -11,6 +11,7 @@ use crate::app::error::ApiError;
 use crate::app::job::request::check_connection;
 use crate::app::job::{ScanContext, WorkError};
 use crate::app::state::AppState;
+use crate::app::tracking::ScanState;
 use crate::storage::blob::check_container;
 use crate::storage::stores::Stores;
 use crate::storage::Entity;
@@ -62,6 +63,17 @@ pub fn check_queue_target(
         ));
     }
     Ok(())
+}
+
+/// Whether this instance knows that scan `scan_id` has ended (cancelled, or failed by another
+/// item): its state cache says so, kept fresh while an invocation works (`work::watch`). No
+/// request. A driver starts no further unit of work that writes (a put, a batch, a blob) once
+/// it does, and hands nothing on; what it did counts (`work::watch`'s invariants).
+pub fn scan_ended<S: Stores>(state: &AppState<S>, scan_id: &str) -> bool {
+    state
+        .scan_states
+        .get(scan_id)
+        .is_some_and(|s| s != ScanState::Running)
 }
 
 /// Removes the properties whose value is `null` (and their annotations): the service answers
