@@ -23,6 +23,8 @@ mod complete;
 mod finish;
 mod poison;
 pub mod watch;
+#[cfg(all(test, feature = "lab"))]
+mod watch_tests;
 
 use std::sync::Arc;
 use std::time::Duration;

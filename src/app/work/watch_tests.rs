@@ -1,0 +1,164 @@
+//! The watch in virtual time, on the in-memory stores: a cancel answered by another instance
+//! stops an enqueue's puts within [`NOTICE`], and the ended scan's counters say what was put and
+//! change no more; the cache trusts a running state as long as [`CACHE_TRUST`] says.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+
+use super::watch::{CACHE_TRUST, NOTICE};
+use super::*;
+use crate::app::config::Config;
+use crate::app::drivers::enqueue::PUTS_IN_FLIGHT;
+use crate::app::messages::StepMessage;
+use crate::lab::memory::{MemoryQueueStore, MemoryStores, MemoryTableStore};
+use crate::storage::{Entity, MessageEncoding};
+
+type App = Arc<AppState<MemoryStores>>;
+
+const LIMIT: u32 = 10;
+const DESTINATION: &str = "rows";
+
+/// One instance of the app over the shared in-memory `tables` and `queues`.
+fn instance(tables: &MemoryTableStore, queues: &MemoryQueueStore) -> App {
+    let settings = BTreeMap::from([
+        ("AzureWebJobsStorage", "UseDevelopmentStorage=true"),
+        ("TABLESCAN_COUNTER_SHARDS", "4"),
+    ]);
+    let config = Config::from_lookup(|k| settings.get(k).map(|v| v.to_string())).unwrap();
+    let tables = [(STORAGE_SETTING.to_string(), tables.clone())].into();
+    AppState::new(
+        config,
+        tables,
+        queues.clone(),
+        crate::app::drivers::registry(),
+    )
+}
+
+async fn call(app: &App, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    let response = crate::app::server::app(app.clone())
+        .oneshot(request.body(body).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// Takes every visible message of the app's work queues and delivers each on `app` in a task
+/// of its own, as the host would (first delivery).
+async fn deliver_visible(app: &App, queues: &MemoryQueueStore) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let config = &app.config;
+    for (queue, step) in [(&config.prefix_scan_queue, true), (&config.table_copy_queue, false)] {
+        let got = queues
+            .get_messages(queue, 32, Duration::from_secs(600))
+            .await
+            .unwrap();
+        for message in got {
+            let text = MessageEncoding::Base64.decode(&message.text).unwrap();
+            let payload = json!({
+                "Data": {"message": serde_json::to_string(&String::from_utf8(text).unwrap()).unwrap()},
+                "Metadata": {"DequeueCount": "1", "Id": format!("\"{}\"", message.id)},
+            })
+            .to_string();
+            let (app, queues, queue) = (app.clone(), queues.clone(), queue.clone());
+            tasks.push(tokio::spawn(async move {
+                let reply = match step {
+                    true => execute::<StepMessage, _>(&app, payload.as_bytes()).await,
+                    false => execute::<messages::ItemMessage, _>(&app, payload.as_bytes()).await,
+                };
+                assert!(reply.status.is_success(), "{:?}", reply.logs);
+                queues
+                    .delete_message(&queue, &message.id, &message.pop_receipt)
+                    .await
+                    .unwrap();
+            }));
+        }
+    }
+    tasks
+}
+
+/// An enqueue of 300 rows at one row a message, paced at 10 requests a second, runs on
+/// instance A; B answers its cancel once A has put 20 messages. A's invocations learn of it by
+/// reading the record (A's cache knows nothing of B's answer): within [`NOTICE`] they start no
+/// put, so at most `NOTICE × limit` puts (and those in flight) follow the answer. The scan's
+/// final counters are the messages on the queue, and draining its queued work changes them
+/// no more.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_answered_by_another_instance_stops_the_puts_within_notice() {
+    let tables = MemoryTableStore::default();
+    tables.load("Source", (0..300).map(|i| Entity::new("p", format!("{i:03}"))));
+    let queues = MemoryQueueStore::default();
+    let (a, b) = (instance(&tables, &queues), instance(&tables, &queues));
+    let request = json!({"driver": "enqueue", "sourceTable": "Source",
+        "destinationQueue": DESTINATION, "maxRequestsPerSecond": LIMIT});
+    let (status, started) = call(&a, "POST", "/api/scans", Some(request)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+
+    let mut running = Vec::new();
+    while queues.len(DESTINATION) < 20 {
+        running.extend(deliver_visible(&a, &queues).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, cancelled) = call(&b, "DELETE", &format!("/api/scans/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    let (answered, at_answer) = (tokio::time::Instant::now(), queues.len(DESTINATION));
+    for task in running {
+        task.await.unwrap();
+    }
+    let put = queues.len(DESTINATION);
+    let allowed = (NOTICE.as_secs_f64() * f64::from(LIMIT)).ceil() as usize + PUTS_IN_FLIGHT;
+    assert!(
+        put - at_answer <= allowed,
+        "{} puts after the cancel answered (at most {allowed}); the invocations ended {:?} after it",
+        put - at_answer,
+        answered.elapsed()
+    );
+    eprintln!("at answer {at_answer}, put {put}, ended after {:?}", answered.elapsed());
+    assert!(put < 300, "the scan was not cut short: {put} messages");
+
+    let (_, ended) = call(&b, "GET", &format!("/api/scans/{id}"), None).await;
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    assert_eq!(ended["messagesWritten"], put, "{ended}");
+    assert_eq!(ended["rowsWritten"], put, "{ended}");
+    // What was queued meets the ended scan and is dropped: the counters stay.
+    while queues.len(&a.config.prefix_scan_queue) + queues.len(&a.config.table_copy_queue) > 0 {
+        for task in deliver_visible(&a, &queues).await {
+            task.await.unwrap();
+        }
+    }
+    let (_, drained) = call(&b, "GET", &format!("/api/scans/{id}"), None).await;
+    for field in ["rowsScanned", "rowsMatched", "rowsWritten", "messagesWritten"] {
+        assert_eq!(drained[field], ended[field], "{field}: {drained}");
+    }
+    assert_eq!(queues.len(DESTINATION), put);
+}
+
+/// The watch skips its read while the cache holds a running state younger than [`CACHE_TRUST`]
+/// (its bound [`NOTICE`] counts on it): the cache trusts one exactly that long.
+#[tokio::test(start_paused = true)]
+async fn the_cache_trusts_a_running_state_as_long_as_the_watch_assumes() {
+    let cache = crate::app::state::ScanStateCache::default();
+    cache.put("s", ScanState::Running);
+    tokio::time::sleep(CACHE_TRUST - Duration::from_millis(1)).await;
+    assert_eq!(cache.get("s"), Some(ScanState::Running));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(cache.get("s"), None);
+    cache.put("s", ScanState::Cancelled);
+    tokio::time::sleep(CACHE_TRUST * 100).await;
+    assert_eq!(cache.get("s"), Some(ScanState::Cancelled));
+}
