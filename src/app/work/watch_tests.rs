@@ -62,7 +62,10 @@ async fn call(app: &App, method: &str, uri: &str, body: Option<Value>) -> (Statu
 async fn deliver_visible(app: &App, queues: &MemoryQueueStore) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
     let config = &app.config;
-    for (queue, step) in [(&config.prefix_scan_queue, true), (&config.table_copy_queue, false)] {
+    for (queue, step) in [
+        (&config.prefix_scan_queue, true),
+        (&config.table_copy_queue, false),
+    ] {
         let got = queues
             .get_messages(queue, 32, Duration::from_secs(600))
             .await
@@ -100,7 +103,10 @@ async fn deliver_visible(app: &App, queues: &MemoryQueueStore) -> Vec<JoinHandle
 #[tokio::test(start_paused = true)]
 async fn a_cancel_answered_by_another_instance_stops_the_puts_within_notice() {
     let tables = MemoryTableStore::default();
-    tables.load("Source", (0..300).map(|i| Entity::new("p", format!("{i:03}"))));
+    tables.load(
+        "Source",
+        (0..300).map(|i| Entity::new("p", format!("{i:03}"))),
+    );
     let queues = MemoryQueueStore::default();
     let (a, b) = (instance(&tables, &queues), instance(&tables, &queues));
     let request = json!({"driver": "enqueue", "sourceTable": "Source",
@@ -128,7 +134,10 @@ async fn a_cancel_answered_by_another_instance_stops_the_puts_within_notice() {
         put - at_answer,
         answered.elapsed()
     );
-    eprintln!("at answer {at_answer}, put {put}, ended after {:?}", answered.elapsed());
+    eprintln!(
+        "at answer {at_answer}, put {put}, ended after {:?}",
+        answered.elapsed()
+    );
     assert!(put < 300, "the scan was not cut short: {put} messages");
 
     let (_, ended) = call(&b, "GET", &format!("/api/scans/{id}"), None).await;
@@ -142,7 +151,12 @@ async fn a_cancel_answered_by_another_instance_stops_the_puts_within_notice() {
         }
     }
     let (_, drained) = call(&b, "GET", &format!("/api/scans/{id}"), None).await;
-    for field in ["rowsScanned", "rowsMatched", "rowsWritten", "messagesWritten"] {
+    for field in [
+        "rowsScanned",
+        "rowsMatched",
+        "rowsWritten",
+        "messagesWritten",
+    ] {
         assert_eq!(drained[field], ended[field], "{field}: {drained}");
     }
     assert_eq!(queues.len(DESTINATION), put);
