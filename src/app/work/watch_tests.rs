@@ -18,7 +18,8 @@ use super::*;
 use crate::app::config::Config;
 use crate::app::drivers::enqueue::PUTS_IN_FLIGHT;
 use crate::app::messages::StepMessage;
-use crate::lab::memory::{MemoryQueueStore, MemoryStores, MemoryTableStore};
+use crate::lab::memory::{MemoryBlobStore, MemoryQueueStore, MemoryStores, MemoryTableStore};
+use crate::storage::blob::BlobStore;
 use crate::storage::{Entity, MessageEncoding};
 
 type App = Arc<AppState<MemoryStores>>;
@@ -26,20 +27,36 @@ type App = Arc<AppState<MemoryStores>>;
 const LIMIT: u32 = 10;
 const DESTINATION: &str = "rows";
 
-/// One instance of the app over the shared in-memory `tables` and `queues`.
-fn instance(tables: &MemoryTableStore, queues: &MemoryQueueStore) -> App {
+/// One instance of the app over the shared in-memory `tables`, `queues` and `blobs`.
+fn instance(tables: &MemoryTableStore, queues: &MemoryQueueStore, blobs: &MemoryBlobStore) -> App {
     let settings = BTreeMap::from([
         ("AzureWebJobsStorage", "UseDevelopmentStorage=true"),
         ("TABLESCAN_COUNTER_SHARDS", "4"),
     ]);
     let config = Config::from_lookup(|k| settings.get(k).map(|v| v.to_string())).unwrap();
-    let tables = [(STORAGE_SETTING.to_string(), tables.clone())].into();
-    AppState::new(
+    let own = STORAGE_SETTING.to_string();
+    AppState::with_connections(
         config,
-        tables,
-        queues.clone(),
+        [(own.clone(), tables.clone())].into(),
+        [(own.clone(), queues.clone())].into(),
+        [(own, Ok(blobs.clone()))].into(),
         crate::app::drivers::registry(),
     )
+}
+
+/// Two instances of one app (nothing shared but storage).
+fn two_instances() -> (
+    App,
+    App,
+    MemoryTableStore,
+    MemoryQueueStore,
+    MemoryBlobStore,
+) {
+    let (tables, queues) = (MemoryTableStore::default(), MemoryQueueStore::default());
+    let blobs = MemoryBlobStore::new();
+    let a = instance(&tables, &queues, &blobs);
+    let b = instance(&tables, &queues, &blobs);
+    (a, b, tables, queues, blobs)
 }
 
 async fn call(app: &App, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -102,13 +119,11 @@ async fn deliver_visible(app: &App, queues: &MemoryQueueStore) -> Vec<JoinHandle
 /// no more.
 #[tokio::test(start_paused = true)]
 async fn a_cancel_answered_by_another_instance_stops_the_puts_within_notice() {
-    let tables = MemoryTableStore::default();
+    let (a, b, tables, queues, _) = two_instances();
     tables.load(
         "Source",
         (0..300).map(|i| Entity::new("p", format!("{i:03}"))),
     );
-    let queues = MemoryQueueStore::default();
-    let (a, b) = (instance(&tables, &queues), instance(&tables, &queues));
     let request = json!({"driver": "enqueue", "sourceTable": "Source",
         "destinationQueue": DESTINATION, "maxRequestsPerSecond": LIMIT});
     let (status, started) = call(&a, "POST", "/api/scans", Some(request)).await;
@@ -160,6 +175,61 @@ async fn a_cancel_answered_by_another_instance_stops_the_puts_within_notice() {
         assert_eq!(drained[field], ended[field], "{field}: {drained}");
     }
     assert_eq!(queues.len(DESTINATION), put);
+}
+
+/// An index build of about 150 staging records (a serial scan of 1,200 rows, one a page: one
+/// record per step), paced at 10 requests a second, is cancelled by instance B while A's assembly item reads
+/// the records: A reads at most the rule's allowance more and neither writes the segment nor
+/// switches the prefix's pointer to the cancelled build.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_index_build_stops_its_assembly_and_is_never_published() {
+    let (a, b, tables, queues, blobs) = two_instances();
+    let rows = (0..1200).map(|i| {
+        let mut e = Entity::new(format!("k{i:04}"), "r");
+        e.properties.insert("Owner", json!(format!("o{}", i % 7)));
+        e
+    });
+    tables.load("Source", rows);
+    let request = json!({"driver": "index", "sourceTable": "Source", "property": "Owner",
+        "destinationContainer": "idx", "destinationPrefix": "owner", "strategy": "serial",
+        "takeCount": 1, "maxRequestsPerSecond": LIMIT});
+    let (status, started) = call(&a, "POST", "/api/scans", Some(request)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+    let reads = || blobs.counters().snapshot().read;
+    let before = reads();
+
+    // Phase 0 writes the records; phase 1's item reads them, 16 at a time at the limit.
+    let mut running: Vec<JoinHandle<()>> = Vec::new();
+    while reads() < before + 30 {
+        running.retain(|task| !task.is_finished());
+        let (_, now) = call(&b, "GET", &format!("/api/scans/{id}"), None).await;
+        assert_eq!(
+            now["state"], "running",
+            "ended before its assembly read 30 records"
+        );
+        running.extend(deliver_visible(&a, &queues).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, cancelled) = call(&b, "DELETE", &format!("/api/scans/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    let at_answer = reads();
+    for task in running {
+        task.await.unwrap();
+    }
+    let allowed = (NOTICE.as_secs_f64() * f64::from(LIMIT)).ceil() as u64 + 16;
+    assert!(
+        reads() - at_answer <= allowed,
+        "{} reads after the cancel answered (at most {allowed})",
+        reads() - at_answer
+    );
+    let written = blobs.list("idx", "owner/", 5000, None).await.unwrap();
+    let names: Vec<&str> = written.blobs.iter().map(|b| b.name.as_str()).collect();
+    let published = |n: &&str| n.ends_with("index.json") || n.contains("/segments/");
+    assert!(!names.iter().any(published), "{names:?}");
+    assert!(names.len() > 100, "the staging records: {}", names.len());
+    let (_, ended) = call(&b, "GET", &format!("/api/scans/{id}"), None).await;
+    assert_eq!(ended["state"], "cancelled", "{ended}");
 }
 
 /// The watch skips its read while the cache holds a running state younger than [`CACHE_TRUST`]
