@@ -34,12 +34,16 @@ async fn a_listing_parameter_given_twice_is_refused_naming_it() {
         ),
         ("code=k&code=k", "code"),
         ("state=running&State=failed", "State"),
+        ("top=1&%74op=2", "top"),
+        ("top=1&&top=1", "top"),
+        ("top", "top"),
+        ("=1", ""),
     ] {
         let (status, body) = call(&t.state, "GET", &format!("/api/scans?{query}"), None).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
         assert_eq!(body["error"]["field"], field, "{query}: {body}");
     }
-    for query in ["top=1&state=running", "state=failed", ""] {
+    for query in ["top=1&state=running", "state=failed", "", "&top=3&"] {
         let (status, body) = call(&t.state, "GET", &format!("/api/scans?{query}"), None).await;
         assert_eq!(status, StatusCode::OK, "{query}: {body}");
     }

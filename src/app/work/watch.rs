@@ -4,11 +4,12 @@
 //!
 //! Invariants:
 //! 1. While an invocation runs a work item ([`watching`]), its instance learns that the item's
-//!    scan ended (cancelled, or failed by another item) within [`NOTICE`] of the end: every
-//!    [`CHECK_INTERVAL`] the watch reads the scan's record — unless the instance's state cache
-//!    (`AppState::scan_states`) holds an ended state, or a running one it still trusts (read
-//!    within [`CACHE_TRUST`] by any invocation there) — and records what it read in the cache.
-//!    A cancel this instance answered, and a failure it recorded, are in its cache at once.
+//!    scan ended (cancelled, or failed by another item) within [`NOTICE`] of the end: when it
+//!    starts and every [`CHECK_INTERVAL`] the watch reads the scan's record — unless the
+//!    instance's state cache (`AppState::scan_states`) holds an ended state, or a running one
+//!    it still trusts (read within [`CACHE_TRUST`] by any invocation there) — and records what
+//!    it read in the cache. A cancel this instance answered, and a failure it recorded, are in
+//!    its cache at once.
 //! 2. Drivers look at the cache (`drivers::kit::scan_ended`, no request) before each unit of
 //!    work that writes (a put, a batch, a blob) and start none once it says the scan ended; the
 //!    units already started finish (at most a driver's requests in flight). So once a cancel has
@@ -20,10 +21,10 @@
 //!    no more once its invocations under way have stopped, and they say what was written before
 //!    the end was noticed.
 //! 4. The cost is bounded: about one point read of the scan record per [`CHECK_INTERVAL`] per
-//!    scan and instance while invocations work there (none for an invocation shorter than
-//!    that), charged to the scan's rate limit without waiting for a token (a backlog of paced
-//!    requests must not delay the check) and, like the host's deletes and a deferral's put, not
-//!    counted in `storageRequests`.
+//!    scan and instance while invocations work there (none for an invocation shorter than that,
+//!    unless it waited for admission longer than the cache's trust), charged to the scan's rate
+//!    limit without waiting for a token (a backlog of paced requests must not delay the check)
+//!    and, like the host's deletes and a deferral's put, not counted in `storageRequests`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -60,11 +61,13 @@ pub async fn watching<S: Stores, F: Future>(
     }
 }
 
-/// Every [`CHECK_INTERVAL`], reads the scan's state unless the cache knows it (fresh, or ended);
-/// never returns. A read that fails is tried at the next tick.
+/// At once, then every [`CHECK_INTERVAL`], reads the scan's state unless the cache knows it
+/// (fresh, or ended); never returns. At once: the state the invocation began with may be old (it
+/// waited for admission to a paced scan's rate, up to two minutes), and then this first read
+/// runs beside the work's first requests, before its first write. A read that fails is tried at
+/// the next tick.
 async fn refresh<S: Stores>(app: &AppState<S>, scan_id: &str, requests: &Meter) -> Infallible {
-    let start = tokio::time::Instant::now() + CHECK_INTERVAL;
-    let mut ticks = tokio::time::interval_at(start, CHECK_INTERVAL);
+    let mut ticks = tokio::time::interval(CHECK_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
