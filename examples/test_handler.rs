@@ -2,19 +2,26 @@
 //!
 //! Environment:
 //! - `FUNCTIONS_CUSTOMHANDLER_PORT` (required): port to listen on (127.0.0.1);
-//! - `TEST_HANDLER_LOG`: file to append one JSON line per request (and one at start-up);
-//! - `TEST_HANDLER_LISTEN_DELAY_MS`: wait before listening (readiness tests);
+//! - `TEST_HANDLER_LOG`: file to append one JSON line per event: `start` (at start-up),
+//!   `listening` (just before it serves), `request` (each request as it came), `done` (a payload
+//!   invocation that answered, with its invocation id and status);
+//! - `TEST_HANDLER_LISTEN_WHEN`: a file; the handler listens only once it exists (readiness
+//!   tests: the test decides when the handler becomes ready);
 //! - `TEST_HANDLER_EXIT_AT_START`: exit with this code right away (give-up tests).
 //!
 //! Payload-mode requests (`POST /{Function}` with a Data/Metadata envelope) are steered by the
 //! trigger value, a JSON object with optional fields: `fail_until` (answer 500 while
 //! DequeueCount < n), `crash_until` (exit while DequeueCount < n), `hang_until` (never answer while
-//! DequeueCount < n), `status`, `sleep_ms`, `raw` + `content_type` (answer that body), `empty`
-//! (answer 200 with no body), `logs`, `outputs`, `return_value`.
+//! DequeueCount < n), `hold` (a file: answer only once it exists, so the test decides when an
+//! invocation ends, in any handler process), `status`, `raw` + `content_type` (answer that body),
+//! `empty` (answer 200 with no body), `logs`, `outputs`, `return_value`. Other fields (a name, a
+//! number) only tell invocations apart in the records. Nothing here sleeps for a set time: a
+//! test that needs an invocation in flight holds it on a gate.
 //! Any other request is echoed as JSON (method, path, query, headers, body), with the status
 //! taken from an `x-test-status` header. `GET /stats` reports invocations in flight.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -124,7 +131,25 @@ async fn handle(State(h): State<Arc<Handler>>, request: Request) -> Response {
     h.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let response = invoke(&envelope).await;
     h.in_flight.fetch_sub(1, Ordering::SeqCst);
+    // Recorded before the answer leaves: an invocation without `done` never answered.
+    let invocation = parts
+        .headers
+        .get("x-azure-functions-invocationid")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    h.record(json!({
+        "event": "done",
+        "pid": std::process::id(),
+        "invocation": invocation,
+        "status": response.status().as_u16(),
+    }));
     response
+}
+
+/// Waits until `path` exists (checked every 10 ms).
+async fn until_exists(path: &str) {
+    while !Path::new(path).exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn invoke(envelope: &Value) -> Response {
@@ -138,15 +163,15 @@ async fn invoke(envelope: &Value) -> Response {
             .and_then(Value::as_u64)
             .is_some_and(|n| dequeue_count < n)
     };
-    if let Some(ms) = cmd.get("sleep_ms").and_then(Value::as_u64) {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
     if below("crash_until") {
         eprintln!("test handler: crashing on purpose (DequeueCount {dequeue_count})");
         std::process::exit(3);
     }
     if below("hang_until") {
-        tokio::time::sleep(Duration::from_secs(3600)).await;
+        std::future::pending::<()>().await;
+    }
+    if let Some(gate) = cmd.get("hold").and_then(Value::as_str) {
+        until_exists(gate).await;
     }
     if below("fail_until") {
         return respond(
@@ -214,16 +239,14 @@ async fn main() {
         "cwd": std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
         "env": env,
     }));
-    if let Some(ms) = std::env::var("TEST_HANDLER_LISTEN_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+    if let Ok(gate) = std::env::var("TEST_HANDLER_LISTEN_WHEN") {
+        until_exists(&gate).await;
     }
     println!("test handler listening on 127.0.0.1:{port}");
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("bind");
+    handler.record(json!({ "event": "listening", "pid": std::process::id() }));
     let app = axum::Router::new().fallback(handle).with_state(handler);
     axum::serve(listener, app).await.expect("serve");
 }

@@ -10,7 +10,8 @@
 //! - [`cli`]: the `tablescan` command.
 //!
 //! [`retry`] is the one retry loop (backoff, attempts, deadline) every layer uses; [`redact`]
-//! hides credentials in every log line and error message.
+//! hides credentials in every log line and error message; [`clock`] is where the app's time of
+//! day comes from (the system's, or one a test or the simulator moves).
 //!
 //! `lab` (the default feature) holds every development tool, and nothing shipped uses it: the
 //! local Functions host, Azurite, test data, the demo, the benchmark, the storage proxy, the
@@ -18,6 +19,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod deploy;
 pub mod index;
 #[cfg(feature = "lab")]

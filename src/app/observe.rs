@@ -22,7 +22,6 @@ use std::io::Write;
 use std::time::Instant;
 
 use axum::http::{HeaderMap, Uri};
-use time::OffsetDateTime;
 
 use super::job::context::ScanContext;
 use super::messages::{self, WorkMessage};
@@ -136,11 +135,10 @@ pub fn scan_started(scan_id: &str, context: Option<&ScanContext>) {
     write_line(Stream::Stdout, &line);
 }
 
-/// A running scan was recorded as ended in `state` (with `reason`).
-pub fn scan_ended(scan_id: &str, state: ScanState, started: OffsetDateTime, reason: Option<&str>) {
-    let ms = (OffsetDateTime::now_utc() - started)
-        .whole_milliseconds()
-        .max(0);
+/// A running scan was recorded as ended in `state` (with `reason`), `took` after its start
+/// (its recorded `CompletedAt` less its `StartedAt`).
+pub fn scan_ended(scan_id: &str, state: ScanState, took: time::Duration, reason: Option<&str>) {
+    let ms = took.whole_milliseconds().max(0);
     let mut line = format!(
         "{PREFIX} event=scan-end scan={} state={} ms={ms}",
         token(scan_id),

@@ -19,6 +19,8 @@ use crate::storage::{
     TableStore,
 };
 
+use crate::clock::Clock;
+
 use super::config::{Config, STORAGE_SETTING};
 use super::job::context::ScanContext;
 use super::job::error::WorkError;
@@ -95,10 +97,13 @@ pub struct AppState<S: Stores> {
     driver_states: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// Pacers of the rate-limited scans this instance works on.
     pacers: Pacers,
+    /// Where the app's time of day comes from (`crate::clock`): every time it stores or decides
+    /// on reads this clock, never the system's directly.
+    pub clock: Clock,
 }
 
 impl<S: Stores> AppState<S> {
-    /// The app with its own account's queues only and no blob stores.
+    /// The app with its own account's queues only and no blob stores, on the system's clock.
     pub fn new(
         config: Config,
         tables: BTreeMap<String, S::Table>,
@@ -110,8 +115,8 @@ impl<S: Stores> AppState<S> {
     }
 
     /// The app with stores by connection: tables, queues and blobs (a connection without a
-    /// blob endpoint holds the error naming the setting to add, returned when blobs are used).
-    /// `tables` and `queues` must hold the app's own account.
+    /// blob endpoint holds the error naming the setting to add, returned when blobs are used),
+    /// on the system's clock. `tables` and `queues` must hold the app's own account.
     pub fn with_connections(
         config: Config,
         tables: BTreeMap<String, S::Table>,
@@ -133,7 +138,17 @@ impl<S: Stores> AppState<S> {
             drivers,
             driver_states: Mutex::default(),
             pacers: Pacers::default(),
+            clock: Clock::system(),
         })
+    }
+
+    /// This app on `clock` instead of the system's (a test's manual clock, the simulator's
+    /// virtual one). For a state just made: panics if anything else holds it already.
+    pub fn on_clock(mut self: Arc<Self>, clock: Clock) -> Arc<Self> {
+        Arc::get_mut(&mut self)
+            .expect("the clock is given to a state just made")
+            .clock = clock;
+        self
     }
 
     /// The table store of `connection`, counting requests into `requests`.
@@ -215,9 +230,12 @@ impl<S: Stores> AppState<S> {
         &self.tables[STORAGE_SETTING]
     }
 
-    /// Bookkeeping through `store` (usually a counting wrapper of [`AppState::bookkeeping`]).
+    /// Bookkeeping through `store` (usually a counting wrapper of [`AppState::bookkeeping`]),
+    /// on the app's clock.
     pub fn tracker_on<'a, T: TableStore>(&'a self, store: &'a T) -> Tracker<'a, T> {
-        Tracker::new(store, &self.config.scans_table, &self.config.work_table).with_end_hook(self)
+        Tracker::new(store, &self.config.scans_table, &self.config.work_table)
+            .with_end_hook(self)
+            .with_clock(&self.clock)
     }
 }
 

@@ -348,14 +348,27 @@ fn measure(sizes: &[u64], probes: u64) -> Measured {
     }
 }
 
-/// The goal's measurement: 200 ranges of 2,000 distinct values, 10^6 absent probes.
+/// The goal on 200 ranges of 2,000 distinct values, probed with 10^5 absent values: about
+/// 1,000 false candidates are expected, so the 20 % band around the theory is several standard
+/// deviations wide; values and probes are fixed, so the figure is the same on every run.
 #[test]
 fn false_positive_rate_and_size_meet_the_goals() {
-    let m = measure(&[2000; 200], 1_000_000);
+    let m = measure(&[2000; 200], 100_000);
     eprintln!("200 ranges x 2,000 values: {}", m.report());
     assert!(m.rate <= 1e-4, "{}", m.report());
     assert!((m.rate / m.theory - 1.0).abs() <= 0.2, "{}", m.report());
     assert!(m.bytes_per_row <= 3.0, "{}", m.report());
+}
+
+/// The goal's own measurement, 10^6 absent probes (two minutes in a debug build; a measurement:
+/// `cargo test --release -- --ignored`, docs/development.md).
+#[test]
+#[ignore = "measurement: the false-positive rate on 10^6 probes"]
+fn false_positive_rate_on_a_million_probes() {
+    let m = measure(&[2000; 200], 1_000_000);
+    eprintln!("200 ranges x 2,000 values, 10^6 probes: {}", m.report());
+    assert!(m.rate <= 1e-4, "{}", m.report());
+    assert!((m.rate / m.theory - 1.0).abs() <= 0.2, "{}", m.report());
 }
 
 /// Ranges of mixed sizes (1,000 to 3,000 values, seeded): the rate stays within the goal and
@@ -364,7 +377,7 @@ fn false_positive_rate_and_size_meet_the_goals() {
 fn ranges_of_mixed_sizes_stay_within_the_rate() {
     let mut rng = Seeded(2029);
     let sizes: Vec<u64> = (0..200).map(|_| 1000 + rng.next() % 2001).collect();
-    let m = measure(&sizes, 200_000);
+    let m = measure(&sizes, 50_000);
     eprintln!("200 ranges x 1,000..3,000 values: {}", m.report());
     assert!(m.rate <= 1e-4, "{}", m.report());
     assert!((m.rate / m.theory - 1.0).abs() <= 0.2, "{}", m.report());

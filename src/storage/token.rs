@@ -13,10 +13,16 @@
 //!   platform rotates it) and the Azure CLI: `azure_identity` 0.21's credentials, over our HTTP
 //!   client, which classifies their endpoint's answers.
 //!
-//! Invariants:
+//! Invariants (time is tokio's clock, so paused-time tests drive all of it; the wall clock is read
+//! only where a source's wall-clock expiry is turned into tokio's, [`Fetched::expiring_on`]):
 //! - At most one fetch per provider is in flight; callers meanwhile wait for its result.
-//! - A token is refreshed `REFRESH_MARGIN` before it expires (half its lifetime if shorter); a
-//!   failed refresh while the old token is still valid keeps using it and tries again later.
+//! - An expired token is never handed out: not the cached one from its `expires_at` on, and not a
+//!   fetched one that had already expired when it came (an error instead).
+//! - A token is refreshed from `REFRESH_MARGIN` before its expiry on (half its lifetime if
+//!   shorter): the first caller at or after that point fetches a new one.
+//! - A failed refresh while the old token is still valid keeps using it, and the next caller
+//!   `RETRY_REFRESH_AFTER` later (or at its expiry, if sooner) tries again; once it has expired,
+//!   the failure is the caller's error.
 //! - Transient failures (connection errors, timeouts, 408/429/5xx from a token endpoint, also
 //!   404/410 from the identity endpoint) are retried with backoff ([`crate::retry`]); the error
 //!   that surfaces names the connection, and a permanent one also the settings to check.
@@ -48,10 +54,45 @@ const RETRY_REFRESH_AFTER: Duration = Duration::from_secs(30);
 const FETCH_BACKOFF: Backoff = Backoff::new(6, Duration::from_millis(500), Duration::from_secs(8))
     .with_deadline(Duration::from_secs(60));
 
-/// A token as fetched: the bearer value and when it expires (wall clock).
+/// A token as fetched: the bearer value, and when it expires on both clocks.
 pub(crate) struct Fetched {
     pub token: Secret,
+    /// As its source said (wall clock): handed to the SDK clients with the token.
     pub expires_on: OffsetDateTime,
+    /// The same moment on tokio's clock, which the cache decides by.
+    pub expires_at: Instant,
+}
+
+impl Fetched {
+    /// A token its source says expires at `expires_on` (wall clock), received now.
+    pub(crate) fn expiring_on(token: Secret, expires_on: OffsetDateTime) -> Self {
+        Self::received(token, expires_on, OffsetDateTime::now_utc(), Instant::now())
+    }
+
+    /// A token its source says lives `lifetime` from now (`expires_in`).
+    pub(crate) fn expiring_in(token: Secret, lifetime: Duration) -> Self {
+        Fetched {
+            token,
+            expires_on: OffsetDateTime::now_utc() + lifetime,
+            expires_at: Instant::now() + lifetime,
+        }
+    }
+
+    /// A token expiring at `expires_on`, received when the wall clock read `wall` and tokio's
+    /// `now`: it has `expires_on - wall` left (none if that is negative).
+    fn received(
+        token: Secret,
+        expires_on: OffsetDateTime,
+        wall: OffsetDateTime,
+        now: Instant,
+    ) -> Self {
+        let left = Duration::try_from(expires_on - wall).unwrap_or(Duration::ZERO);
+        Fetched {
+            token,
+            expires_on,
+            expires_at: now + left,
+        }
+    }
 }
 
 impl fmt::Debug for Fetched {
@@ -99,12 +140,39 @@ pub(crate) struct TokenError {
     pub message: String,
 }
 
+/// The token in use and its schedule on tokio's clock: `refresh_at <= expires_at`.
 struct Cached {
     token: Secret,
     expires_on: OffsetDateTime,
-    /// When to fetch a new one, and when this one stops being usable (tokio's clock).
+    /// From then on, the next caller fetches a new token.
     refresh_at: Instant,
+    /// From then on, this one is never handed out.
     expires_at: Instant,
+}
+
+impl Cached {
+    /// `fetched`, received at `now`: refreshed `REFRESH_MARGIN` before its expiry (half its
+    /// lifetime if shorter); an error if it has already expired.
+    fn received(fetched: Fetched, now: Instant) -> Result<Self, FetchError> {
+        let lifetime = fetched.expires_at.saturating_duration_since(now);
+        if lifetime.is_zero() {
+            return Err(FetchError::transient(format!(
+                "the token source handed out a token that had already expired (at {}, by this \
+                 machine's clock)",
+                fetched.expires_on
+            )));
+        }
+        Ok(Cached {
+            token: fetched.token,
+            expires_on: fetched.expires_on,
+            refresh_at: fetched.expires_at - REFRESH_MARGIN.min(lifetime / 2),
+            expires_at: fetched.expires_at,
+        })
+    }
+
+    fn handed_out(&self) -> (Secret, OffsetDateTime) {
+        (self.token.clone(), self.expires_on)
+    }
 }
 
 /// A connection's tokens: cached, refreshed before expiry, one fetch at a time.
@@ -167,68 +235,57 @@ impl TokenProvider {
         if let Some(token) = self.current() {
             return Ok(token);
         }
-        let result = retry(
-            &self.backoff,
-            FullJitter,
-            || self.fetch.fetch(),
-            |e: &FetchError| e.transient,
-        )
-        .await;
-        match result {
-            Ok(fetched) => {
-                let now = Instant::now();
-                let lifetime: Duration = (fetched.expires_on - OffsetDateTime::now_utc())
-                    .try_into()
-                    .unwrap_or(Duration::ZERO);
-                let margin = REFRESH_MARGIN.min(lifetime / 2);
-                let token = (fetched.token.clone(), fetched.expires_on);
-                *self.cached.write().expect("not poisoned") = Some(Cached {
-                    token: fetched.token,
-                    expires_on: fetched.expires_on,
-                    refresh_at: now + (lifetime - margin),
-                    expires_at: now + lifetime,
-                });
-                Ok(token)
+        let fetch = || async { Cached::received(self.fetch.fetch().await?, Instant::now()) };
+        let worth_retrying = |e: &FetchError| e.transient;
+        let failure = match retry(&self.backoff, FullJitter, fetch, worth_retrying).await {
+            Ok(fresh) => {
+                let token = fresh.handed_out();
+                *self.cached.write().expect("not poisoned") = Some(fresh);
+                return Ok(token);
             }
-            Err(failure) => {
-                let attempts = failure.attempts;
-                let error = failure.into_error();
-                // Still valid: keep using it, and try again a little later.
-                let mut cached = self.cached.write().expect("not poisoned");
-                if let Some(c) = cached.as_mut() {
-                    if Instant::now() < c.expires_at {
-                        c.refresh_at = Instant::now() + RETRY_REFRESH_AFTER;
-                        tracing::warn!(
-                            connection = %self.connection,
-                            credential = self.credential,
-                            "storage token refresh failed, using the current token until it expires: {}",
-                            error.message
-                        );
-                        return Ok((c.token.clone(), c.expires_on));
-                    }
-                }
-                let mut message = error.message;
-                if error.transient && attempts > 1 {
-                    message.push_str(&format!(" (gave up after {attempts} attempts)"));
-                } else if !error.transient && !self.hint.is_empty() {
-                    message.push_str("; ");
-                    message.push_str(&self.hint);
-                }
-                Err(TokenError {
-                    connection: self.connection.clone(),
-                    credential: self.credential,
-                    transient: error.transient,
-                    message,
-                })
-            }
+            Err(failure) => failure,
+        };
+        let attempts = failure.attempts;
+        let error = failure.into_error();
+        if let Some(token) = self.keep_after_failure(&error) {
+            return Ok(token);
         }
+        let mut message = error.message;
+        if error.transient && attempts > 1 {
+            message.push_str(&format!(" (gave up after {attempts} attempts)"));
+        } else if !error.transient && !self.hint.is_empty() {
+            message.push_str("; ");
+            message.push_str(&self.hint);
+        }
+        Err(TokenError {
+            connection: self.connection.clone(),
+            credential: self.credential,
+            transient: error.transient,
+            message,
+        })
+    }
+
+    /// After a failed refresh: the cached token if it is still valid, to be refreshed again
+    /// `RETRY_REFRESH_AFTER` from now, or when it expires if that is sooner.
+    fn keep_after_failure(&self, error: &FetchError) -> Option<(Secret, OffsetDateTime)> {
+        let now = Instant::now();
+        let mut cached = self.cached.write().expect("not poisoned");
+        let c = cached.as_mut().filter(|c| now < c.expires_at)?;
+        c.refresh_at = (now + RETRY_REFRESH_AFTER).min(c.expires_at);
+        tracing::warn!(
+            connection = %self.connection,
+            credential = self.credential,
+            "storage token refresh failed, using the current token until it expires: {}",
+            error.message
+        );
+        Some(c.handed_out())
     }
 
     /// The cached token if it needs no refresh yet.
     fn current(&self) -> Option<(Secret, OffsetDateTime)> {
         let cached = self.cached.read().expect("not poisoned");
         let c = cached.as_ref()?;
-        (Instant::now() < c.refresh_at).then(|| (c.token.clone(), c.expires_on))
+        (Instant::now() < c.refresh_at).then(|| c.handed_out())
     }
 
     fn clear(&self) {
@@ -261,195 +318,4 @@ impl TokenCredential for TokenProvider {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::collections::VecDeque;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    use super::*;
-
-    /// A fake token source: fetch `n` hands out `prefix` (n = 0) or `prefix-n`, living `lifetime`
-    /// seconds, after `delay` — unless the script's next entry is an error.
-    struct FakeFetch {
-        prefix: String,
-        lifetime: i64,
-        delay: Duration,
-        script: Mutex<VecDeque<Option<FetchError>>>,
-        fetches: Arc<AtomicUsize>,
-    }
-
-    #[async_trait]
-    impl TokenFetch for FakeFetch {
-        async fn fetch(&self) -> Result<Fetched, FetchError> {
-            let n = self.fetches.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(self.delay).await;
-            if let Some(Some(e)) = self.script.lock().unwrap().pop_front() {
-                return Err(e);
-            }
-            Ok(Fetched {
-                token: Secret::new(if n == 0 {
-                    self.prefix.clone()
-                } else {
-                    format!("{}-{n}", self.prefix)
-                }),
-                expires_on: OffsetDateTime::now_utc() + time::Duration::seconds(self.lifetime),
-            })
-        }
-    }
-
-    fn fake(
-        prefix: &str,
-        lifetime: i64,
-        delay: Duration,
-        script: Vec<Option<FetchError>>,
-    ) -> (Arc<TokenProvider>, Arc<AtomicUsize>) {
-        let fetches = Arc::new(AtomicUsize::new(0));
-        let fetch = FakeFetch {
-            prefix: prefix.to_string(),
-            lifetime,
-            delay,
-            script: Mutex::new(script.into()),
-            fetches: fetches.clone(),
-        };
-        let provider =
-            TokenProvider::with_fetch("Src", "managedidentity", Box::new(fetch), FETCH_BACKOFF);
-        (Arc::new(provider), fetches)
-    }
-
-    /// A provider over a fake source handing out `token` (then `token-1`, …), and its fetch count.
-    pub(crate) fn fake_provider(
-        token: &str,
-        lifetime: i64,
-    ) -> (Arc<TokenProvider>, Arc<AtomicUsize>) {
-        fake(token, lifetime, Duration::ZERO, Vec::new())
-    }
-
-    async fn secret(provider: &TokenProvider) -> String {
-        provider.token().await.unwrap().0.secret().to_string()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_fetch_serves_every_concurrent_caller() {
-        let (provider, fetches) = fake("tok", 3600, Duration::from_secs(2), Vec::new());
-        let callers: Vec<_> = (0..50)
-            .map(|_| {
-                let p = provider.clone();
-                tokio::spawn(async move { secret(&p).await })
-            })
-            .collect();
-        for c in callers {
-            assert_eq!(c.await.unwrap(), "tok");
-        }
-        assert_eq!(fetches.load(Ordering::SeqCst), 1);
-        assert_eq!(secret(&provider).await, "tok");
-        assert_eq!(fetches.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn refreshed_before_expiry_not_after() {
-        let (provider, fetches) = fake("tok", 3600, Duration::ZERO, Vec::new());
-        assert_eq!(secret(&provider).await, "tok");
-        // Until 5 minutes before expiry: the cached token.
-        tokio::time::advance(Duration::from_secs(3600 - 300 - 2)).await;
-        assert_eq!(secret(&provider).await, "tok");
-        assert_eq!(fetches.load(Ordering::SeqCst), 1);
-        tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(secret(&provider).await, "tok-1");
-        assert_eq!(fetches.load(Ordering::SeqCst), 2);
-        // A short-lived token is refreshed at half its life.
-        let (short, fetches) = fake("s", 60, Duration::ZERO, Vec::new());
-        secret(&short).await;
-        tokio::time::advance(Duration::from_secs(28)).await;
-        assert_eq!(secret(&short).await, "s");
-        tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(secret(&short).await, "s-1");
-        assert_eq!(fetches.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn transient_failures_are_retried_permanent_ones_name_the_connection() {
-        let (provider, fetches) = fake(
-            "tok",
-            3600,
-            Duration::ZERO,
-            vec![
-                Some(FetchError::transient("503")),
-                Some(FetchError::transient("connection refused")),
-            ],
-        );
-        assert_eq!(secret(&provider).await, "tok-2");
-        assert_eq!(fetches.load(Ordering::SeqCst), 3);
-
-        let (provider, fetches) = fake(
-            "tok",
-            3600,
-            Duration::ZERO,
-            vec![Some(FetchError::permanent(
-                "the identity endpoint answered 400 invalid_resource",
-            ))],
-        );
-        let error = provider.token().await.unwrap_err();
-        assert_eq!(fetches.load(Ordering::SeqCst), 1);
-        assert!(!error.transient);
-        assert_eq!(
-            error.to_string(),
-            "no storage token for connection Src (managedidentity): the identity endpoint answered 400 invalid_resource"
-        );
-
-        // Transient for ever: gives up after the backoff's attempts, still transient.
-        let always = (0..10)
-            .map(|_| Some(FetchError::transient("503")))
-            .collect();
-        let (provider, fetches) = fake("tok", 3600, Duration::ZERO, always);
-        let error = provider.token().await.unwrap_err();
-        assert!(error.transient);
-        assert_eq!(fetches.load(Ordering::SeqCst), 6);
-
-        // The SDK path sees the same verdict: transient as I/O, permanent as a credential error.
-        let always = (0..6).map(|_| Some(FetchError::transient("503"))).collect();
-        let (provider, _) = fake("tok", 3600, Duration::ZERO, always);
-        let sdk = provider.get_token(&[STORAGE_SCOPE]).await.unwrap_err();
-        assert!(
-            matches!(sdk.kind(), azure_core::error::ErrorKind::Io),
-            "{sdk}"
-        );
-        let (provider, _) = fake(
-            "tok",
-            3600,
-            Duration::ZERO,
-            vec![Some(FetchError::permanent("403"))],
-        );
-        let sdk = provider.get_token(&[STORAGE_SCOPE]).await.unwrap_err();
-        assert!(
-            matches!(sdk.kind(), azure_core::error::ErrorKind::Credential),
-            "{sdk}"
-        );
-        assert!(sdk.to_string().contains("connection Src"), "{sdk}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_refresh_keeps_the_valid_token_and_tries_later() {
-        let (provider, fetches) = fake(
-            "tok",
-            3600,
-            Duration::ZERO,
-            vec![None, Some(FetchError::permanent("down"))],
-        );
-        assert_eq!(secret(&provider).await, "tok");
-        tokio::time::advance(Duration::from_secs(3400)).await;
-        assert_eq!(secret(&provider).await, "tok", "still valid: kept");
-        assert_eq!(fetches.load(Ordering::SeqCst), 2);
-        // Not asked again at once…
-        assert_eq!(secret(&provider).await, "tok");
-        assert_eq!(fetches.load(Ordering::SeqCst), 2);
-        // …but after a while.
-        tokio::time::advance(RETRY_REFRESH_AFTER).await;
-        assert_eq!(secret(&provider).await, "tok-2");
-    }
-
-    #[test]
-    fn a_provider_prints_no_token() {
-        let (provider, _) = fake_provider("eyJ0eXAi", 3600);
-        assert!(!format!("{provider:?}").contains("eyJ0eXAi"));
-    }
-}
+pub(crate) mod tests;

@@ -19,7 +19,7 @@ use crate::support;
 mod harness;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::{check, check_examples, op_from_line, replay, Example, Op, Recorder};
 use serde_json::{json, Value};
@@ -2008,111 +2008,6 @@ fn export_names() {
         let layout = ExportLayout::new(prefix).unwrap();
         assert_eq!(layout.blob(part), g.get("part blob"));
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A scan that continues across a handler restart and a redeployment
-
-/// Generous bound for the copy on a loaded 2-core machine.
-const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
-
-/// Rows in a table, read with the test's own REST client (0 while it does not exist).
-async fn rows_in(table: &str) -> usize {
-    RawClient::azurite()
-        .read_all(table)
-        .await
-        .map(|rows| rows.len())
-        .unwrap_or(0)
-}
-
-/// Waits until the copy wrote at least `rows` rows, and checks it is still running (mid-scan).
-async fn wait_mid_scan(app: &support::e2e::TestApp, id: &str, destination: &str, rows: usize) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while rows_in(destination).await < rows && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        support::faults::recorded_state(app, id).await.as_deref(),
-        Some("running"),
-        "the copy must still be running here (it wrote {} rows); make it longer",
-        rows_in(destination).await
-    );
-}
-
-/// The fault suite's `handler_crashes` kills handlers one at a time and `scale_out_with_an_
-/// instance_stopped` stops one instance of three; here every instance goes at once, twice:
-/// 1. every handler process is SIGKILLed mid-scan at the same moment (invocations in flight
-///    die); the host starts a fresh handler process per instance (generation 2);
-/// 2. the whole host is stopped mid-scan (no new work, invocations in flight finish, handlers
-///    stop) and a new host with new handler processes starts on the same app, storage, queues
-///    and tables: a redeployment of the same version.
-///
-/// The copy must complete by itself, exactly: destination = source row for row and property
-/// for property (read with the test's own REST client), every counter exact, no work left in
-/// the work table or the queues.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copy_continues_across_a_redeployment_mid_scan() {
-    use support::faults::{
-        failed_by_kills, seeded_source, sigkill, source_entities, start_copy, verify_copy, Summary,
-    };
-
-    let mut summary = Summary::new("redeployment");
-    let mut app = support::e2e::TestApp::start(2, &[]).await;
-    let (source, source_rows) = seeded_source(&app, source_entities(400, 27)).await;
-    let destination = support::unique_name("Dest");
-    let id = start_copy(&app, &source, &destination, 4).await;
-
-    wait_mid_scan(&app, &id, &destination, 20).await;
-    let pids: Vec<u32> = app.host().handler_pids().into_iter().flatten().collect();
-    assert_eq!(pids.len(), 2, "every instance has a handler");
-    let killed_at = rows_in(&destination).await;
-    for pid in &pids {
-        sigkill(*pid);
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while app.host().handler_generations() != vec![2, 2] {
-        assert!(
-            Instant::now() < deadline,
-            "{:?}",
-            app.host().handler_generations()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    app.host()
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .unwrap();
-    let restarted: Vec<u32> = app.host().handler_pids().into_iter().flatten().collect();
-    assert!(
-        restarted.iter().all(|p| !pids.contains(p)),
-        "fresh handler processes"
-    );
-
-    let failed_by_kill = failed_by_kills(&app);
-    let restarted_at = rows_in(&destination).await;
-    wait_mid_scan(&app, &id, &destination, restarted_at + 20).await;
-    let redeployed_at = rows_in(&destination).await;
-    app.redeploy().await;
-    assert_eq!(app.host().handler_generations(), vec![1, 1], "a new host");
-    summary.faults = 2;
-
-    let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
-    let invocations: u64 = app
-        .host()
-        .invocation_stats()
-        .values()
-        .map(|s| s.invocations)
-        .sum();
-    eprintln!(
-        "redeployment: {} rows; every handler killed at {killed_at} rows written ({failed_by_kill} \
-         invocations in flight failed), the host redeployed at {redeployed_at}; the new host ran \
-         {invocations} invocations",
-        source_rows.len()
-    );
-    assert!(invocations > 0, "the new host continued the scan");
-    summary.add(&verdict);
-    summary.report(&[&verdict]);
-    app.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------------

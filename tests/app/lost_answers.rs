@@ -8,6 +8,7 @@
 //! skipped; a poison message's round started and its message never put back; registering more
 //! than 49 existing rows again failed as contention; an export or index build taking over a
 //! cancelled scan's prefix was refused, the prefix left reserved by a scan with no record.
+//! A stale phase claim's takeover is taken on a manual clock: ages are the clock's, not waited.
 //! Rows are read back with the raw REST client (tests/support/raw.rs), not tablescan's parser.
 
 use crate::support;
@@ -23,6 +24,7 @@ use time::OffsetDateTime;
 use support::raw::{self, RawClient};
 use support::router::{call, queue_payload, running_count_record, InProcessApp};
 use tablescan::app::tracking::{NewWork, ScanEndHook, ScanState, Tracker};
+use tablescan::clock::Clock;
 use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::blob::{BlobRequestKind, BlobStore};
@@ -50,6 +52,69 @@ fn through(proxy: &StorageProxy) -> AzureTableStore {
     StorageAccount::parse(&proxy.connection_string())
         .unwrap()
         .table_store(Arc::new(RequestCounters::new()))
+}
+
+/// A phase claim is taken over once it is 10 s old (`PHASE_CLAIM_TAKEOVER`: its claimer died
+/// before registering the phase's root), by one check only; the takeover's answer lost (its
+/// replace took effect, the retry met its own ETag: 412) is still the taker's.
+#[tokio::test]
+async fn a_stale_claims_takeover_whose_answer_was_lost_is_its_takers() {
+    let (scans, work) = tracker_tables().await;
+    let clock = Clock::manual(OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap());
+    let direct = support::table_store().0;
+    let direct = Tracker::new(&direct, &scans, &work).with_clock(&clock);
+    assert!(direct.claim_phase_start(SCAN, 3, 1).await.unwrap());
+    clock.advance(Duration::from_millis(9_999));
+    assert!(
+        !direct.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+        "not stale a millisecond before"
+    );
+
+    clock.advance(Duration::from_millis(1));
+    // The insert passes (409: the claim is there); the takeover's replace loses its answer.
+    let proxy = support::faults::proxy(
+        FaultPolicy {
+            reset_after: 1.0,
+            kinds: vec![RequestKind::Batch],
+            spare_first: 1,
+            max_faults: Some(1),
+            ..FaultPolicy::default()
+        },
+        7,
+    )
+    .await;
+    let store = through(&proxy);
+    let taker = Tracker::new(&store, &scans, &work).with_clock(&clock);
+    assert!(
+        taker.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+        "the takeover took effect: it is this check's"
+    );
+    assert_eq!(proxy.faults_injected(), 1, "{:?}", proxy.faults_by_kind());
+    assert_eq!(
+        proxy.count_of(RequestKind::Batch),
+        3,
+        "{:?}",
+        proxy.counts()
+    );
+    assert!(
+        !direct.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+        "taken over once: the new claim is fresh"
+    );
+    let row = claim_row(&work).await;
+    assert_eq!(
+        row.text("ClaimedAt"),
+        Some("\"2027-01-15T08:00:10Z\""),
+        "{row:?}"
+    );
+}
+
+/// The claim row of phase 1 in shard 3 of [`SCAN`], as stored.
+async fn claim_row(work: &str) -> raw::RawEntity {
+    RawClient::azurite()
+        .get_entity(work, &format!("{SCAN}-03"), "phase-1")
+        .await
+        .unwrap()
+        .expect("the claim row")
 }
 
 /// A tracker's two tables, created straight on Azurite.
@@ -91,11 +156,7 @@ async fn a_phase_claim_whose_answer_was_lost_is_its_claimers() {
         !tracker.claim_phase_start(SCAN, 3, 1).await.unwrap(),
         "another check finds it claimed"
     );
-    let row = RawClient::azurite()
-        .get_entity(&work, &format!("{SCAN}-03"), "phase-1")
-        .await
-        .unwrap()
-        .expect("the claim row");
+    let row = claim_row(&work).await;
     let by = row.text("ClaimedBy").expect("ClaimedBy");
     assert_eq!(by.len(), 18, "a quoted 16-digit token: {by}");
 }
@@ -202,7 +263,8 @@ async fn registering_rows_that_are_there_already_counts_them_once() {
 async fn a_poison_round_whose_answer_was_lost_puts_the_message_back() {
     let proxy = support::faults::proxy(FaultPolicy::none(), 7).await;
     let account = StorageAccount::parse(&proxy.connection_string()).unwrap();
-    let t = InProcessApp::start_with_tables(account, &[]);
+    let start = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+    let t = InProcessApp::start_with_tables(account, &[]).on_clock(Clock::manual(start));
     let store = support::table_store().0;
     let source = support::new_table(&store, "Source").await;
     let row = BatchOperation::Insert(Entity::new("a", "r"));
@@ -228,14 +290,21 @@ async fn a_poison_round_whose_answer_was_lost_puts_the_message_back() {
     );
     let row = t.work_item_rows(started["id"].as_str().unwrap()).await;
     assert_eq!(row[0].text("RequeuedBy"), Some("\"poison-1\""), "{row:?}");
-    // Round 1 is delivered 10 s after it starts (`work::poison::round_delay`).
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let mut live = t.take_step_message().await;
-    while live.is_none() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        live = t.take_step_message().await;
-    }
-    let (_, back) = live.expect("the message is back on its live queue");
+    // Round 1 is delivered 10 s after it starts (`work::poison::round_delay`), on the clock.
+    let held = t.host_queues.held();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        (held[0].queue.as_str(), held[0].due),
+        (t.prefix_queue.as_str(), start + Duration::from_secs(10))
+    );
+    t.clock().advance(Duration::from_millis(9_999));
+    assert_eq!(t.release_due().await, 0, "not before its time");
+    t.clock().advance(Duration::from_millis(1));
+    assert_eq!(t.release_due().await, 1);
+    let (_, back) = t
+        .take_step_message()
+        .await
+        .expect("the message is back on its live queue");
     let back: serde_json::Value = serde_json::from_str(&back).unwrap();
     assert_eq!(back["r"], 1, "in round 1: {back}");
 }

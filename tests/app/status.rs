@@ -3,6 +3,8 @@
 //! a scan found drained but still running gets one queued check, which the queue's delivery
 //! (not the GET) turns into the end of the scan; `GET /api/scans` pages with `top` and
 //! `continuationToken` and filters by `state`, and refuses bad values naming the parameter.
+//! A completion step's lease holds the queued check back until it expires, on the app's clock
+//! (a manual one the test moves).
 //! Stored rows are compared with the raw REST client (tests/support/raw.rs), not tablescan's
 //! own parser.
 
@@ -18,7 +20,8 @@ use time::OffsetDateTime;
 use support::account;
 use support::raw::RawClient;
 use support::router::{call, queue_payload, running_count_record, InProcessApp};
-use tablescan::app::tracking::{Counters, ScanState, WorkState};
+use tablescan::app::tracking::{Counters, ScanState, WorkState, COMPLETION_LEASE};
+use tablescan::clock::Clock;
 use tablescan::storage::request_counts::{RequestCounters, RequestCounts};
 use tablescan::storage::{BatchOperation, Entity, MessageEncoding, QueueStore, TableStore};
 
@@ -60,6 +63,15 @@ async fn bookkeeping_rows(t: &TestApp) -> Vec<support::raw::RawEntity> {
     let mut rows = raw.rows(&t.scans_table).await;
     rows.extend(raw.rows(&t.work_table).await);
     rows
+}
+
+/// Scan `id`'s record as the service stores it.
+async fn scan_record(t: &TestApp, id: &str) -> support::raw::RawEntity {
+    RawClient::azurite()
+        .get_entity(&t.scans_table, id, "scan")
+        .await
+        .unwrap()
+        .expect("the scan record")
 }
 
 /// Finishes the scan's only unfinished work item (its root) as a worker would, without the
@@ -176,16 +188,21 @@ async fn a_status_read_reads_the_record_and_counters_and_queues_at_most_one_chec
     // The queue's delivery ends the scan: the original root message and the queued check (both
     // find the root finished; whichever comes first ends the scan).
     assert_eq!(deliver_scan_queue(&t).await, 2);
-    let raw = RawClient::azurite();
-    let record = raw
-        .get_entity(&t.scans_table, &id, "scan")
-        .await
-        .unwrap()
-        .expect("the scan record");
+    let record = scan_record(&t, &id).await;
     assert_eq!(record.text("State"), Some("\"completed\""), "{record:?}");
     let ((_, body), requests) = counted(&t.counters, call(&t.state, "GET", &path, None)).await;
     assert_eq!(body["state"], "completed", "{body}");
     assert_eq!(requests, reads_only, "an ended scan's status read");
+}
+
+/// Takes scan `id`'s completion lease (asserting `why` it is free), which is then held.
+async fn take_and_hold_the_lease(t: &TestApp, id: &str, why: &str) {
+    let tracker = t.state.tracker_on(t.state.bookkeeping());
+    assert!(tracker.take_completion_lease(id).await.unwrap(), "{why}");
+    assert!(
+        !tracker.take_completion_lease(id).await.unwrap(),
+        "and then held"
+    );
 }
 
 #[tokio::test]
@@ -193,21 +210,9 @@ async fn a_status_read_queues_nothing_while_a_completion_step_holds_the_lease() 
     let t = test_app();
     let id = start_count_scan(&t).await;
     finish_root_without_ending_the_scan(&t, &id).await;
+    take_and_hold_the_lease(&t, &id, "the lease is free").await;
     let tracker = t.state.tracker_on(t.state.bookkeeping());
-    assert!(
-        tracker.take_completion_lease(&id).await.unwrap(),
-        "the lease is free"
-    );
-    assert!(
-        !tracker.take_completion_lease(&id).await.unwrap(),
-        "and then held"
-    );
-    let raw = RawClient::azurite();
-    let record = raw
-        .get_entity(&t.scans_table, &id, "scan")
-        .await
-        .unwrap()
-        .unwrap();
+    let record = scan_record(&t, &id).await;
     assert_eq!(
         record.annotation("CompletionLeaseUntil").as_deref(),
         Some("Edm.DateTime"),
@@ -229,6 +234,45 @@ async fn a_status_read_queues_nothing_while_a_completion_step_holds_the_lease() 
     assert_eq!(
         requests.queue_put, 1,
         "with the lease released, the GET queues the check"
+    );
+}
+
+/// A completion step's lease expires by itself [`COMPLETION_LEASE`] after it was taken (its
+/// invocation died): until then a status read queues nothing and no other step takes it; from
+/// then on a status read queues the drained check, and another step takes the lease.
+#[tokio::test]
+async fn an_expired_completion_lease_no_longer_holds_the_scan() {
+    let start = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+    let t = test_app().on_clock(Clock::manual(start));
+    let id = start_count_scan(&t).await;
+    finish_root_without_ending_the_scan(&t, &id).await;
+    take_and_hold_the_lease(&t, &id, "the lease is free").await;
+    let tracker = t.state.tracker_on(t.state.bookkeeping());
+    let path = format!("/api/scans/{id}");
+
+    let tick = Duration::from_millis(1);
+    t.clock()
+        .advance(Duration::try_from(COMPLETION_LEASE).unwrap() - tick);
+    assert!(
+        !tracker.take_completion_lease(&id).await.unwrap(),
+        "held a millisecond before it expires"
+    );
+    let (_, requests) = counted(&t.counters, call(&t.state, "GET", &path, None)).await;
+    assert_eq!(
+        requests.queue_put, 0,
+        "the lease holder may still end the scan"
+    );
+
+    t.clock().advance(tick);
+    let ((_, body), requests) = counted(&t.counters, call(&t.state, "GET", &path, None)).await;
+    assert_eq!(body["state"], "running", "{body}");
+    assert_eq!(requests.queue_put, 1, "expired: the GET queues the check");
+    take_and_hold_the_lease(&t, &id, "another step takes the expired lease").await;
+    let record = scan_record(&t, &id).await;
+    assert_eq!(
+        record.text("CompletionLeaseUntil"),
+        Some("\"2027-01-15T08:22:00Z\""),
+        "{record:?}"
     );
 }
 

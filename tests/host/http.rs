@@ -1,24 +1,21 @@
-//! `tablescan host` with HTTP triggers and handler supervision, against the test handler
-//! (real processes, real sockets). Queue behaviour is in `tests/host/queue.rs`.
+//! `tablescan host` with HTTP triggers, against the test handler (real processes, real sockets):
+//! forwarding, payload and proxying modes, readiness, configuration errors. Handler supervision
+//! is in `tests/host/supervision.rs`, queue behaviour in `tests/host/queue.rs`.
+//!
+//! Each test proves its behaviour by the events that make it (log lines, the handler's records),
+//! never by how long it took. `LONG` only catches a hang.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::host::*;
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(60);
 
-fn http_fn(route: &str, methods: Value) -> Value {
-    json!({ "bindings": [
-        { "name": "req", "type": "httpTrigger", "direction": "in", "authLevel": "function", "route": route, "methods": methods },
-        { "name": "res", "type": "http", "direction": "out" }
-    ]})
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_passes_method_path_query_headers_and_body() {
     let app = App::new(json!({}), json!({ "enableForwardingHttpRequest": true }))
-        .function("Echo", http_fn("items/{id}", json!(["post", "get"])));
+        .function("Echo", http_function("items/{id}", json!(["post", "get"])));
     let host = app.start_http().await.unwrap();
     let base = format!("http://{}", host.http_addr());
     let client = http_client();
@@ -102,7 +99,7 @@ async fn payload_mode_wraps_the_request_and_builds_the_response_from_res() {
         json!({ "extensions": { "http": { "routePrefix": "v1" } } }),
         json!({}),
     )
-    .function("MakeThing", http_fn("things/{kind}", json!(["post"])));
+    .function("MakeThing", http_function("things/{kind}", json!(["post"])));
     let host = app.start_http().await.unwrap();
     let base = format!("http://{}", host.http_addr());
     let commands = json!({
@@ -177,27 +174,32 @@ async fn waits_for_a_handler_that_listens_late_and_passes_worker_settings() {
         json!({ "enableForwardingHttpRequest": true,
                 "description": { "arguments": ["--port", "%FUNCTIONS_CUSTOMHANDLER_PORT%", "%NOT_SET_ANYWHERE%x"] } }),
     )
-    .function("Echo", http_fn("echo", json!(["get"])))
-    .setting("TEST_HANDLER_LISTEN_DELAY_MS", "1500");
+    .function("Echo", http_function("echo", json!(["get"])));
+    let listen = app.gate("listen");
+    let app = app.setting("TEST_HANDLER_LISTEN_WHEN", &listen);
     std::fs::write(
         app.dir.join("local.settings.json"),
         r#"{"IsEncrypted":false,"Values":{"TEST_FROM_LOCAL":"yes"}}"#,
     )
     .unwrap();
-    let started = Instant::now();
     let host = app.start_http().await.unwrap();
-    // Sent before the handler listens: the host holds it until readiness.
-    let response = http_client()
-        .get(format!("http://{}/api/echo", host.http_addr()))
-        .send()
-        .await
-        .unwrap();
+    // Sent while the handler cannot listen (its gate is closed): the host holds it until readiness.
+    let url = format!("http://{}/api/echo", host.http_addr());
+    let request = tokio::spawn(async move { http_client().get(url).send().await.unwrap() });
+    wait_log(&host.log(), "Executing 'Echo' (GET /api/echo)", LONG).await;
+    assert!(app.records("listening").is_empty());
+    assert!(!request.is_finished(), "held, not answered");
+    open(&listen);
+    let response = request.await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    assert!(
-        started.elapsed() >= Duration::from_millis(1500),
-        "answered after {:?}",
-        started.elapsed()
-    );
+    // The host took the request before the handler was ready, and forwarded it once it was.
+    assert_order(&host.log_lines(), "Executing 'Echo'", "ready after");
+    let events: Vec<Value> = app
+        .handler_records()
+        .iter()
+        .map(|r| r["event"].clone())
+        .collect();
+    assert_eq!(events, ["start", "listening", "request"]);
 
     let start = app
         .handler_records()
@@ -218,260 +220,6 @@ async fn waits_for_a_handler_that_listens_late_and_passes_worker_settings() {
     assert_eq!(env["FUNCTIONS_APP_ROOT_PATH"], root);
     assert_eq!(start["cwd"], root);
     assert_eq!(env["TEST_FROM_LOCAL"], "yes");
-    host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarts_a_crashed_or_killed_handler() {
-    let app = App::new(json!({}), json!({})).function("Work", http_fn("work", json!(["post"])));
-    let host = app.start_http().await.unwrap();
-    host.wait_ready(LONG).await.unwrap();
-    let url = format!("http://{}/api/work", host.http_addr());
-    let client = http_client();
-    let first_pid = host.handler_pids()[0].unwrap();
-
-    // The handler exits in the middle of the invocation: the caller gets a 500, the host restarts it.
-    let response = client
-        .post(&url)
-        .body(json!({ "crash_until": 99 }).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 500);
-    let second_pid = restarted_after(&host, first_pid, "a restarted handler").await;
-    host.wait_ready(LONG).await.unwrap();
-    let response = client.post(&url).body("{}").send().await.unwrap();
-    assert_eq!(
-        response.status().as_u16(),
-        200,
-        "no `res` value: an empty 200"
-    );
-
-    // Killed from outside.
-    kill_process(second_pid);
-    restarted_after(&host, second_pid, "another restart").await;
-    host.wait_ready(LONG).await.unwrap();
-    answers_200(&client, &url, 1).await;
-    assert!(
-        has_log(&host, "crashing on purpose"),
-        "handler stderr is forwarded: {:?}",
-        host.log_lines()
-    );
-    assert!(
-        has_log(&host, "killed by signal 9"),
-        "{:?}",
-        host.log_lines()
-    );
-    host.shutdown().await;
-}
-
-/// Waits for the host to give up on an instance, with the host's message.
-async fn expect_give_up(host: &tablescan::lab::host::RunningHost, what: &str) {
-    let error = tokio::time::timeout(LONG, host.failed()).await.expect(what);
-    assert!(
-        error
-            .to_string()
-            .contains("Exceeded http worker restart retry count"),
-        "{error}"
-    );
-}
-
-/// Waits until instance 0 runs a handler other than `pid` (the host restarted it); its pid.
-async fn restarted_after(host: &tablescan::lab::host::RunningHost, pid: u32, what: &str) -> u32 {
-    wait_for(what, LONG, || {
-        let pids = host.handler_pids();
-        async move { pids[0].filter(|p| *p != pid) }
-    })
-    .await
-}
-
-/// `times` POSTs to `url`, each answered 200.
-async fn answers_200(client: &reqwest::Client, url: &str, times: usize) {
-    for _ in 0..times {
-        let response = client.post(url).body("{}").send().await.unwrap();
-        assert_eq!(response.status().as_u16(), 200);
-    }
-}
-
-/// Three kills within 30 minutes end one host instance, not the host: the other instance keeps
-/// serving, and after the recycle delay the failed one starts a fresh handler and serves again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recycles_an_instance_that_gave_up_and_keeps_the_others() {
-    let app = App::new(json!({}), json!({})).function("Work", http_fn("work", json!(["post"])));
-    let mut config = app.config(2);
-    config.recycle_delay = Duration::from_secs(2);
-    let host =
-        tablescan::lab::host::Host::start::<tablescan::lab::host::NoStorage, _>(config, |_| {
-            Err("no storage in this test".into())
-        })
-        .await
-        .unwrap();
-    host.wait_ready(LONG).await.unwrap();
-    let url = format!("http://{}/api/work", host.http_addr());
-    let client = http_client();
-    for kill in 0..3 {
-        host.wait_ready(LONG).await.unwrap();
-        let pid = host.handler_pids()[0].unwrap();
-        kill_process(pid);
-        if kill < 2 {
-            restarted_after(&host, pid, "a restarted handler").await;
-        }
-    }
-    expect_give_up(&host, "instance 0 gives up").await;
-    // Instance 1 answers while instance 0 is down.
-    answers_200(&client, &url, 4).await;
-    wait_for("the recycled instance's handler", LONG, || {
-        let pids = host.handler_pids();
-        async move { pids[0] }
-    })
-    .await;
-    host.wait_ready(LONG).await.unwrap();
-    assert!(
-        host.log_lines()
-            .iter()
-            .any(|l| l.contains("[i0] recycling the host instance")),
-        "{:?}",
-        host.log_lines()
-    );
-    answers_200(&client, &url, 4).await;
-    host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gives_up_after_three_handler_failures() {
-    let app = App::new(json!({}), json!({}))
-        .function("Work", http_fn("work", json!(["post"])))
-        .setting("TEST_HANDLER_EXIT_AT_START", "2");
-    let host = app.start_http().await.unwrap();
-    expect_give_up(&host, "the host gives up").await;
-    let exits = host
-        .log_lines()
-        .iter()
-        .filter(|l| {
-            l.starts_with(
-                "ERROR [i0] handler error: handler exited before it was ready (exit code 2)",
-            )
-        })
-        .count();
-    assert_eq!(exits, 3, "{:?}", host.log_lines());
-    let response = http_client()
-        .post(format!("http://{}/api/work", host.http_addr()))
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 503);
-    host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn function_timeout_restarts_the_handler() {
-    let app = App::new(json!({ "functionTimeout": "00:00:02" }), json!({}))
-        .function("Work", http_fn("work", json!(["post"])));
-    let host = app.start_http().await.unwrap();
-    host.wait_ready(LONG).await.unwrap();
-    let url = format!("http://{}/api/work", host.http_addr());
-    let pid = host.handler_pids()[0].unwrap();
-    let client = http_client();
-
-    let started = Instant::now();
-    let hung = client
-        .post(&url)
-        .body(json!({ "hang_until": 99 }).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(hung.status().as_u16(), 500);
-    assert!(
-        started.elapsed() >= Duration::from_millis(1900),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(
-        has_log(
-            &host,
-            "A function timeout has occurred. Restarting worker process"
-        ),
-        "{:?}",
-        host.log_lines()
-    );
-    restarted_after(&host, pid, "the handler restart").await;
-    host.wait_ready(LONG).await.unwrap();
-    answers_200(&client, &url, 1).await;
-    host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_invocations_fail_when_another_one_times_out() {
-    let app = App::new(json!({ "functionTimeout": "00:00:03" }), json!({}))
-        .function("Work", http_fn("work", json!(["post"])));
-    let host = app.start_http().await.unwrap();
-    host.wait_ready(LONG).await.unwrap();
-    let url = format!("http://{}/api/work", host.http_addr());
-    let client = http_client();
-    // Hangs: times out at ~3 s and restarts the handler.
-    let hang = tokio::spawn({
-        let (c, u) = (client.clone(), url.clone());
-        async move {
-            c.post(&u)
-                .body(json!({ "hang_until": 99 }).to_string())
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    });
-    // Wait until the hanging invocation reached the handler, then start one that needs 5 s:
-    // it is still running when the restart happens at ~3 s.
-    wait_for("the hanging request", LONG, || {
-        let n = app.requests().len();
-        async move { (n >= 1).then_some(()) }
-    })
-    .await;
-    let started = Instant::now();
-    let victim = client
-        .post(&url)
-        .body(json!({ "sleep_ms": 5000 }).to_string())
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16();
-    assert_eq!(hang.await.unwrap(), 500);
-    assert_eq!(
-        victim, 500,
-        "an invocation in flight during the restart fails"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(4500),
-        "it failed at the restart, not after its sleep"
-    );
-    host.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_answer_is_flagged_and_treated_as_a_hang() {
-    let app = App::new(json!({ "functionTimeout": "00:00:01" }), json!({}))
-        .function("Work", http_fn("work", json!(["post"])));
-    let host = app.start_http().await.unwrap();
-    host.wait_ready(LONG).await.unwrap();
-    let pid = host.handler_pids()[0].unwrap();
-    let started = Instant::now();
-    let response = http_client()
-        .post(format!("http://{}/api/work", host.http_addr()))
-        .body(json!({ "empty": true }).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 500);
-    assert!(started.elapsed() >= Duration::from_millis(900));
-    assert!(
-        has_log(&host, "empty body or `null`"),
-        "{:?}",
-        host.log_lines()
-    );
-    restarted_after(&host, pid, "the handler restart").await;
     host.shutdown().await;
 }
 
@@ -508,7 +256,7 @@ async fn proxying_passes_the_request_as_it_came() {
         json!({}),
         json!({ "enableProxyingHttpRequest": true, "enableForwardingHttpRequest": true }),
     )
-    .function("Echo", http_fn("items/{id}", json!(["post"])));
+    .function("Echo", http_function("items/{id}", json!(["post"])));
     let host = app.start_http().await.unwrap();
     assert!(
         has_log(&host, "Echo: [POST]") && has_log(&host, "(proxied)"),

@@ -1,6 +1,7 @@
 //! `tablescan host`, the local stand-in for the Functions host, against the test handler
 //! (`examples/test_handler.rs`), real processes and real sockets:
-//! - `http`: HTTP triggers and handler supervision;
+//! - `http`: HTTP triggers (forwarding, payload, proxying, readiness);
+//! - `supervision`: restarts, giving up and recycling, function timeouts;
 //! - `queue`: queue triggers on Azurite (payloads, retries and poison, timeouts, instances);
 //! - `logs`: what reaches the host's log, as on its way to Application Insights.
 //!
@@ -12,3 +13,4 @@ mod support;
 mod http;
 mod logs;
 mod queue;
+mod supervision;

@@ -1,10 +1,15 @@
 //! `tablescan host` queue triggers against real Azurite and the test handler: payload on the
 //! wire, retries and poison, decode failures, timeouts, concurrency, several instances, shutdown.
+//!
+//! Each test proves its behaviour by events (the handler's records, the host's log, messages in
+//! queues), never by how long something took. Invocations that must stay in flight hold on a gate
+//! the test opens (`{"hold": gate}`); the host's delays (function timeout, polling backoff,
+//! settlement) are unit-tested in `src/lab/host/`. `LONG` only catches a hang.
 
 use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::host::*;
 use serde_json::{json, Value};
@@ -85,11 +90,42 @@ async fn texts(store: &AzureQueueStore, queue: &str) -> Vec<String> {
     }
 }
 
-async fn wait_queue_empty(store: &AzureQueueStore, queue: &str) {
-    wait_for(&format!("queue {queue} to be empty"), LONG, || async {
-        (count(store, queue).await == 0).then_some(())
+/// Waits until `queue` holds `n` messages (visible or not).
+async fn wait_count(store: &AzureQueueStore, queue: &str, n: u64) {
+    wait_for(&format!("{n} message(s) in {queue}"), LONG, || async {
+        let seen = count(store, queue).await;
+        if seen == n {
+            Ok(())
+        } else {
+            Err(format!("{seen} message(s)"))
+        }
     })
     .await;
+}
+
+async fn wait_queue_empty(store: &AzureQueueStore, queue: &str) {
+    wait_count(store, queue, 0).await;
+}
+
+/// Waits until the handler(s) recorded `n` invocations of `Work`; them, in order.
+async fn wait_invocations(app: &App, n: usize) -> Vec<(Value, Value)> {
+    wait_for(&format!("{n} invocation(s)"), LONG, || {
+        let seen = invocations(app);
+        async move {
+            if seen.len() >= n {
+                Ok(seen)
+            } else {
+                Err(seen)
+            }
+        }
+    })
+    .await
+}
+
+fn parse_time(text: &Value) -> time::OffsetDateTime {
+    let text = text.as_str().unwrap();
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{text}: {e}"))
 }
 
 fn is_iso_seconds(s: &str) -> bool {
@@ -120,11 +156,7 @@ async fn queue_payload_on_the_wire_matches_the_host_format() {
         .await
         .unwrap();
     let host = start(&app, 1).await;
-    let (request, envelope) = wait_for("the invocation", LONG, || {
-        let found = invocations(&app).into_iter().next();
-        async move { found }
-    })
-    .await;
+    let (request, envelope) = wait_invocations(&app, 1).await.remove(0);
     wait_queue_empty(&store, &queue).await;
     host.shutdown().await;
 
@@ -160,21 +192,20 @@ async fn queue_payload_on_the_wire_matches_the_host_format() {
         "{utc_now}"
     );
     assert!(uuid::Uuid::parse_str(meta["sys"]["RandGuid"].as_str().unwrap()).is_ok());
-    // NextVisibleTime is the 10-minute receive visibility.
-    let insertion = time::OffsetDateTime::parse(
-        meta["InsertionTime"].as_str().unwrap(),
-        &time::format_description::well_known::Rfc3339,
-    )
-    .unwrap();
-    let next = time::OffsetDateTime::parse(
-        meta["NextVisibleTime"].as_str().unwrap(),
-        &time::format_description::well_known::Rfc3339,
-    )
-    .unwrap();
-    let lead = next - insertion;
+    // NextVisibleTime is the 10-minute receive visibility counted from the receive, which came
+    // after the insertion and before the invocation (UtcNow); whole seconds, cut down.
+    let visibility = time::Duration::seconds(600);
+    let (insertion, next) = (
+        parse_time(&meta["InsertionTime"]),
+        parse_time(&meta["NextVisibleTime"]),
+    );
     assert!(
-        lead >= time::Duration::seconds(590) && lead <= time::Duration::seconds(690),
-        "{lead}"
+        next > insertion + visibility - time::Duration::seconds(1),
+        "{insertion} {next}"
+    );
+    assert!(
+        next <= parse_time(&meta["sys"]["UtcNow"]) + visibility,
+        "{meta}"
     );
 
     // Byte for byte: the layout of docs/custom-handler-protocol.md §3.3 with this message's values.
@@ -215,10 +246,7 @@ async fn failures_are_retried_and_poisoned_after_five_attempts() {
     );
     let host = start(&app, 1).await;
     let poison = format!("{queue}-poison");
-    wait_for("a poison message", LONG, || async {
-        (count(&store, &poison).await == 1).then_some(())
-    })
-    .await;
+    wait_count(&store, &poison, 1).await;
     wait_queue_empty(&store, &queue).await;
 
     let mut attempts: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -244,7 +272,10 @@ async fn failures_are_retried_and_poisoned_after_five_attempts() {
 /// A queue without a poison queue of its own (a poison queue) keeps a failed message invisible
 /// for the rest of its receive visibility, not the (zero) `visibilityTimeout`, so it is not
 /// retried in a fast loop; then it comes back and is delivered again. The visibility is 10
-/// minutes in the extension; the host here is started with 3 s.
+/// minutes in the extension; the host here is started with 3 s. Proven by events: the host's
+/// settlement line, and the second delivery invoked (UtcNow) no earlier than the first one's
+/// NextVisibleTime (a release at `visibilityTimeout` would bring it back right away). The
+/// settlement itself: `queue.rs`'s unit tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_without_poison_queue_retries_after_the_receive_visibility() {
     let (app, queue) = queue_app(json!({ "visibilityTimeout": "00:00:00" }), json!({}));
@@ -260,21 +291,24 @@ async fn a_queue_without_poison_queue_retries_after_the_receive_visibility() {
     let mut config = app.config(1);
     config.receive_visibility = Duration::from_secs(3);
     let host = Host::start_azure(config).await.expect("host starts");
-    let deliveries = |n: usize| {
-        let app = &app;
-        move || async move { (invocations(app).len() >= n).then(Instant::now) }
-    };
-    let first = wait_for("a first delivery", LONG, deliveries(1)).await;
-    let second = wait_for("a second delivery", LONG, deliveries(2)).await;
+    wait_invocations(&app, 2).await;
     wait_queue_empty(&store, &queue).await;
-    let counts: Vec<Value> = invocations(&app)
+    let deliveries = invocations(&app);
+    let counts: Vec<Value> = deliveries
         .iter()
         .map(|(_, e)| e["Metadata"]["DequeueCount"].clone())
         .collect();
     assert_eq!(counts, vec![json!("1"), json!("2")]);
-    // Seen by polling: the first delivery is seen late by at most the poll interval.
-    let gap = second - first;
-    assert!(gap >= Duration::from_secs(2), "retried after {gap:?}");
+    let (first, second) = (&deliveries[0].1["Metadata"], &deliveries[1].1["Metadata"]);
+    assert!(
+        has_log(&host, &format!("no poison queue for {queue}: message")),
+        "{:#?}",
+        host.log_lines()
+    );
+    assert!(
+        parse_time(&second["sys"]["UtcNow"]) >= parse_time(&first["NextVisibleTime"]),
+        "delivered again before its receive visibility ended: {first} {second}"
+    );
     host.shutdown().await;
 }
 
@@ -319,10 +353,8 @@ async fn undecodable_and_over_dequeued_messages_go_to_poison_without_invocation(
     let host = start(&app, 1).await;
     let poison = format!("{queue}-poison");
     let over_poison = format!("{over_queue}-poison");
-    wait_for("both poison messages", LONG, || async {
-        (count(&store, &poison).await == 1 && count(&store, &over_poison).await == 1).then_some(())
-    })
-    .await;
+    wait_count(&store, &poison, 1).await;
+    wait_count(&store, &over_poison, 1).await;
     wait_queue_empty(&store, &queue).await;
     wait_queue_empty(&store, &over_queue).await;
     assert_eq!(
@@ -349,77 +381,97 @@ async fn a_timeout_restarts_the_handler_and_the_message_is_retried() {
     let store = store();
     put_json(&store, &queue, &json!({ "hang_until": 2 })).await;
     let host = start(&app, 1).await;
-    host.wait_ready(LONG).await.unwrap();
-    let first_pid = host.handler_pids()[0].unwrap();
     wait_queue_empty(&store, &queue).await;
-    let attempts: Vec<(u64, String)> = invocations(&app)
+    // The handlers in the order they started (their start records, not a pid read later).
+    let started: Vec<u64> = app
+        .records("start")
+        .iter()
+        .map(|r| r["pid"].as_u64().unwrap())
+        .collect();
+    let attempts: Vec<(u64, String, String)> = invocations(&app)
         .into_iter()
         .map(|(r, e)| {
             (
                 r["pid"].as_u64().unwrap(),
                 e["Metadata"]["DequeueCount"].as_str().unwrap().to_string(),
+                invocation_id(&r).to_string(),
             )
         })
         .collect();
     assert_eq!(attempts.len(), 2, "{attempts:?}");
-    assert_eq!(attempts[0], (first_pid as u64, "1".to_string()));
-    assert_ne!(
-        attempts[1].0, first_pid as u64,
-        "the retry ran on a restarted handler"
-    );
-    assert_eq!(attempts[1].1, "2");
+    assert_eq!(started.len(), 2, "{started:?}");
+    assert_eq!((attempts[0].0, attempts[0].1.as_str()), (started[0], "1"));
+    // The first attempt ended by the timeout (it never answered); the retry ran on the
+    // restarted handler and answered.
+    let (hung, retry) = (&attempts[0].2, &attempts[1].2);
     assert!(has_log(
         &host,
-        "A function timeout has occurred. Restarting worker process"
+        &format!("(Id: '{hung}'). A function timeout has occurred. Restarting worker process")
     ));
+    assert_eq!((attempts[1].0, attempts[1].1.as_str()), (started[1], "2"));
+    assert_eq!(app.done(), [retry.as_str()]);
     host.shutdown().await;
 }
 
+/// The item numbers of `deliveries`.
+fn numbers(deliveries: &[(Value, Value)]) -> Vec<u64> {
+    deliveries
+        .iter()
+        .map(|(_, e)| item(e)["n"].as_u64().unwrap())
+        .collect()
+}
+
+/// Waits until handler `pid` has `n` invocations in flight; its stats.
+async fn wait_in_flight(app: &App, pid: u64, n: u64) -> Value {
+    wait_for(&format!("{n} invocations in flight"), LONG, || async {
+        let stats = handler_stats(app, pid).await;
+        if stats["in_flight"] == n {
+            Ok(stats)
+        } else {
+            Err(stats)
+        }
+    })
+    .await
+}
+
+/// Every invocation holds on its own gate, so the test decides when each ends: a first batch of
+/// 4 is more than the threshold (2) in flight, so nothing more is fetched; once two of them end,
+/// a new batch of 4 comes while the other two still run (6 = batchSize + newBatchThreshold),
+/// and no more until some end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_invocations_stay_within_batch_size_plus_threshold() {
     let (app, queue) = queue_app(json!({ "batchSize": 4, "newBatchThreshold": 2 }), json!({}));
     let store = store();
-    for i in 0..24 {
-        // Mixed durations so a new batch is fetched while older, longer ones still run.
-        let sleep = if i % 2 == 0 { 200 } else { 1200 };
-        put_json(&store, &queue, &json!({ "n": i, "sleep_ms": sleep })).await;
+    let total = 12;
+    for n in 0..total {
+        let hold = app.gate(&n.to_string());
+        put_json(&store, &queue, &json!({ "n": n, "hold": hold })).await;
     }
     let host = start(&app, 1).await;
+    let first = numbers(&wait_invocations(&app, 4).await[..4]);
+    let pid = app.requests()[0]["pid"].as_u64().unwrap();
+    wait_in_flight(&app, pid, 4).await;
+    for n in &first[..2] {
+        open(&app.gate(&n.to_string()));
+    }
+    wait_in_flight(&app, pid, 6).await;
+    // The first batch and one more: two of the first still run (their gates are closed).
+    let received = numbers(&invocations(&app));
+    assert_eq!(received.len(), 8, "{received:?}");
+    assert!(received.starts_with(&first), "{first:?} {received:?}");
+    assert_eq!(app.done().len(), 2);
+    for n in 0..total {
+        open(&app.gate(&n.to_string()));
+    }
     wait_queue_empty(&store, &queue).await;
-    let start_record = app
-        .handler_records()
-        .into_iter()
-        .find(|r| r["event"] == "start")
-        .unwrap();
-    let port = start_record["env"]["FUNCTIONS_CUSTOMHANDLER_PORT"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let stats: Value = serde_json::from_slice(
-        &http_client()
-            .get(format!("http://127.0.0.1:{port}/stats"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap(),
-    )
-    .unwrap();
-    let max = stats["max_in_flight"].as_u64().unwrap();
-    assert!(
-        max <= 6,
-        "at most batchSize + newBatchThreshold in flight, saw {max}"
+    let max = handler_stats(&app, pid).await["max_in_flight"].as_u64();
+    assert_eq!(
+        max,
+        Some(6),
+        "at most batchSize + newBatchThreshold in flight"
     );
-    assert!(
-        max > 4,
-        "a new batch starts before the previous one is done, saw {max}"
-    );
-    let seen: BTreeSet<u64> = invocations(&app)
-        .iter()
-        .map(|(_, e)| item(e)["n"].as_u64().unwrap())
-        .collect();
-    assert_eq!(seen.len(), 24);
+    let seen: BTreeSet<u64> = numbers(&invocations(&app)).into_iter().collect();
+    assert_eq!(seen, (0..total).collect());
     host.shutdown().await;
 }
 
@@ -427,44 +479,52 @@ async fn in_flight_invocations_stay_within_batch_size_plus_threshold() {
 async fn two_instances_share_the_queue_and_a_killed_handler_loses_nothing() {
     let (app, queue) = queue_app(json!({ "batchSize": 2, "newBatchThreshold": 0 }), json!({}));
     let store = store();
+    // Every invocation holds until the gate opens: each instance takes a batch of 2 and no more
+    // while they run, so both instances have work in flight when instance 0's handler is killed.
+    let gate = app.gate("all");
     let total = 30;
     for i in 0..total {
-        put_json(&store, &queue, &json!({ "n": i, "sleep_ms": 150 })).await;
+        put_json(&store, &queue, &json!({ "n": i, "hold": gate })).await;
     }
     let host = start(&app, 2).await;
     host.wait_ready(LONG).await.unwrap();
-    let pids: Vec<u32> = host
+    let pids: Vec<u64> = host
         .handler_pids()
         .into_iter()
-        .map(Option::unwrap)
+        .map(|p| u64::from(p.unwrap()))
         .collect();
-    // Both instances take work.
-    wait_for("both instances to be invoked", LONG, || {
-        let by_pid: BTreeSet<u64> = invocations(&app)
-            .iter()
-            .map(|(r, _)| r["pid"].as_u64().unwrap())
-            .collect();
-        let pids = pids.clone();
-        async move {
-            pids.iter()
-                .all(|p| by_pid.contains(&(*p as u64)))
-                .then_some(())
-        }
-    })
-    .await;
-    kill_process(pids[0]);
-    wait_queue_empty(&store, &queue).await;
-    let seen: BTreeSet<u64> = invocations(&app)
+    for &pid in &pids {
+        wait_in_flight(&app, pid, 2).await;
+    }
+    let killed: Vec<u64> = invocations(&app)
         .iter()
+        .filter(|(r, _)| r["pid"] == pids[0])
         .map(|(_, e)| item(e)["n"].as_u64().unwrap())
         .collect();
-    assert_eq!(seen, (0..total).collect::<BTreeSet<u64>>());
+    kill_process(pids[0] as u32);
+    wait_for("instance 0's new handler", LONG, || {
+        let now = host.handler_pids();
+        let fresh = now[0].filter(|p| u64::from(*p) != pids[0]);
+        async move { fresh.ok_or(now) }
+    })
+    .await;
+    open(&gate);
+    wait_queue_empty(&store, &queue).await;
     assert_eq!(count(&store, &format!("{queue}-poison")).await, 0);
-    assert_ne!(
-        host.handler_pids()[0],
-        Some(pids[0]),
-        "instance 0 got a new handler"
-    );
+    // Nothing lost: every item answered, those on the killed handler by another one, later.
+    let done: BTreeSet<String> = app.done().into_iter().collect();
+    let answered: BTreeSet<u64> = invocations(&app)
+        .iter()
+        .filter(|(r, _)| done.contains(invocation_id(r)))
+        .map(|(_, e)| item(e)["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(answered, (0..total).collect::<BTreeSet<u64>>());
+    for n in &killed {
+        let again = invocations(&app).into_iter().any(|(r, e)| {
+            item(&e)["n"] == *n && r["pid"] != pids[0] && e["Metadata"]["DequeueCount"] == "2"
+        });
+        assert!(again, "item {n} (on the killed handler) delivered again");
+    }
     host.shutdown().await;
 }
 
@@ -481,24 +541,27 @@ async fn queue_outputs_are_written_and_shutdown_drains_in_flight_work() {
             ]}),
         );
     let store = store();
+    // The invocation holds until the test opens its gate, which it does once shutdown is
+    // waiting for it: if shutdown returns, it waited.
+    let gate = app.gate("drain");
     put_json(
         &store,
         &queue,
-        &json!({ "sleep_ms": 1500, "outputs": { "out": ["{\"a\":1}", "plain text!"] } }),
+        &json!({ "hold": gate, "outputs": { "out": ["{\"a\":1}", "plain text!"] } }),
     )
     .await;
     let host = start(&app, 1).await;
-    wait_for("the invocation to start", LONG, || {
-        let n = invocations(&app).len();
-        async move { (n == 1).then_some(()) }
-    })
-    .await;
-    let started = Instant::now();
-    host.shutdown().await;
-    assert!(
-        started.elapsed() >= Duration::from_millis(500),
-        "shutdown waited for the invocation"
-    );
+    wait_invocations(&app, 1).await;
+    let log = host.log();
+    let shutdown = tokio::spawn(host.shutdown());
+    let waiting = "[Work] stopped polling; waiting up to";
+    wait_log(&log, waiting, LONG).await;
+    assert!(!shutdown.is_finished(), "shutdown waits for the invocation");
+    open(&gate);
+    shutdown.await.unwrap();
+    let lines = log.lines();
+    assert_order(&lines, waiting, "Executed 'Work' (Succeeded");
+    assert_order(&lines, "Executed 'Work' (Succeeded", "host stopped");
     assert_eq!(
         count(&store, &queue).await,
         0,

@@ -1,13 +1,20 @@
 //! Crashes the platform recovers from (issue 27, part 8), through the local Functions host and
-//! the real handler binary on Azurite.
+//! the real handler binary on Azurite, each at a point the test chooses (the fault proxy holds
+//! the requests that would let the scan run past it), so the number of kills and rounds is the
+//! test's, not the machine's speed's:
+//! - an instance whose handler is killed three times is given up on and recycled by the host
+//!   (which keeps running), and the copy ends exact;
+//! - one item killed on every delivery of its first round (the host's function timeout), and
+//!   one whose storage fails every delivery of its first round: each is re-queued by the poison
+//!   function and its copy completes exactly; a duplicate copy of it, poisoned in the same
+//!   round, starts no round;
+//! - a poison-function invocation killed in its turn: its message comes back after the receive
+//!   visibility, and the item is re-queued and completes;
+//! - an item whose own code fails still fails on its last delivery, without extra rounds.
 //!
-//! - About one handler kill a second on a two-instance host for a whole copy: instances give up
-//!   after their third kill and are recycled (the host keeps running), items killed on every
-//!   delivery of a round are re-queued by the poison function, and the copy ends exact.
-//! - One item killed on every delivery of its first round (the host's function timeout), and one
-//!   whose storage fails every delivery of its first round: each is re-queued and its copy
-//!   completes exactly; a duplicate copy of it, poisoned in the same round, starts no round.
-//! - An item whose own code fails still fails on its last delivery, without extra rounds.
+//! About one kill a second on a two-instance host for a whole copy is a measurement
+//! (`handler_killed_every_second`, ignored: `cargo test --release -- --ignored`), printing its
+//! kills, recycles and re-queues.
 //!
 //! Destination and work rows are read with the test's own REST client (`support::raw`), never
 //! through tablescan's parser.
@@ -17,41 +24,47 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use support::e2e::TestApp;
+use support::faults::kills::{invocations, wait_until};
 use support::faults::{
-    item_log_lines, kill_every_second_while_running, proxy, recorded_state, seeded_source,
-    source_entities, start_copy, verify_copy, wait_recorded_end, Summary,
+    failed_by_kills, item_log_lines, kill_every_second_while_running, proxy, recorded_state,
+    seeded_source, source_entities, start_copy, start_then_arm, verify_copy, wait_recorded_end,
+    Killer, Summary,
 };
 use support::raw::{self, RawClient};
 use support::unique_name;
 use tablescan::app::messages::{encode, StepMessage};
-use tablescan::lab::proxy::FaultPolicy;
+use tablescan::lab::proxy::{FaultPolicy, Hold, StorageProxy};
 use tablescan::scan::Step;
 use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::QueueStore;
 
-/// Generous bound for one faulted scan on a loaded 2-core machine.
+/// Bound on one faulted scan: only a hang reaches it (they take under a minute).
 const SCAN_TIMEOUT: Duration = Duration::from_secs(240);
 
-/// The receive visibility of the kill test's host: long beside a delivery here (renewed at
-/// half-life meanwhile), short beside [`SCAN_TIMEOUT`], so a message whose poison-function
-/// invocation was killed comes back within the test.
+/// The receive visibility of the kill measurement's host: long beside a delivery here (renewed
+/// at half-life meanwhile), short beside [`SCAN_TIMEOUT`], so a message whose poison-function
+/// invocation was killed comes back within the run.
 const CHAOS_RECEIVE_VISIBILITY: Duration = Duration::from_secs(30);
 
-/// About one kill a second on a two-instance host for the whole copy: instances give up after
-/// their third kill and are recycled (the host keeps running); a work item killed on all of
-/// host.json's 5 deliveries is poisoned and the poison function re-queues it (10 s, then 20 s,
-/// 40 s later), so the copy still ends exact.
+/// Measurement: about one kill a second on a two-instance host for the whole copy. Instances
+/// give up after their third kill and are recycled (the host keeps running); a work item killed
+/// on all of host.json's 5 deliveries is poisoned and the poison function re-queues it (10 s,
+/// then 20 s, 40 s later), so the copy still ends exact. Prints the kills, recycles, re-queues,
+/// failed poison invocations and the copy's duration; how many of each depends on the machine's
+/// speed, which is why this is not a test. Each behaviour it exercises has its deterministic
+/// test in this module.
 ///
 /// Duplicate live copies of one item, poisoned in the same round, start one round between them
 /// (the round is in the re-queued message). A kill that lands on a poison-function invocation
 /// leaves its message invisible for the rest of the receive visibility (poison queues have no
 /// poison queue; docs/architecture.md, "Re-queued rounds"): 10 minutes on Azure, longer than
-/// this test waits, so the local host here shortens it to [`CHAOS_RECEIVE_VISIBILITY`]. The
-/// message then comes back, and its item is settled as on Azure, only sooner; the copy must
-/// still end exact with nothing left in the queues. CI met such a kill twice (2026-11-27), when
-/// the visibility was still 10 minutes.
+/// this run waits, so the local host here shortens it to [`CHAOS_RECEIVE_VISIBILITY`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: one handler kill a second for a whole copy; prints kills, recycles, re-queues and duration"]
 async fn handler_killed_every_second() {
+    // A SIGKILL storm loads the machine for a minute or more: apart from the other fault runs
+    // and measurements that take this lock.
+    let _alone = support::alone().await;
     let mut summary = Summary::new("handler-kills-every-second");
     let connection = support::azurite().connection_string();
     let host = (5, "00:00:00", "00:01:00");
@@ -66,12 +79,7 @@ async fn handler_killed_every_second() {
     let kills = kill_every_second_while_running(&app, &id, 40).await;
     summary.faults = kills as u64;
     explain_if_stuck(&app, &id, SCAN_TIMEOUT).await;
-    let failed_poison = app
-        .host()
-        .log_lines()
-        .iter()
-        .filter(|l| l.contains("Poison' (Failed"))
-        .count() as u64;
+    let took = started.elapsed();
     let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
     summary.add(&verdict);
     let logs = app.host().log_lines();
@@ -85,15 +93,83 @@ async fn handler_killed_every_second() {
         }
     }
     let count = |needle: &str| logs.iter().filter(|l| l.contains(needle)).count();
-    let recycled = count("recycling the host instance");
-    let requeued = count("re-queued for round");
     eprintln!(
-        "handler-kills-every-second: {kills} kills, {recycled} instance recycles, {requeued} \
-         re-queues, {failed_poison} poison invocation(s) failed, copy ended in {:?}",
-        started.elapsed()
+        "handler-kills-every-second: {kills} kills, {} instance recycles, {} re-queues, {} \
+         poison invocation(s) failed, {} invocations failed by kills, copy of {} rows ended in \
+         {took:?}",
+        count("recycling the host instance"),
+        count("re-queued for round"),
+        count("Poison' (Failed"),
+        failed_by_kills(&app),
+        source_rows.len(),
     );
     summary.report(&[&verdict]);
-    assert!(kills >= 7, "only {kills} kills: make the copy longer");
+    app.shutdown().await;
+}
+
+/// An instance whose handler is killed three times (each time with an invocation in flight) is
+/// given up on by the host and recycled after its recycle delay, while the other instance keeps
+/// working; the copy ends exact. The copy's writes wait at the proxy until the instance is back,
+/// so it cannot end before the kills. Every delivery killed here fails at most 3 of its 5
+/// deliveries: none is poisoned, so no round is re-queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_three_times_is_recycled_and_the_copy_ends_exact() {
+    let mut summary = Summary::new("instance-recycled");
+    let proxy = proxy(FaultPolicy::none(), 37).await;
+    // A function timeout no held delivery reaches (it would restart a handler too); a short
+    // recycle delay, waited for as an event.
+    let host = (5, "00:00:00", "00:10:00");
+    let app = TestApp::start_tuned_with(2, &proxy.connection_string(), host, &[], |config| {
+        config.recycle_delay = Duration::from_secs(1);
+    })
+    .await;
+    let (source, source_rows) = seeded_source(&app, source_entities(1500, 23)).await;
+    let destination = unique_name("Dest");
+    proxy.hold(Hold::writes_to(&destination));
+    let id = start_copy(&app, &source, &destination, 4).await;
+    let mut killer = Killer::new(&app);
+    for _ in 0..3 {
+        killer
+            .kill_one(&app, Some(&proxy), |i, _| i == 0, None)
+            .await;
+    }
+    proxy.release();
+    summary.faults = 3;
+    let verdict = verify_copy(&app, &id, &source_rows, &destination, SCAN_TIMEOUT).await;
+    summary.add(&verdict);
+    let logs = app.host().log_lines();
+    let count = |needles: &[&str]| {
+        logs.iter()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .count()
+    };
+    eprintln!(
+        "instance-recycled: kills {:?}, generations {:?}, invocations failed by kills {}",
+        killer.kills,
+        app.host().handler_generations(),
+        failed_by_kills(&app)
+    );
+    summary.report(&[&verdict]);
+    assert_eq!(
+        count(&["[i0]", "Exceeded http worker restart retry count"]),
+        1
+    );
+    assert_eq!(count(&["[i0]", "recycling the host instance"]), 1);
+    assert_eq!(
+        count(&["Exceeded http worker restart retry count"]),
+        1,
+        "only instance 0"
+    );
+    assert_eq!(
+        app.host().handler_generations(),
+        vec![4, 1],
+        "three kills, then the recycle's fresh handler"
+    );
+    assert!(
+        failed_by_kills(&app) > 0,
+        "a kill hit an invocation in flight"
+    );
+    assert_eq!(count(&["re-queued for round"]), 0, "no item was poisoned");
     app.shutdown().await;
 }
 
@@ -125,29 +201,30 @@ async fn explain_if_stuck(app: &TestApp, id: &str, timeout: Duration) {
 }
 
 /// The app on `storage` with host.json's `maxDequeueCount` and `functionTimeout` set (quick
-/// polling, immediate retries), `instances` host instances, `settings` added.
+/// polling, immediate retries), `instances` host instances, `settings` added, the local host's
+/// configuration changed by `tweak`.
 async fn app_with(
     storage: &str,
     instances: usize,
-    max_dequeue_count: u64,
-    function_timeout: &str,
+    (max_dequeue_count, function_timeout): (u64, &str),
     settings: &[(&str, &str)],
+    tweak: impl FnOnce(&mut tablescan::lab::host::HostConfig),
 ) -> TestApp {
     let host = (max_dequeue_count, "00:00:00", function_timeout);
-    TestApp::start_tuned(instances, storage, host, settings).await
+    TestApp::start_tuned_with(instances, storage, host, settings, tweak).await
 }
 
-/// Waits until the host's log has a line containing `needle`.
-async fn wait_for_line(app: &TestApp, needle: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while !app.host().log_lines().iter().any(|l| l.contains(needle)) {
-        if Instant::now() > deadline {
-            let logs = app.host().log_lines();
-            let tail = logs[logs.len().saturating_sub(40)..].join("\n");
-            panic!("no {needle:?} in the host log within {timeout:?}\n{tail}");
+/// Waits until the host's log has a line containing `needle`; past `kills::HANG`, fails showing the
+/// log's last lines.
+async fn wait_for_line(app: &TestApp, needle: &str) {
+    wait_until(&format!("{needle:?} in the host log"), || async {
+        let logs = app.host().log_lines();
+        match logs.iter().any(|l| l.contains(needle)) {
+            true => Ok(()),
+            false => Err(logs[logs.len().saturating_sub(40)..].join("\n")),
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// The `Requeues` of scan `id`'s unfinished work rows, read raw.
@@ -169,12 +246,40 @@ async fn requeues_of_unfinished(app: &TestApp, id: &str) -> Vec<i64> {
 /// What fails the first round of deliveries of a copy's root step.
 #[derive(Debug, Clone, Copy)]
 enum FirstRound {
-    /// Table queries hang past the 3 s function timeout: the host restarts the handler in the
-    /// middle of every delivery.
+    /// The root's queries are held at the proxy: the host's function timeout (5 s) restarts
+    /// the handler in the middle of every delivery.
     Killed,
     /// Table queries answer 503 ServerBusy on every attempt: every delivery fails transiently,
     /// the last one too, and records nothing.
     StorageOut,
+}
+
+/// The function timeout of the runs whose deliveries are held until the host kills them: 10
+/// times a delivery's usual length here, so that no delivery let through reaches it.
+const KILLING_TIMEOUT: &str = "00:00:05";
+
+/// A single-instance app behind `proxy` that gives each message 2 deliveries a round, with
+/// `function_timeout`, and a copy of a seeded source started on it with no delivery before
+/// `arm` ran ([`start_then_arm`]): the app, the scan's id, its source rows and destination.
+async fn held_copy(
+    proxy: &StorageProxy,
+    function_timeout: &str,
+    tweak: impl FnOnce(&mut tablescan::lab::host::HostConfig),
+    arm: impl FnOnce(&TestApp, &str),
+) -> (TestApp, String, Vec<raw::RawEntity>, String) {
+    let app = app_with(
+        &proxy.connection_string(),
+        1,
+        (2, function_timeout),
+        &[],
+        tweak,
+    )
+    .await;
+    let (source, rows) = seeded_source(&app, source_entities(300, 35)).await;
+    let destination = unique_name("Dest");
+    let start = start_copy(&app, &source, &destination, 50);
+    let id = start_then_arm(&app, proxy, start, |_| arm(&app, &source)).await;
+    (app, id, rows, destination)
 }
 
 /// A copy whose root step fails both deliveries of its first round (`maxDequeueCount` 2): the
@@ -182,30 +287,45 @@ enum FirstRound {
 /// unmarked with `Requeues` 1), storage is healthy again, and the copy completes exactly. With
 /// `duplicate`, a second copy of the root's message, poisoned in the same round (as a duplicate
 /// live copy is), reaches the poison function after round 1 started: it starts no round.
+///
+/// The faults are armed before the root's first delivery, and once round 1 is re-queued the
+/// proxy holds the live queue's receives until the checks of round 1's start are done, so round
+/// 1 cannot run (and end) under them.
 async fn first_round_fails_then_completes(first_round: FirstRound, duplicate: bool) {
     let proxy = proxy(FaultPolicy::none(), 27).await;
     let timeout = match first_round {
-        FirstRound::Killed => "00:00:03",
+        FirstRound::Killed => KILLING_TIMEOUT,
         FirstRound::StorageOut => "00:01:00",
     };
-    let app = app_with(&proxy.connection_string(), 1, 2, timeout, &[]).await;
-    let (source, rows) = seeded_source(&app, source_entities(300, 35)).await;
-    let destination = unique_name("Dest");
-    let id = start_copy(&app, &source, &destination, 50).await;
-    proxy.set_faults(match first_round {
-        FirstRound::Killed => FaultPolicy {
-            delay: 1.0,
-            max_delay: Duration::from_secs(300),
-            kinds: vec![RequestKind::Query],
-            ..FaultPolicy::none()
+    let (app, id, rows, destination) = held_copy(
+        &proxy,
+        timeout,
+        |_| {},
+        |_, source| match first_round {
+            FirstRound::Killed => proxy.hold(Hold {
+                kinds: vec![RequestKind::Query],
+                resources: vec![source.to_string()],
+                ..Hold::default()
+            }),
+            FirstRound::StorageOut => {
+                proxy.set_faults(FaultPolicy {
+                    server_busy: 1.0,
+                    kinds: vec![RequestKind::Query],
+                    ..FaultPolicy::none()
+                });
+                proxy.release();
+            }
         },
-        FirstRound::StorageOut => FaultPolicy {
-            server_busy: 1.0,
-            kinds: vec![RequestKind::Query],
-            ..FaultPolicy::none()
-        },
-    });
-    wait_for_line(&app, "re-queued for round 1", SCAN_TIMEOUT).await;
+    )
+    .await;
+    wait_for_line(&app, "re-queued for round 1").await;
+    proxy.hold(Hold::receives_from(&app.names.prefix_queue));
+    proxy.set_faults(FaultPolicy::none());
+    assert_eq!(
+        requeues_of_unfinished(&app, &id).await,
+        vec![1],
+        "the root's row records its round"
+    );
     if duplicate {
         // The driver's root message (round 0, no `r`), as the host moves a poisoned copy.
         let root = encode(&StepMessage {
@@ -220,27 +340,24 @@ async fn first_round_fails_then_completes(first_round: FirstRound, duplicate: bo
             .put_message(&poison, &root, Duration::ZERO)
             .await
             .unwrap();
-        wait_for_line(&app, "a poisoned copy of re-queue round 0", SCAN_TIMEOUT).await;
+        wait_for_line(&app, "a poisoned copy of re-queue round 0").await;
         assert_eq!(
             requeues_of_unfinished(&app, &id).await,
             vec![1],
             "the duplicate started no round"
         );
     }
-    proxy.set_faults(FaultPolicy::none());
-    assert_eq!(
-        requeues_of_unfinished(&app, &id).await,
-        vec![1],
-        "the root's row records its round"
-    );
+    proxy.release();
     let verdict = verify_copy(&app, &id, &rows, &destination, SCAN_TIMEOUT).await;
     assert!(verdict.problems.is_empty(), "{:?}", verdict.problems);
     assert_eq!(verdict.rows_copied, rows.len());
     let logs = app.host().log_lines();
     if let FirstRound::Killed = first_round {
-        assert!(
-            logs.iter().any(|l| l.contains("Timeout value of")),
-            "the host's function timeout killed a delivery"
+        let timeouts = logs.iter().filter(|l| l.contains("Timeout value of"));
+        assert_eq!(
+            timeouts.count(),
+            2,
+            "the host's function timeout killed both deliveries"
         );
     }
     assert!(!logs.iter().any(|l| l.contains("re-queued for round 2")));
@@ -262,20 +379,71 @@ async fn an_item_storage_fails_through_its_first_round_is_re_queued_and_complete
     first_round_fails_then_completes(FirstRound::StorageOut, false).await;
 }
 
+/// A poison-function invocation that is killed (here by the host's function timeout, as a kill
+/// of its handler would: the host restarts it) fails, and its message, on a queue without a
+/// poison queue, stays invisible for the rest of the receive visibility (docs/architecture.md,
+/// "Re-queued rounds"; 10 minutes on Azure, 5 s on this host). Then it comes back, the poison
+/// function runs again and re-queues the item, and the copy completes exactly.
+///
+/// The root's two deliveries are held until killed (as in `first_round_fails_then_completes`),
+/// the poison queue's receives until the root's message is moved there, and then the work
+/// table's requests (the poison function's first) until its invocation failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_poison_invocation_is_run_again_and_its_item_completes() {
+    let proxy = proxy(FaultPolicy::none(), 29).await;
+    let visibility = |config: &mut tablescan::lab::host::HostConfig| {
+        config.receive_visibility = Duration::from_secs(5);
+    };
+    let (app, id, rows, destination) =
+        held_copy(&proxy, KILLING_TIMEOUT, visibility, |app, source| {
+            proxy.hold(Hold {
+                kinds: vec![RequestKind::Query, RequestKind::QueueGet],
+                resources: vec![
+                    source.to_string(),
+                    format!("{}-poison", app.names.prefix_queue),
+                ],
+                ..Hold::default()
+            })
+        })
+        .await;
+    wait_for_line(&app, "Moving message to queue").await;
+    proxy.hold(Hold {
+        resources: vec![app.names.work_table.clone()],
+        ..Hold::default()
+    });
+    wait_for_line(&app, "Executed 'PrefixScanPoison' (Failed").await;
+    proxy.release();
+    wait_for_line(&app, "re-queued for round 1").await;
+    let verdict = verify_copy(&app, &id, &rows, &destination, SCAN_TIMEOUT).await;
+    assert!(verdict.problems.is_empty(), "{:?}", verdict.problems);
+    let poison_runs: Vec<_> = invocations(&app.host().log_lines())
+        .into_iter()
+        .filter(|v| v.function == "PrefixScanPoison")
+        .collect();
+    assert!(
+        poison_runs.len() >= 2
+            && poison_runs[0]
+                .ended
+                .as_deref()
+                .is_some_and(|e| e.contains("Failed")),
+        "the first poison invocation failed, and another one re-queued the item: {poison_runs:#?}"
+    );
+    assert!(!app
+        .host()
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("re-queued for round 2")));
+    app.shutdown().await;
+}
+
 /// An item whose own code fails (`TABLESCAN_TEST_FAIL_PREFIX`) records its failure on its last
-/// delivery: the scan fails at once with that error, and the poison function, which finds the
-/// item finished, re-queues nothing.
+/// delivery: the scan fails at once with that error (after its 2 deliveries, not after any
+/// re-queued round), and the poison function, which finds the item finished, re-queues nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_genuinely_failing_item_fails_without_extra_rounds() {
     let connection = support::azurite().connection_string();
-    let app = app_with(
-        &connection,
-        1,
-        2,
-        "00:01:00",
-        &[("TABLESCAN_TEST_FAIL_PREFIX", "System.")],
-    )
-    .await;
+    let settings = [("TABLESCAN_TEST_FAIL_PREFIX", "System.")];
+    let app = app_with(&connection, 1, (2, "00:01:00"), &settings, |_| {}).await;
     let all = source_entities(400, 61);
     assert!(all.iter().any(|e| e.partition_key.starts_with("System.")));
     let (source, _) = seeded_source(&app, all).await;
@@ -293,13 +461,12 @@ async fn a_genuinely_failing_item_fails_without_extra_rounds() {
     );
     // The poison function settles the poisoned message (the host moves it after the failed
     // last delivery) and finds the item finished.
-    wait_for_line(&app, "poisoned message of a", SCAN_TIMEOUT).await;
+    wait_for_line(&app, "poisoned message of a").await;
     let logs = app.host().log_lines();
     assert!(
         !logs.iter().any(|l| l.contains("re-queued for round")),
         "no extra round"
     );
     eprintln!("genuine failure: the scan failed {took:?} after its start");
-    assert!(took < Duration::from_secs(120), "failed promptly: {took:?}");
     app.shutdown().await;
 }

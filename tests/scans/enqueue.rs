@@ -17,13 +17,14 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use support::e2e::{seed, TestApp};
 use support::faults::{
-    check_kills, duplicating_proxy, kill_while_running, proxy, seeded_source, source_entities,
-    storage_faults, wait_recorded_end, Summary, Verdict,
+    app_behind, check_kills, duplicating_proxy, proxy, seeded_source, source_entities,
+    storage_faults, wait_recorded_end, Killer, Summary, Verdict,
 };
 use support::raw::{self, RawClient, RawEntity, RawMessage, RawQueueClient};
 use support::router::{call, InProcessApp};
 use support::{account, unique_name};
 use tablescan::lab::dataset;
+use tablescan::lab::proxy::{FaultPolicy, Hold};
 use tablescan::storage::request_counts::{RequestCounters, RequestKind};
 use tablescan::storage::Entity;
 
@@ -508,7 +509,8 @@ async fn own_queues_are_refused_in_process_before_any_request() {
 /// The faults an enqueue is run under.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
-    /// Handlers SIGKILLed mid-scan (3 instances, up to 4 kills).
+    /// Handlers SIGKILLed mid-scan (3 instances, 4 kills), the puts to the destination queue
+    /// held at the proxy meanwhile (as `faults::crash_run` holds a copy's writes).
     Kills,
     /// Every queue put (tablescan's work and the destination's messages) stored 2-3 times.
     Duplicates,
@@ -527,19 +529,42 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32, filter:
     };
     let mut summary = Summary::new(kind);
     let proxy = match fault {
-        Fault::Kills => None,
-        Fault::Duplicates => Some(duplicating_proxy(71).await),
-        Fault::Storage => Some(proxy(storage_faults(0.04), 73).await),
+        Fault::Kills => proxy(FaultPolicy::none(), 67).await,
+        Fault::Duplicates => duplicating_proxy(71).await,
+        Fault::Storage => proxy(storage_faults(0.04), 73).await,
     };
-    let app = TestApp::start_through(instances, proxy.as_ref()).await;
+    let app = match fault {
+        Fault::Kills => app_behind(&proxy, instances).await,
+        _ => TestApp::start_through(instances, Some(&proxy)).await,
+    };
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 91)).await;
     let mut extra = json!({"rowsPerMessage": per_message, "takeCount": take});
     if let Some(filter) = filter {
         extra["filter"] = json!(filter);
     }
-    let (id, queue) = start_enqueue(&app, &source, extra).await;
+    let (id, queue) = match fault {
+        Fault::Kills => {
+            // The destination queue is named by the start (which creates it): its puts are
+            // held from the scan's first delivery on.
+            let start = start_enqueue(&app, &source, extra);
+            support::faults::start_then_arm(&app, &proxy, start, |(_, queue)| {
+                proxy.hold(Hold {
+                    kinds: vec![RequestKind::QueuePut],
+                    resources: vec![queue.clone()],
+                    ..Hold::default()
+                })
+            })
+            .await
+        }
+        _ => start_enqueue(&app, &source, extra).await,
+    };
     let kills = match fault {
-        Fault::Kills => Some(kill_while_running(&app, &id, instances, 2).await),
+        Fault::Kills => {
+            let mut killer = Killer::new(&app);
+            killer.kill(&app, Some(&proxy), 4, 2, None).await;
+            proxy.release();
+            Some(killer.kills)
+        }
         _ => None,
     };
     let state = wait_recorded_end(&app, &id, SCAN_TIMEOUT).await;
@@ -572,16 +597,15 @@ async fn fault_run(fault: Fault, rows: u64, take: u32, per_message: u32, filter:
             .problems
             .push(format!("more messages counted than read: {status}"));
     }
-    summary.faults = match (&kills, &proxy) {
+    summary.faults = match (&kills, fault) {
         (Some(kills), _) => kills.iter().sum::<usize>() as u64,
-        (None, Some(p)) if matches!(fault, Fault::Duplicates) => p.duplicates_put(),
-        (None, Some(p)) => p.faults_injected(),
-        (None, None) => 0,
+        (None, Fault::Duplicates) => proxy.duplicates_put(),
+        (None, _) => proxy.faults_injected(),
     };
     eprintln!(
-        "{kind}: {got:?}; messagesWritten {}; queue puts through the proxy {:?}",
+        "{kind}: {got:?}; messagesWritten {}; queue puts through the proxy {}",
         status["messagesWritten"],
-        proxy.as_ref().map(|p| p.count_of(RequestKind::QueuePut))
+        proxy.count_of(RequestKind::QueuePut)
     );
     summary.add(&verdict);
     summary.report(&[&verdict]);

@@ -1,6 +1,14 @@
-//! `maxRequestsPerSecond` measured on Azurite through the counting proxy: a copy run by two
-//! handler instances under the local host, every request it causes stamped by the proxy as it
-//! arrives (docs/rate-limit.md, "Measured").
+//! `maxRequestsPerSecond` on Azurite through the counting proxy: a copy run by two handler
+//! instances under the local host, every request it causes stamped by the proxy as it arrives.
+//!
+//! - The test (`cargo test`) asserts only what does not depend on the machine's speed: both
+//!   copies are exact, the unlimited one sends no limiter request, and the limited one paces
+//!   through its schedule row (its requests name the row, the row holds a schedule, the status
+//!   shows the limit and counts the requests). That the pacer holds the limit is tested in
+//!   virtual time (`src/app/pace/memory_tests.rs`: two instances, leases, bursts, late tokens).
+//! - The measurement (ignored: `cargo test --release --test scans rate_limit:: -- --ignored
+//!   --nocapture`, docs/development.md, "Measurements") measures the rate in wall-clock windows
+//!   and checks it against the figures it must show (docs/rate-limit.md, "Measured").
 //!
 //! The oracle is the proxy's own clock and classification, not the handler's counters: the
 //! scan's requests are every request the proxy saw between the scan's `202` and its end except
@@ -103,18 +111,15 @@ async fn copy(
     }
 }
 
+/// The measurement: 12,000 rows copied without a limit, then at 100 requests/s; the limited
+/// copy's 1-s windows (sliding by 10 ms) must show p99 ≤ 115, p50 ≥ 85, the busiest ≤ 100 plus
+/// one chunk, and the limiter's requests ≤ 5 % (a loaded machine's send-time jitter shows in
+/// the windows: hence a measurement, not a test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: request rate in wall-clock windows (docs/development.md, Measurements)"]
 async fn a_limited_copy_holds_its_rate_over_two_instances() {
-    let proxy = proxy(FaultPolicy::none(), 27).await;
-    let connection = proxy.connection_string();
-    let app = TestApp::start_in(
-        staged("00:05:00"),
-        2,
-        &[("AzureWebJobsStorage", connection.as_str())],
-        table_store().0,
-        &[],
-    )
-    .await;
+    let _alone = support::alone().await;
+    let (proxy, app) = two_instances(27).await;
     let (source, source_rows) = seeded_source(&app, source_entities(12_000, 27)).await;
 
     let free = copy(&app, &proxy, &source, &source_rows, None).await;
@@ -171,6 +176,83 @@ async fn a_limited_copy_holds_its_rate_over_two_instances() {
     assert!(overhead <= 0.05, "the limiter's own requests: {overhead}");
     assert_eq!(run.status["maxRequestsPerSecond"], limit);
     assert!(run.status["requestsPerSecond"].as_f64().unwrap() <= l * 1.1);
+}
+
+/// The proxy and a two-instance app on it.
+async fn two_instances(seed: u64) -> (StorageProxy, TestApp) {
+    let proxy = proxy(FaultPolicy::none(), seed).await;
+    let connection = proxy.connection_string();
+    let app = TestApp::start_in(
+        staged("00:05:00"),
+        2,
+        &[("AzureWebJobsStorage", connection.as_str())],
+        table_store().0,
+        &[],
+    )
+    .await;
+    (proxy, app)
+}
+
+/// Pacing is on for a limited copy and off for an unlimited one, over two instances, and
+/// nothing here depends on the machine's speed: both copies are exact (`verify_copy`), the
+/// unlimited scan sends no request to a schedule row, the limited one leases its schedule
+/// (requests naming its row, which holds a `NextFreeAt` after the scan's start), and its
+/// status shows the limit and counts the requests, the schedule's included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_copy_paces_through_its_schedule_row_and_stays_exact() {
+    let (proxy, app) = two_instances(26).await;
+    let (source, source_rows) = seeded_source(&app, source_entities(1_500, 26)).await;
+    let free = copy(&app, &proxy, &source, &source_rows, None).await;
+    assert_eq!(
+        free.pace, 0,
+        "a scan without a limit uses no limiter request"
+    );
+    assert!(
+        free.status["maxRequestsPerSecond"].is_null(),
+        "{}",
+        free.status
+    );
+
+    let started_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let limit = 200;
+    let run = copy(&app, &proxy, &source, &source_rows, Some(limit)).await;
+    let id = run.status["id"].as_str().unwrap();
+    println!(
+        "limit {limit}/s: {} requests seen by the proxy, {} naming the schedule row; status: {} storage requests",
+        run.scan.len(),
+        run.pace,
+        run.status["storageRequests"]
+    );
+    assert!(
+        run.pace >= 2,
+        "the limited scan leased its schedule: {}",
+        run.pace
+    );
+    assert_eq!(run.status["maxRequestsPerSecond"], limit, "{}", run.status);
+    let counted = run.status["storageRequests"].as_u64().unwrap_or(0);
+    assert!(
+        counted >= run.pace as u64,
+        "the scan counts its requests, the schedule's included: {counted} < {}",
+        run.pace
+    );
+    let row = support::raw::RawClient::azurite()
+        .get_entity(&app.names.work_table, &format!("{id}-00"), "pace")
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no schedule row for scan {id}"));
+    let next: i64 = row
+        .text("NextFreeAt")
+        .map(support::raw::decode_string_lossy)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("NextFreeAt of {row:?}"));
+    assert!(
+        next > started_us,
+        "a schedule leased during the scan: {next} ≤ {started_us}"
+    );
+    app.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,16 +8,23 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use serde_json::json;
 use tablescan::lab::dataset;
-use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
+use tablescan::lab::proxy::{FaultPolicy, Hold, StorageProxy};
 use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::Entity;
 
 use super::e2e::{seed, TestApp};
 use super::raw::{self, RawClient, RawEntity};
 use super::unique_name;
+
+pub mod kills;
+
+// Each test binary uses a part of them.
+#[allow(unused_imports)]
+pub use kills::{
+    check_kills, failed_by_kills, kill_every_second_while_running, kill_while_running, Killer,
+};
 
 /// `rows` dataset rows (many small partitions, typed properties) plus keys that need escaping.
 pub fn source_entities(rows: u64, seed: u64) -> Vec<Entity> {
@@ -89,6 +96,42 @@ pub async fn proxy(policy: FaultPolicy, seed: u64) -> StorageProxy {
     )
     .await
     .expect("proxy starts")
+}
+
+/// The app on `instances` host instances with its storage behind `proxy`, and a function
+/// timeout (10 minutes) that no delivery here reaches, not even one held at the proxy while
+/// handlers are killed: a timeout would restart a handler besides the test's own kills.
+pub async fn app_behind(proxy: &StorageProxy, instances: usize) -> TestApp {
+    let host = (5, "00:00:00", "00:10:00");
+    TestApp::start_tuned(instances, &proxy.connection_string(), host, &[]).await
+}
+
+/// Starts a scan with `start` while no delivery can begin (the proxy holds receives from the
+/// app's queues), then calls `arm` with what `start` returned, which arms the faults or holds the scan's work must meet and
+/// lets the receives through (a `hold` of its own, or `release`): the scan's first delivery
+/// comes after them, and the start's own requests (an export's reservation, the source's
+/// existence check) are not faulted or held. Returns what `start` returned (the scan's id).
+pub async fn start_then_arm<T>(
+    app: &TestApp,
+    proxy: &StorageProxy,
+    start: impl std::future::Future<Output = T>,
+    arm: impl FnOnce(&T),
+) -> T {
+    proxy.hold(Hold {
+        kinds: vec![RequestKind::QueueGet],
+        resources: vec![app.names.prefix_queue.clone(), app.names.copy_queue.clone()],
+        ..Hold::default()
+    });
+    let id = start.await;
+    arm(&id);
+    id
+}
+
+/// `entities` and a partition `pk` of `rows` rows: more than a prefix-query step reads, so the
+/// copy walks it in a step of its own that makes work items (`TableCopy` invocations).
+pub fn with_big_partition(mut entities: Vec<Entity>, pk: &str, rows: u32) -> Vec<Entity> {
+    entities.extend((0..rows).map(|i| dataset::entity(pk, i)));
+    entities
 }
 
 /// Starts a copy scan; `take` small so there are many work items. No retry: the API must
@@ -381,184 +424,4 @@ pub fn storage_faults(rate: f64) -> FaultPolicy {
         per_kind: vec![(RequestKind::QueueGet, receive)],
         ..base
     }
-}
-
-/// `kill -9 pid`.
-pub fn sigkill(pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -9 {pid}");
-}
-
-/// Kills handlers (at most `per_instance` times each, at most 4 in all) while scan `id` runs;
-/// returns the kills per instance.
-pub async fn kill_while_running(
-    app: &TestApp,
-    id: &str,
-    instances: usize,
-    per_instance: usize,
-) -> Vec<usize> {
-    let mut kills = vec![0usize; instances];
-    kill_more_while_running(app, id, &mut kills, per_instance).await;
-    kills
-}
-
-/// The instance of the latest invocation that the host's log shows started and not yet ended
-/// (lines tagged `[i<instance>] [<function>] [<invocation id>]`).
-fn in_flight_instance(lines: &[String]) -> Option<usize> {
-    let mut open: Vec<(String, usize)> = Vec::new();
-    for l in lines {
-        let groups: Vec<&str> = l
-            .split('[')
-            .skip(1)
-            .filter_map(|g| g.split(']').next())
-            .collect();
-        let instance = groups
-            .iter()
-            .find_map(|g| g.strip_prefix('i')?.parse::<usize>().ok());
-        let id = groups
-            .iter()
-            .find(|g| g.len() == 36 && g.matches('-').count() == 4);
-        let (Some(instance), Some(id)) = (instance, id) else {
-            continue;
-        };
-        if l.contains("Executing '") {
-            open.push((id.to_string(), instance));
-        } else if l.contains("Executed '") {
-            open.retain(|(o, _)| o != id);
-        }
-    }
-    open.last().map(|(_, i)| *i)
-}
-
-/// Kills handlers while scan `id` runs, adding to `kills` (the kills per instance so far, of
-/// earlier scans on the same app): at most 4 kills in this call, and no instance past
-/// `per_instance` kills in all (the host gives up on an instance after 3 handler errors).
-/// Returns the kills made by this call.
-pub async fn kill_more_while_running(
-    app: &TestApp,
-    id: &str,
-    kills: &mut [usize],
-    per_instance: usize,
-) -> usize {
-    // Each kill fails at most one delivery of each message in flight, and kills chase the newest
-    // invocation, so five kills can fail one message on all of host.json's 5 deliveries: it is
-    // then poisoned and the scan rightly fails. A run that must end exact kills at most 4 times.
-    const MAX_DELIVERIES: usize = 5;
-    let room: usize = kills.iter().map(|k| per_instance.saturating_sub(*k)).sum();
-    let budget = room.min(MAX_DELIVERIES - 1);
-    let mut made = 0;
-    while made < budget {
-        if !running_after_pause(app, id, 200..900).await {
-            break;
-        }
-        let pids = app.host().handler_pids();
-        let candidates: Vec<(usize, u32)> = pids
-            .iter()
-            .enumerate()
-            .filter_map(|(i, pid)| pid.filter(|_| kills[i] < per_instance).map(|p| (i, p)))
-            .collect();
-        if candidates.is_empty() {
-            continue;
-        }
-        // Prefer an instance with an invocation in flight (waiting up to a second for one), else
-        // the one that started an invocation last, so that kills hit work in flight.
-        let mut busy = None;
-        for _ in 0..40 {
-            busy = in_flight_instance(&app.host().log_lines());
-            if busy.is_some_and(|b| candidates.iter().any(|(i, _)| *i == b)) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        let busy = busy.or_else(|| {
-            app.host().log_lines().iter().rev().find_map(|l| {
-                let rest = l.split("[i").nth(1)?;
-                l.contains("Executing '")
-                    .then(|| rest.split(']').next()?.parse::<usize>().ok())
-                    .flatten()
-            })
-        });
-        let (i, pid) = candidates
-            .iter()
-            .copied()
-            .find(|(i, _)| Some(*i) == busy)
-            .unwrap_or_else(|| candidates[rand::thread_rng().gen_range(0..candidates.len())]);
-        sigkill(pid);
-        kills[i] += 1;
-        made += 1;
-    }
-    made
-}
-
-/// Invocations the host's log shows failed because their handler was killed. They fail at once
-/// and their messages are released (visibilityTimeout), not left invisible for the 10-minute
-/// receive visibility.
-pub fn failed_by_kills(app: &TestApp) -> usize {
-    app.host()
-        .log_lines()
-        .iter()
-        .filter(|l| {
-            l.contains("Failed")
-                && (l.contains("handler process was restarted")
-                    || l.contains("request to handler failed"))
-        })
-        .count()
-}
-
-/// After a crash run: every killed handler was restarted once per kill, there were at least
-/// two kills, and some hit an invocation in flight (so redelivery was exercised).
-pub async fn check_kills(app: &TestApp, kills: &[usize]) {
-    let host = app.host();
-    host.wait_ready(Duration::from_secs(60))
-        .await
-        .expect("every killed handler was restarted");
-    let generations = host.handler_generations();
-    let failed_by_kill = failed_by_kills(app);
-    eprintln!(
-        "handler-crash: kills per instance {kills:?}, generations {generations:?}, invocations failed by kills {failed_by_kill}"
-    );
-    for (i, k) in kills.iter().enumerate() {
-        assert_eq!(
-            generations[i],
-            1 + *k as u64,
-            "instance {i} restarted once per kill"
-        );
-    }
-    assert!(
-        kills.iter().sum::<usize>() >= 2,
-        "the scan ended before the handlers could be killed twice; make it longer"
-    );
-    assert!(
-        failed_by_kill > 0,
-        "no kill hit an invocation in flight; the test did not exercise redelivery"
-    );
-}
-
-/// Sleeps a random number of milliseconds in `pause_ms`, then says whether scan `id` still runs.
-async fn running_after_pause(app: &TestApp, id: &str, pause_ms: std::ops::Range<u64>) -> bool {
-    let pause = rand::thread_rng().gen_range(pause_ms);
-    tokio::time::sleep(Duration::from_millis(pause)).await;
-    recorded_state(app, id).await.as_deref() == Some("running")
-}
-
-/// Kills a running handler of a random instance about once a second while scan `id` runs, at
-/// most `max` times and with no limit per instance: an instance killed three times gives up and
-/// is recycled by the host. Returns the kills.
-pub async fn kill_every_second_while_running(app: &TestApp, id: &str, max: usize) -> usize {
-    let mut made = 0;
-    while made < max {
-        if !running_after_pause(app, id, 700..1300).await {
-            break;
-        }
-        let running: Vec<u32> = app.host().handler_pids().into_iter().flatten().collect();
-        if running.is_empty() {
-            continue;
-        }
-        sigkill(running[rand::thread_rng().gen_range(0..running.len())]);
-        made += 1;
-    }
-    made
 }

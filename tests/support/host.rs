@@ -1,18 +1,29 @@
 //! Shared helpers for the local host's tests (`tests/host/`): staging an app folder around the test handler
-//! (`examples/test_handler.rs`), starting the host, and waiting for conditions.
+//! (`examples/test_handler.rs`), starting the host, reading what the handler recorded, gates that
+//! hold the handler until the test opens them, and waiting for events.
+//!
+//! No helper here asserts how long anything took: waits end on an event, and their bound only
+//! catches a hang (then they say what they waited for and what they saw last).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tablescan::lab::host::log::HostLog;
 use tablescan::lab::host::{Host, HostConfig, HostError, NoStorage, RunningHost};
 
-/// The test handler binary; `cargo test` builds examples next to the test binaries.
+/// The test handler binary: the one in `TABLESCAN_TEST_HANDLER` if set (a copy kept apart from a
+/// target directory other checkouts build into), else the one `cargo test` builds next to the
+/// test binaries.
 pub fn test_handler() -> PathBuf {
+    if let Some(path) = std::env::var_os("TABLESCAN_TEST_HANDLER") {
+        return path.into();
+    }
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let handler = dir.join("examples").join("test_handler");
@@ -81,6 +92,8 @@ impl App {
         config.settings = self.settings.clone();
         config.capture_logs = true;
         config.drain_timeout = Duration::from_secs(20);
+        // Longer than any test: an instance that gave up stays down unless a test asks otherwise.
+        config.recycle_delay = Duration::from_secs(3600);
         config
     }
 
@@ -100,12 +113,57 @@ impl App {
             .collect()
     }
 
-    pub fn requests(&self) -> Vec<Value> {
+    /// The handler's records of one kind: `start`, `listening`, `request`, `done`.
+    pub fn records(&self, event: &str) -> Vec<Value> {
         self.handler_records()
             .into_iter()
-            .filter(|r| r["event"] == "request")
+            .filter(|r| r["event"] == event)
             .collect()
     }
+
+    pub fn requests(&self) -> Vec<Value> {
+        self.records("request")
+    }
+
+    /// Invocation ids of the payload invocations the handler answered.
+    pub fn done(&self) -> Vec<String> {
+        self.records("done")
+            .iter()
+            .filter_map(|r| r["invocation"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// The port of the handler process `pid` (from its start record).
+    pub fn handler_port(&self, pid: u64) -> String {
+        let starts = self.records("start");
+        let start = starts.iter().find(|r| r["pid"] == pid);
+        let port = start.and_then(|r| r["env"]["FUNCTIONS_CUSTOMHANDLER_PORT"].as_str());
+        port.unwrap_or_else(|| panic!("no start record of pid {pid}: {starts:?}"))
+            .to_string()
+    }
+
+    /// A gate: a file the handler waits for (`{"hold": gate}` in a trigger value,
+    /// `TEST_HANDLER_LISTEN_WHEN`) until the test opens it with [`open`].
+    pub fn gate(&self, name: &str) -> String {
+        self.dir.join(format!("gate-{name}")).display().to_string()
+    }
+}
+
+/// Opens a gate made by [`App::gate`]: the handler waiting on it goes on.
+pub fn open(gate: &str) {
+    std::fs::write(gate, b"open").unwrap();
+}
+
+/// The invocation id the host sent with a recorded request.
+pub fn invocation_id(request: &Value) -> &str {
+    header(request, "x-azure-functions-invocationid").expect("an invocation id")
+}
+
+/// `GET /stats` of the handler process `pid`: invocations in flight and the most at once.
+pub async fn handler_stats(app: &App, pid: u64) -> Value {
+    let url = format!("http://127.0.0.1:{}/stats", app.handler_port(pid));
+    let response = http_client().get(url).send().await.unwrap();
+    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
 }
 
 impl Drop for App {
@@ -127,22 +185,51 @@ fn merge(base: &mut Value, extra: Value) {
     }
 }
 
-/// Polls `check` every 50 ms until it returns `Some`, or panics after `deadline` with `what`.
-pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+/// Polls `check` every 50 ms until it returns `Ok`. `bound` only catches a hang: past it, panics
+/// with `what` it waited for and what `check` saw last (its last `Err`).
+pub async fn wait_for<T, S, F, Fut>(what: &str, bound: Duration, mut check: F) -> T
 where
+    S: Debug,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
+    Fut: Future<Output = Result<T, S>>,
 {
     let start = Instant::now();
     loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if start.elapsed() > deadline {
-            panic!("timed out after {deadline:?} waiting for {what}");
+        let seen = match check().await {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
+        if start.elapsed() > bound {
+            panic!("no {what} after {bound:?} (a hang); last seen: {seen:#?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits (hang bound `bound`) for a line of `log` containing `needle`; the line.
+pub async fn wait_log(log: &HostLog, needle: &str, bound: Duration) -> String {
+    wait_for(&format!("log line with {needle:?}"), bound, || {
+        let lines = log.lines();
+        let found = lines.iter().find(|l| l.contains(needle)).cloned();
+        async move { found.ok_or(lines) }
+    })
+    .await
+}
+
+/// Index of the first of `lines` containing `needle`; panics (with the lines) if none does.
+pub fn line_index(lines: &[String], needle: &str) -> usize {
+    lines
+        .iter()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in {lines:#?}"))
+}
+
+/// Asserts that a line with `first` comes before any line with `then` (both present).
+pub fn assert_order(lines: &[String], first: &str, then: &str) {
+    assert!(
+        line_index(lines, first) < line_index(lines, then),
+        "{first:?} should come before {then:?}: {lines:#?}"
+    );
 }
 
 /// Header value from a recorded request (`headers` is a list of `[name, value]`).
@@ -183,4 +270,12 @@ pub fn assert_host_headers<'a>(request: &'a Value, user_agent: &str) -> &'a str 
     let id = header(request, "x-azure-functions-invocationid").unwrap();
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
     id
+}
+
+/// A `function.json` with an HTTP trigger on `route` for `methods` and an `http` output.
+pub fn http_function(route: &str, methods: Value) -> Value {
+    json!({ "bindings": [
+        { "name": "req", "type": "httpTrigger", "direction": "in", "authLevel": "function", "route": route, "methods": methods },
+        { "name": "res", "type": "http", "direction": "out" }
+    ]})
 }

@@ -6,8 +6,9 @@
 //!   (`/metadata/identity/oauth2/token`) and Entra ID's token endpoint
 //!   (`/{tenant}/oauth2/v2.0/token`, behind an https front: tablescan sends client secrets and
 //!   federated tokens only over https), each request answered for the
-//!   [`endpoints::Identity`] registered under its key (App Service key, user-assigned id,
-//!   tenant);
+//!   [`endpoints::Identity`] registered under its key (App Service key, and client id for a
+//!   user-assigned identity; IMDS's user-assigned id; tenant). Azurite accepts each token a
+//!   little longer than the answer says ([`endpoints::IN_FLIGHT_GRACE`]);
 //! - a fake `az` on `PATH` ([`FakeAz`]).
 //!
 //! The process-wide settings (`SSL_CERT_FILE`, `AZURE_AUTHORITY_HOST`,
@@ -126,15 +127,22 @@ fn self_signed_certificate(dir: &Path) -> (PathBuf, PathBuf) {
     (cert, key)
 }
 
-/// A token Azurite's `--oauth basic` accepts: a JWT for `audience` from an Entra issuer, within
-/// its lifetime (the signature is not checked). Returns it and its `exp`.
-pub fn storage_jwt(audience: &str, lifetime: i64) -> (String, i64) {
+/// The unix time `lifetime` seconds from now, rounded up: a token given that expiry never
+/// expires sooner than its lifetime says (JWT times are whole seconds).
+pub fn expiry_in(lifetime: i64) -> i64 {
+    let now = time::OffsetDateTime::now_utc();
+    let up = i64::from(now.nanosecond() > 0);
+    now.unix_timestamp() + up + lifetime
+}
+
+/// A token Azurite's `--oauth basic` accepts until `exp` (unix seconds): a JWT for `audience`
+/// from an Entra issuer (the signature is not checked).
+pub fn storage_jwt(audience: &str, exp: i64) -> String {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let exp = now + lifetime;
     let b64 = |v: serde_json::Value| {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
     };
-    let token = format!(
+    format!(
         "{}.{}.{}",
         b64(json!({"alg": "RS256", "typ": "JWT"})),
         b64(json!({
@@ -146,8 +154,53 @@ pub fn storage_jwt(audience: &str, lifetime: i64) -> (String, i64) {
             "uti": format!("{:x}", rand::random::<u64>()),
         })),
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"not-checked")
-    );
-    (token, exp)
+    )
+}
+
+/// Azurite's answer to a table listing authorized by the bearer `token` alone: its status and
+/// body (200 while Azurite accepts the token; 403 `AuthenticationFailed` once it has expired).
+pub async fn azurite_answer(token: &str) -> (u16, String) {
+    let azurite = oauth_azurite();
+    let cert = std::fs::read(&files().cert).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&cert).unwrap())
+        .build()
+        .unwrap();
+    let date = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc2822)
+        .unwrap()
+        .replace("+0000", "GMT");
+    let response = client
+        .get(format!("{}/Tables", azurite.table_endpoint()))
+        .bearer_auth(token)
+        .header("x-ms-version", "2019-02-02")
+        .header("x-ms-date", date)
+        .header("accept", "application/json;odata=nometadata")
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Polls `check` every 50 ms until it returns `Ok`; after `bound` (a hang bound), panics saying
+/// what it waited for and what `check` saw last (its `Err`).
+pub async fn wait_until<T, F, Fut>(what: &str, bound: std::time::Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        let last = match check().await {
+            Ok(value) => return value,
+            Err(last) => last,
+        };
+        if start.elapsed() > bound {
+            panic!("gave up after {bound:?} waiting for {what}; last saw: {last}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// The fake `az` on `PATH` (one per test process: only one test may use it). It records its

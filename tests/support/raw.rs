@@ -206,7 +206,13 @@ impl RawClient {
             .trim_end_matches('/')
             .to_string();
         RawClient {
-            http: reqwest::Client::new(),
+            // Idle connections are dropped well before Azurite's keep-alive (Node's 5 s) closes
+            // them: reusing one the server is closing fails the request ("error sending request",
+            // seen under load), and this client retries nothing.
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(std::time::Duration::from_secs(2))
+                .build()
+                .expect("an HTTP client"),
             base,
             base_path,
             account: account.to_string(),

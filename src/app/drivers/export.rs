@@ -90,6 +90,7 @@ pub struct ExportOptions {
     pub container: String,
     /// As requested; normalized by `ExportLayout`.
     pub prefix: String,
+    /// When the scan's storage was prepared, on the app's clock (`Driver::prepare`).
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
 }
@@ -125,7 +126,8 @@ impl Driver for ExportDriver {
             connection: fields.destination_connection.clone(),
             container: fields.destination_container.clone(),
             prefix: fields.destination_prefix.clone(),
-            started_at: OffsetDateTime::now_utc(),
+            // The app's clock is not at hand here: `prepare` sets it.
+            started_at: OffsetDateTime::UNIX_EPOCH,
         };
         Setup {
             options: Some(options),
@@ -137,9 +139,11 @@ impl Driver for ExportDriver {
         state: &AppState<S>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
-        let options: ExportOptions = context
+        let mut options: ExportOptions = context
             .options()
             .map_err(|e| ApiError::field("body", e.to_string()))?;
+        options.started_at = state.clock.now();
+        context.set_options(&options);
         let layout = options
             .layout()
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
@@ -309,7 +313,7 @@ async fn write_manifest<S: Stores>(
         &context.scan_id,
         parts,
         options.started_at,
-        OffsetDateTime::now_utc(),
+        state.clock.now(),
     );
     let json = manifest.to_json();
     if json.len() as u64 > MAX_MANIFEST_BYTES {
@@ -382,7 +386,7 @@ async fn reserve<S: Stores, B: BlobStore>(
         serde_json::to_vec(&Reservation {
             format: crate::app::export_format::FORMAT.to_string(),
             scan_id: scan_id.to_string(),
-            reserved_at: OffsetDateTime::now_utc(),
+            reserved_at: state.clock.now(),
         })
         .expect("a reservation serializes"),
     );
@@ -421,7 +425,7 @@ async fn reserve<S: Stores, B: BlobStore>(
         Some(ScanState::Failed | ScanState::Cancelled) => {}
         // A start that reserved and then failed before recording its scan: its record can no
         // longer appear (a start runs within one request), so the prefix is free.
-        None if !record_may_appear(&holder, OffsetDateTime::now_utc()) => {}
+        None if !record_may_appear(&holder, tracker.now()) => {}
         Some(held_state) => {
             return Err(refuse(format!(
                 "the prefix is reserved by export {holder}, which is {}",

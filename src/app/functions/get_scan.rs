@@ -9,12 +9,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::extract::{Path, State};
 use axum::Json;
 use serde_json::Value;
-use time::OffsetDateTime;
 
 use crate::app::error::ApiError;
 use crate::app::job::{is_valid_scan_id, Drivers};
@@ -45,7 +46,7 @@ pub async fn handle<S: Stores>(
     let kept = tracker.get_kept(&id).await?.ok_or_else(|| not_found(&id))?;
     let (record, lease) = (&kept.record, kept.lease);
     let counters = counters_of(&tracker, &kept).await?;
-    let leased = lease.is_some_and(|until| until > OffsetDateTime::now_utc());
+    let leased = lease.is_some_and(|until| until > tracker.now());
     if record.state == ScanState::Running
         && counters.created > 0
         && counters.pending() == 0
@@ -61,7 +62,7 @@ pub async fn handle<S: Stores>(
             tracing::warn!(scan = %id, error = %e, "could not queue the drained check of a scan found drained but running");
         }
     }
-    let mut status = status_json(record, &counters);
+    let mut status = status_json(record, &counters, tracker.now());
     if let Some(at) = kept.work_removed_at {
         status["workRowsRemovedAt"] = Value::from(format_time(at));
     }
@@ -131,7 +132,7 @@ pub async fn scan_status<S: TableStore, A>(
     {
         record = tracker.get_scan(id).await?.unwrap_or(record);
     }
-    Ok(status_json(&record, &counters))
+    Ok(status_json(&record, &counters, tracker.now()))
 }
 
 async fn read_status<S: TableStore>(

@@ -85,11 +85,15 @@ pub async fn handle<S: Stores>(
         }, // no scan was ever started
         other => other?,
     };
-    let scans = try_join_all(page.scans.iter().map(|r| {
-        let tracker = &tracker;
-        async move { Ok::<_, ApiError>(status_json(r, &tracker.totals(&r.id, r.shards).await?)) }
-    }))
-    .await?;
+    let now = tracker.now();
+    let scans =
+        try_join_all(page.scans.iter().map(|r| {
+            let tracker = &tracker;
+            async move {
+                Ok::<_, ApiError>(status_json(r, &tracker.totals(&r.id, r.shards).await?, now))
+            }
+        }))
+        .await?;
     Ok(Json(
         json!({ "scans": scans, "continuationToken": page.continuation }),
     ))

@@ -102,7 +102,7 @@ impl<S: Stores> AppState<S> {
     /// One cleanup delivery for `scan_id`: does what is due (see the module) and says what.
     pub async fn clean_scan(&self, scan_id: &str) -> Result<String, StorageError> {
         let tracker = self.tracker_on(self.bookkeeping());
-        let now = OffsetDateTime::now_utc();
+        let now = tracker.now();
         let Some(kept) = tracker.get_kept(scan_id).await? else {
             return Ok(format!(
                 "scan {scan_id} has no record (removed, or never existed): nothing to clean"

@@ -34,9 +34,10 @@ use super::status::status_json;
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// A new scan id: inverted milliseconds so ids sort newest first, plus randomness.
-fn new_scan_id() -> String {
-    let millis = (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as u64;
+/// A new scan id for a scan started at `now`: inverted milliseconds so ids sort newest first,
+/// plus randomness.
+fn new_scan_id(now: OffsetDateTime) -> String {
+    let millis = (now.unix_timestamp_nanos() / 1_000_000) as u64;
     format!(
         "{:013}-{:08x}",
         9_999_999_999_999u64.saturating_sub(millis),
@@ -68,7 +69,8 @@ async fn start<S: Stores>(
         source_must_exist(state, &request).await?;
     }
 
-    let scan_id = new_scan_id();
+    let started_at = state.clock.now();
+    let scan_id = new_scan_id(started_at);
     let mut context = request.context(&scan_id, state.config.counter_shards, setup);
     driver.prepare(state, &mut context).await?;
     let tracker = state.tracker_on(state.bookkeeping());
@@ -99,7 +101,7 @@ async fn start<S: Stores>(
         request: serde_json::to_value(&request).expect("requests serialize"),
         context: Some(context),
         shards: state.config.counter_shards,
-        started_at: OffsetDateTime::now_utc(),
+        started_at,
         completed_at: None,
         error: None,
         etag: String::new(),
@@ -114,7 +116,7 @@ async fn start<S: Stores>(
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
-        Json(status_json(&record, &counters)),
+        Json(status_json(&record, &counters, started_at)),
     )
         .into_response())
 }

@@ -14,8 +14,9 @@ use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState};
 /// cleanup goes on (an item already executing when the scan ended may still finish and leave it).
 ///
 /// `maxRequestsPerSecond` is the scan's rate limit (`null`: none); `requestsPerSecond` the rate
-/// achieved: `storageRequests` over the time from `startedAt` to `completedAt` (or now).
-pub fn status_json(record: &ScanRecord, counters: &Counters) -> Value {
+/// achieved: `storageRequests` over the time from `startedAt` to `completedAt` (or `now`, the
+/// app's clock).
+pub fn status_json(record: &ScanRecord, counters: &Counters, now: OffsetDateTime) -> Value {
     let (pending, dropped) = match record.state {
         ScanState::Running => (counters.pending(), counters.dropped),
         _ => (0, counters.dropped + counters.pending()),
@@ -24,7 +25,7 @@ pub fn status_json(record: &ScanRecord, counters: &Counters) -> Value {
         .context
         .as_ref()
         .and_then(|c| c.max_requests_per_second);
-    let end = record.completed_at.unwrap_or_else(OffsetDateTime::now_utc);
+    let end = record.completed_at.unwrap_or(now);
     let elapsed = (end - record.started_at).as_seconds_f64();
     let rate = if elapsed > 0.0 {
         (counters.storage_requests as f64 / elapsed * 10.0).round() / 10.0

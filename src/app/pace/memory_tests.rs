@@ -1,5 +1,7 @@
 //! The pacer against the in-memory table store in paused (virtual) time: two instances'
-//! pacers share one schedule row, many items on each ask for tokens at once.
+//! pacers share one schedule row, many items on each ask for tokens at once. These hold the
+//! limit deterministically; `tests/scans/rate_limit.rs` measures it on Azurite (a measurement:
+//! docs/development.md, "Measurements").
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,6 +90,43 @@ async fn run_paced(
     per_item: usize,
     gap: Duration,
 ) -> (u64, u64, f64, usize) {
+    // Instances start a millisecond apart (their first leases would all race, past the
+    // schedule's rounds).
+    let script: Vec<Item> = (0..instances * items)
+        .map(|i| Item {
+            instance: i % instances,
+            start: Duration::from_millis((i % instances) as u64),
+            requests: per_item,
+            gap,
+        })
+        .collect();
+    let run = run_items(limit, instances, &script).await;
+    let requests = run.times.len() as u64;
+    let elapsed = (run.end - run.start) as f64 / 1e6;
+    let mut times = run.times;
+    let busiest = busiest_window(&mut times, 1_000_000);
+    (requests, run.leases, elapsed, busiest)
+}
+
+/// One work item of [`run_items`]: on pacer `instance`, from `start` on, `requests` requests,
+/// each `gap` after the previous one was sent.
+struct Item {
+    instance: usize,
+    start: Duration,
+    requests: usize,
+    gap: Duration,
+}
+
+/// What [`run_items`] saw: when each request was sent (µs), the lease requests, start and end.
+struct Run {
+    times: Vec<i64>,
+    leases: u64,
+    start: i64,
+    end: i64,
+}
+
+/// `instances` pacers at `limit` on one schedule row (the in-memory store), running `items`.
+async fn run_items(limit: u32, instances: usize, items: &[Item]) -> Run {
     let store = MemoryTableStore::default();
     store.create_table("Work").await.unwrap();
     let pacers: Vec<Arc<Pacer>> = (0..instances)
@@ -99,16 +138,15 @@ async fn run_paced(
         })
         .collect();
     let times = Arc::new(Mutex::new(Vec::new()));
-    let meters: Vec<Arc<Meter>> = (0..instances * items).map(|_| Meter::new()).collect();
+    let meters: Vec<Arc<Meter>> = items.iter().map(|_| Meter::new()).collect();
     let start = now_us();
-    let tasks = meters.iter().enumerate().map(|(i, meter)| {
-        meter.pace_by(pacers[i % instances].clone());
+    let tasks = items.iter().zip(&meters).map(|(item, meter)| {
+        meter.pace_by(pacers[item.instance].clone());
         let (meter, times) = (meter.clone(), times.clone());
+        let (delay, requests, gap) = (item.start, item.requests, item.gap);
         tokio::spawn(async move {
-            // Instances start a millisecond apart (their first leases would all race, past the
-            // schedule's rounds).
-            tokio::time::sleep(Duration::from_millis((i % instances) as u64)).await;
-            for _ in 0..per_item {
+            tokio::time::sleep(delay).await;
+            for _ in 0..requests {
                 meter.tick().await.unwrap();
                 times.lock().unwrap().push(now_us());
                 tokio::time::sleep(gap).await;
@@ -116,12 +154,15 @@ async fn run_paced(
         })
     });
     futures::future::join_all(tasks).await;
-    let elapsed = (now_us() - start) as f64 / 1e6;
-    let requests = (instances * items * per_item) as u64;
+    let end = now_us();
+    let times = times.lock().unwrap().clone();
     let total: u64 = meters.iter().map(|m| m.count()).sum();
-    let mut times = times.lock().unwrap().clone();
-    let busiest = busiest_window(&mut times, 1_000_000);
-    (requests, total - requests, elapsed, busiest)
+    Run {
+        leases: total - times.len() as u64,
+        times,
+        start,
+        end,
+    }
 }
 
 /// One instance sending a sixth of the limit, alone: once a chunk ends unused it leases solo
@@ -183,4 +224,101 @@ async fn a_solo_lease_from_memory_that_loses_reads_the_row() {
         (again.start, again.span_us, again.requests),
         (t0 + 2_000_000, solo, 2)
     );
+}
+
+/// A burst after a quiet start: one instance sends a few requests, then is idle, then both
+/// instances' items ask for far more than the limit at once. Tokens whose slots passed unused
+/// were dropped (an idle instance saves none for a burst), and the solo chunk the quiet
+/// instance held ends in the schedule like any other: no second, and no tenth of a second,
+/// holds more than the limit allows.
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_a_quiet_start_holds_the_limit_in_every_tenth_of_a_second() {
+    let limit = 200;
+    let mut script = vec![Item {
+        instance: 0,
+        start: Duration::ZERO,
+        requests: 10,
+        gap: Duration::from_millis(40),
+    }];
+    for i in 0..16 {
+        script.push(Item {
+            instance: i % 2,
+            start: Duration::from_millis(2_000),
+            requests: 40,
+            gap: Duration::ZERO,
+        });
+    }
+    let run = run_items(limit, 2, &script).await;
+    let burst: Vec<i64> = run
+        .times
+        .iter()
+        .copied()
+        .filter(|t| *t >= run.start + 2_000_000)
+        .collect();
+    let (mut all, mut burst_only) = (run.times.clone(), burst.clone());
+    let second = busiest_window(&mut all, 1_000_000);
+    let tenth = busiest_window(&mut burst_only, 100_000);
+    let seconds = (run.end - run.start - 2_000_000) as f64 / 1e6;
+    println!(
+        "burst: {} requests in {seconds:.2} s after the quiet start, {} lease requests, busiest second {second}, busiest 100 ms {tenth}",
+        burst.len(),
+        run.leases
+    );
+    assert_eq!(burst.len(), 640);
+    assert!(second as f64 <= f64::from(limit) * 1.05, "{second}");
+    // A tenth of a second holds 19.4 slots (the 3 % margin); with the quiet instance's unused
+    // tokens kept instead of dropped, the burst spent them at once: 25.
+    assert!(tenth <= 21, "{tenth} in 100 ms");
+    // The burst ran at the limit, not slower: its requests and the leases at 97 % of 200/s,
+    // and at most one chunk's span more (the last items wait for a chunk leased behind the
+    // other instance's: 3.71 s against 3.42 s at full rate).
+    let full_rate = f64::from(limit) * (1.0 - MARGIN);
+    let chunk_span = f64::from(chunk_for(limit)) / full_rate;
+    let most = (burst.len() as u64 + run.leases) as f64 / full_rate + chunk_span + 0.01;
+    assert!(seconds <= most, "{seconds} s, at most {most}");
+}
+
+/// An instance too busy to send on time: its clock jumps 100 ms while 32 items wait for their
+/// slots (`tokio::time::advance`, the stall). Woken 100 ms late, each gives up its token and
+/// takes another; tokens whose slots passed more than [`GRACE_US`] ago are dropped. So what is
+/// sent at the instant the stall ends is at most the grace's worth of tokens, not one more for
+/// every waiting item (45 with the give-up turned off), and the busiest second still holds the
+/// limit.
+#[tokio::test(start_paused = true)]
+async fn requests_woken_late_give_up_their_tokens_instead_of_bunching() {
+    let limit = 1_000;
+    let script: Vec<Item> = (0..32)
+        .map(|_| Item {
+            instance: 0,
+            start: Duration::ZERO,
+            requests: 40,
+            gap: Duration::ZERO,
+        })
+        .collect();
+    let stall = tokio::spawn(async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::advance(Duration::from_millis(100)).await;
+        now_us()
+    });
+    let run = run_items(limit, 1, &script).await;
+    let woke = stall.await.unwrap();
+    let at_once = run.times.iter().filter(|t| **t == woke).count();
+    let stalled = run
+        .times
+        .iter()
+        .filter(|t| (woke - 100_000..woke).contains(*t))
+        .count();
+    let mut all = run.times.clone();
+    let second = busiest_window(&mut all, 1_000_000);
+    println!(
+        "stall: {} requests, {at_once} sent at the instant the stall ended, {stalled} during it, busiest second {second}",
+        run.times.len()
+    );
+    assert_eq!(stalled, 0, "nothing is sent while the instance stalls");
+    let grace_tokens = (GRACE_US as f64 * f64::from(limit) / 1e6).ceil() as usize;
+    assert!(
+        (1..=grace_tokens).contains(&at_once),
+        "{at_once} at once (the grace holds {grace_tokens})"
+    );
+    assert!(second as f64 <= f64::from(limit) * 1.05, "{second}");
 }

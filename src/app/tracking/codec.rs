@@ -94,12 +94,12 @@ pub(super) fn diagnostic(text: &str) -> String {
     format!("{head}{marker}")
 }
 
-/// A newly registered work item's row: `pending`, its kind, and when it was created.
-pub(super) fn work_row(partition_key: &str, work: &NewWork) -> Entity {
+/// A newly registered work item's row: `pending`, its kind, and when it was created (`now`).
+pub(super) fn work_row(partition_key: &str, work: &NewWork, now: OffsetDateTime) -> Entity {
     let mut row = Entity::new(partition_key, work.id.clone());
     row.properties.insert("State", Value::from("pending"));
     row.properties.insert("Kind", Value::from(work.kind));
-    put_time(&mut row.properties, "CreatedAt", OffsetDateTime::now_utc());
+    put_time(&mut row.properties, "CreatedAt", now);
     row
 }
 

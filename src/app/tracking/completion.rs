@@ -3,7 +3,6 @@
 //! driver results kept on finished rows.
 
 use futures::future::try_join_all;
-use time::OffsetDateTime;
 
 use super::codec::{diagnostic, get_str, put_str, put_time};
 use super::counters::Counters;
@@ -182,7 +181,7 @@ impl<T: TableStore> Tracker<'_, T> {
             let updated = counters.plus(&delta);
             let mut row = Entity::new(pk.clone(), work_id);
             put_str(&mut row.properties, "State", state);
-            put_time(&mut row.properties, "FinishedAt", OffsetDateTime::now_utc());
+            put_time(&mut row.properties, "FinishedAt", self.now());
             if let Some(e) = error {
                 put_str(&mut row.properties, "Error", &diagnostic(e));
             }

@@ -163,7 +163,7 @@ impl<T: TableStore> Tracker<'_, T> {
             ..Counters::default()
         };
         let ops = [
-            BatchOperation::Insert(work_row(&pk, root)),
+            BatchOperation::Insert(work_row(&pk, root, self.now())),
             BatchOperation::Insert(counters.to_entity(&pk)),
         ];
         match self.store.submit_batch(self.work_table, &pk, &ops).await {
@@ -394,7 +394,7 @@ impl<T: TableStore> Tracker<'_, T> {
     ) -> Result<bool, StorageError> {
         let pk = shard_partition(scan_id, shard);
         let row = format!("phase-{phase}");
-        let now = time::OffsetDateTime::now_utc();
+        let now = self.now();
         let token = claim_token();
         let mut claim = Entity::new(&pk, &row);
         put_time(&mut claim.properties, CLAIMED_AT, now);
@@ -460,6 +460,7 @@ pub(super) fn remember_busy(scan_id: &str, shard: u32) {
 #[cfg(all(test, feature = "lab"))]
 mod tests {
     use super::*;
+    use crate::clock::Clock;
     use crate::lab::memory::MemoryTableStore;
 
     const SCAN: &str = "8204246420161-ca332e2c";
@@ -470,24 +471,40 @@ mod tests {
         store
     }
 
-    /// Of the checks that claim a phase at once, one wins; a claim older than the takeover
-    /// time is taken over by one check, and only one.
+    /// Of the checks that claim a phase at once, one wins; a claim is taken over once it is
+    /// [`PHASE_CLAIM_TAKEOVER`] old, by one check, and only one (times on a manual clock).
     #[tokio::test]
     async fn a_phase_is_claimed_once_and_a_stale_claim_taken_over_once() {
         let store = store().await;
-        let tracker = Tracker::new(&store, "Scans", "Work");
+        let clock =
+            Clock::manual(time::OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap());
+        let tracker = Tracker::new(&store, "Scans", "Work").with_clock(&clock);
         assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
         assert!(!tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
         assert!(tracker.claim_phase_start(SCAN, 3, 2).await.unwrap());
 
+        let just_before = PHASE_CLAIM_TAKEOVER - time::Duration::milliseconds(1);
+        clock.advance(just_before.try_into().unwrap());
+        assert!(
+            !tracker.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+            "not yet stale"
+        );
+        clock.advance(std::time::Duration::from_millis(1));
+        assert!(
+            tracker.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+            "stale: taken over"
+        );
+        assert!(
+            !tracker.claim_phase_start(SCAN, 3, 1).await.unwrap(),
+            "once"
+        );
         let pk = shard_partition(SCAN, 3);
-        let mut stale = Entity::new(&pk, "phase-1");
-        let long_ago = time::OffsetDateTime::now_utc() - PHASE_CLAIM_TAKEOVER * 2;
-        put_time(&mut stale.properties, CLAIMED_AT, long_ago);
-        let op = BatchOperation::Upsert(stale);
-        store.submit_batch("Work", &pk, &[op]).await.unwrap();
-        assert!(tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
-        assert!(!tracker.claim_phase_start(SCAN, 3, 1).await.unwrap());
+        let (row, _) = store
+            .get_entity("Work", &pk, "phase-1")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(get_time(&row.properties, CLAIMED_AT), Some(clock.now()));
     }
 
     /// What runs between the two collects is judged with the scan drained only if no counter

@@ -76,6 +76,10 @@
 //!    outcome compared with its own. A check that took a lost answer for another's win would
 //!    succeed and delete its message, and nothing would resume the scan.
 //!
+//! Time: every time the tracker stores or compares (a scan's start and end, a work row's
+//! `CreatedAt`/`FinishedAt`, a phase claim's age, the completion lease) is [`Tracker::now`], the
+//! clock it was given (`crate::clock`; the app's, through `AppState::tracker_on`).
+//!
 //! The module is split by concern: [`records`] (scan records), [`counters`] (sharded counters
 //! and the drained check), [`work_rows`] (work items' rows), [`codec`] (how values are stored in
 //! properties) and [`retention`] (what an ended scan keeps, and for how long).
@@ -89,6 +93,7 @@ mod work_rows;
 
 use std::time::Duration;
 
+use crate::clock::{Clock, SYSTEM};
 use crate::retry::{Backoff, Jitter, Schedule, Step, Verdict};
 use crate::storage::{StorageError, StorageErrorKind, TableStore};
 
@@ -110,6 +115,8 @@ pub struct Tracker<'a, T: TableStore> {
     work_table: &'a str,
     /// Told when this tracker ends a scan (queues its retention cleanup).
     on_end: Option<&'a dyn ScanEndHook>,
+    /// Where its time of day comes from.
+    clock: &'a Clock,
 }
 
 /// What is told when a tracker ends a scan ([`Tracker::with_end_hook`]). Best effort: it
@@ -193,13 +200,26 @@ async fn again<J: Jitter>(
 }
 
 impl<'a, T: TableStore> Tracker<'a, T> {
+    /// Bookkeeping in `scans_table` and `work_table` of `store`, on the system's clock.
     pub fn new(store: &'a T, scans_table: &'a str, work_table: &'a str) -> Self {
         Tracker {
             store,
             scans_table,
             work_table,
             on_end: None,
+            clock: &SYSTEM,
         }
+    }
+
+    /// This tracker, reading the time of day from `clock`.
+    pub fn with_clock(mut self, clock: &'a Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The time of day on this tracker's clock.
+    pub fn now(&self) -> time::OffsetDateTime {
+        self.clock.now()
     }
 
     /// This tracker, telling `hook` about every scan it ends.

@@ -221,7 +221,7 @@ impl<T: TableStore> Tracker<'_, T> {
     /// would run nowhere until the lease expired. One read and at most one merge of the record
     /// (and one more read after a 412).
     pub async fn take_completion_lease(&self, scan_id: &str) -> Result<bool, StorageError> {
-        let now = OffsetDateTime::now_utc();
+        let now = self.now();
         let Some((record, lease)) = self.get_scan_and_lease(scan_id).await? else {
             return Ok(false);
         };
@@ -252,8 +252,7 @@ impl<T: TableStore> Tracker<'_, T> {
     /// Gives the completion lease up (it expires now), after a completion step failed, so that
     /// the next delivery may try again at once.
     pub async fn release_completion_lease(&self, scan_id: &str) -> Result<(), StorageError> {
-        self.set_lease(scan_id, OffsetDateTime::now_utc(), None, None)
-            .await
+        self.set_lease(scan_id, self.now(), None, None).await
     }
 
     async fn set_lease(
@@ -363,7 +362,8 @@ impl<T: TableStore> Tracker<'_, T> {
             };
             // The token is this call's own: only one of its merges can have written it.
             if by.as_deref() == Some(token.as_str()) {
-                self.scan_ended(scan_id, state, record.started_at, error)
+                let ended_at = record.completed_at.unwrap_or(record.started_at);
+                self.scan_ended(scan_id, state, ended_at - record.started_at, error)
                     .await;
                 return Ok(true);
             }
@@ -373,13 +373,10 @@ impl<T: TableStore> Tracker<'_, T> {
             if record.state != ScanState::Running {
                 return Ok(false);
             }
+            let ended_at = self.now();
             let mut entity = Entity::new(scan_id, SCAN_ROW);
             entity.properties.insert("State", json!(state.as_str()));
-            put_time(
-                &mut entity.properties,
-                "CompletedAt",
-                OffsetDateTime::now_utc(),
-            );
+            put_time(&mut entity.properties, "CompletedAt", ended_at);
             if let Some(e) = &stored {
                 entity.properties.insert("Error", json!(e));
             }
@@ -394,7 +391,7 @@ impl<T: TableStore> Tracker<'_, T> {
                 .await
             {
                 Ok(()) => {
-                    self.scan_ended(scan_id, state, record.started_at, error)
+                    self.scan_ended(scan_id, state, ended_at - record.started_at, error)
                         .await;
                     return Ok(true);
                 }
@@ -418,15 +415,16 @@ impl<T: TableStore> Tracker<'_, T> {
             .await
     }
 
-    /// What follows the end of a scan recorded by this call: the event, then the `on_end` hook.
+    /// What follows the end of a scan recorded by this call, `took` after its start: the event,
+    /// then the `on_end` hook.
     async fn scan_ended(
         &self,
         scan_id: &str,
         state: ScanState,
-        started_at: OffsetDateTime,
+        took: time::Duration,
         error: Option<&str>,
     ) {
-        observe::scan_ended(scan_id, state, started_at, error);
+        observe::scan_ended(scan_id, state, took, error);
         if let Some(hook) = self.on_end {
             hook.scan_ended(scan_id).await;
         }

@@ -253,11 +253,7 @@ impl<T: TableStore> Tracker<'_, T> {
     /// Notes on the record that its work rows are gone (idempotent; a missing record is fine).
     pub async fn mark_work_removed(&self, scan_id: &str) -> Result<(), StorageError> {
         let mut entity = Entity::new(scan_id, SCAN_ROW);
-        put_time(
-            &mut entity.properties,
-            WORK_REMOVED_AT,
-            OffsetDateTime::now_utc(),
-        );
+        put_time(&mut entity.properties, WORK_REMOVED_AT, self.now());
         let op = BatchOperation::Merge { entity, etag: None };
         self.on_record_if_any(scan_id, op).await
     }

@@ -225,7 +225,7 @@ impl<T: TableStore> Tracker<'_, T> {
                     ops.extend(
                         children
                             .iter()
-                            .map(|w| BatchOperation::Insert(work_row(&pk, w))),
+                            .map(|w| BatchOperation::Insert(work_row(&pk, w, self.now()))),
                     );
                     ops.push(counter_write(&pk, updated, etag));
                     Some(updated)
@@ -356,7 +356,7 @@ impl<T: TableStore> Tracker<'_, T> {
             let (counters, etag) = self.counter_or_new(scan_id, shard).await?;
             let mut ops: Vec<BatchOperation> = items
                 .iter()
-                .map(|w| BatchOperation::Insert(work_row(&pk, w)))
+                .map(|w| BatchOperation::Insert(work_row(&pk, w, self.now())))
                 .collect();
             let updated = Counters {
                 created: counters.created + items.len() as i64,

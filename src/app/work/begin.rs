@@ -4,7 +4,6 @@
 use super::*;
 use crate::app::pace::Meter;
 use crate::app::tracking::retention::record_may_appear;
-use time::OffsetDateTime;
 
 impl<S: Stores> Runner<'_, S> {
     /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
@@ -113,7 +112,7 @@ impl<S: Stores> Runner<'_, S> {
         let (state, scan) = match self.scan_of(tracker, scan_id, last_attempt).await {
             Ok(Some(found)) => found,
             // Or the scan's record was removed (its retention ended): it will not come back.
-            Ok(None) if last_attempt || !record_may_appear(scan_id, OffsetDateTime::now_utc()) => {
+            Ok(None) if last_attempt || !record_may_appear(scan_id, tracker.now()) => {
                 return Err(reply(
                     StatusCode::OK,
                     format!("{work_id}: scan {scan_id} does not exist; dropping the message"),

@@ -277,3 +277,127 @@ fn transport(e: reqwest::Error) -> InvokeError {
         InvokeError::Transport(error_chain(&e))
     }
 }
+
+/// The function timeout on tokio's paused clock, against a worker without a process
+/// ([`Worker::without_process`]): what ends an invocation, and when.
+#[cfg(test)]
+mod tests {
+    use std::future::pending;
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(3);
+
+    fn invoker(port: Option<u16>) -> (Invoker, Arc<std::sync::Mutex<Vec<String>>>, HostLog) {
+        let (worker, restarts) = Worker::without_process(port);
+        let log = HostLog::new(true, Default::default());
+        let invoker = Invoker::new(worker, TIMEOUT, log.clone(), "[i0]".into());
+        (invoker, restarts, log)
+    }
+
+    /// Lets the worker's task act on what it was sent (the paused clock jumps ahead when idle).
+    async fn settle() {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_invocation_ends_at_the_function_timeout_and_restarts_its_handler() {
+        let (invoker, restarts, log) = invoker(Some(1));
+        let start = Instant::now();
+        let ended = invoker
+            .run("Work", "a", |_, _| pending::<Result<(), _>>())
+            .await;
+        assert_eq!(ended, Err(InvokeError::Timeout));
+        assert_eq!(start.elapsed(), TIMEOUT);
+        settle().await;
+        assert_eq!(*restarts.lock().unwrap(), ["function timeout in Work (a)"]);
+        assert_eq!(invoker.worker.state().generation, 2);
+        let lines = log.lines();
+        assert!(
+            lines[0].contains("Timeout value of 3s exceeded by function 'Work' (Id: 'a')")
+                && lines[0].contains("Restarting worker process executing invocationId 'a'"),
+            "{lines:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_invocation_in_flight_fails_at_another_ones_timeout_restart_not_at_its_own() {
+        let (invoker, restarts, log) = invoker(Some(1));
+        let first = invoker.run("Work", "a", |_, _| pending::<Result<(), _>>());
+        let second = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let started = Instant::now();
+            let ended = invoker
+                .run("Work", "b", |_, _| pending::<Result<(), _>>())
+                .await;
+            (ended, started.elapsed())
+        };
+        let (first, (second, second_ran)) = tokio::join!(first, second);
+        assert_eq!(first, Err(InvokeError::Timeout));
+        assert_eq!(second, Err(InvokeError::HandlerRestarted));
+        assert_eq!(
+            second_ran,
+            TIMEOUT - Duration::from_secs(1),
+            "ended with the first"
+        );
+        settle().await;
+        assert_eq!(*restarts.lock().unwrap(), ["function timeout in Work (a)"]);
+        assert_eq!(log.lines().len(), 1, "one timeout: {:?}", log.lines());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_without_result_is_waited_out_to_the_timeout_then_restarts() {
+        let (invoker, restarts, log) = invoker(Some(1));
+        let start = Instant::now();
+        let ended = invoker
+            .run("Work", "a", |_, _| async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Err::<(), _>(InvokeError::Response(ResponseProblem::NoResult))
+            })
+            .await;
+        assert_eq!(ended, Err(InvokeError::Timeout));
+        assert_eq!(
+            start.elapsed(),
+            TIMEOUT,
+            "waited out from the invocation's start"
+        );
+        settle().await;
+        assert_eq!(restarts.lock().unwrap().len(), 1);
+        let lines = log.lines();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("!!!") && lines[0].contains("waiting out functionTimeout"));
+        assert!(lines[1].contains("A function timeout has occurred"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_before_the_timeout_is_the_result_and_restarts_nothing() {
+        let (invoker, restarts, log) = invoker(Some(1));
+        let start = Instant::now();
+        let ended = invoker
+            .run("Work", "a", |_, port| async move {
+                tokio::time::sleep(TIMEOUT - Duration::from_millis(1)).await;
+                Ok(port)
+            })
+            .await;
+        assert_eq!(ended, Ok(1));
+        assert_eq!(start.elapsed(), TIMEOUT - Duration::from_millis(1));
+        settle().await;
+        assert!(restarts.lock().unwrap().is_empty());
+        assert_eq!(invoker.worker.state().generation, 1);
+        assert!(log.lines().is_empty(), "{:?}", log.lines());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_for_a_starting_handler_counts_against_the_timeout_but_restarts_nothing() {
+        let (invoker, restarts, _) = invoker(None);
+        let start = Instant::now();
+        let ended = invoker.run("Work", "a", |_, _| async { Ok(()) }).await;
+        assert!(
+            matches!(&ended, Err(InvokeError::Unavailable(why)) if why.contains("not ready within functionTimeout")),
+            "{ended:?}"
+        );
+        assert_eq!(start.elapsed(), TIMEOUT);
+        settle().await;
+        assert!(restarts.lock().unwrap().is_empty());
+    }
+}

@@ -430,6 +430,12 @@ impl RunningHost {
         self.log.lines()
     }
 
+    /// The host's log, to read its lines (see [`RunningHost::log_lines`]) while or after
+    /// [`RunningHost::shutdown`] runs.
+    pub fn log(&self) -> HostLog {
+        self.log.clone()
+    }
+
     /// Stops polling, waits (bounded) for invocations in flight, stops the handlers.
     pub async fn shutdown(mut self) {
         self.log

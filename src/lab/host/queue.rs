@@ -1,6 +1,14 @@
 //! Queue trigger listener (§7): one per queue function per instance. Polls with randomized
 //! exponential backoff, keeps at most `batchSize + newBatchThreshold` invocations in flight,
 //! and settles each message (delete, release, or poison) as the Storage Queues extension does.
+//!
+//! Invariants:
+//! - a new batch is fetched only while at most `newBatchThreshold` invocations are in flight, so
+//!   never more than `batchSize + newBatchThreshold` run at once;
+//! - a failed delivery is settled by [`settlement`] alone: released for `visibilityTimeout`,
+//!   moved to the poison queue on its last allowed delivery, or, with no poison queue possible,
+//!   left invisible for the rest of its receive visibility (never retried in a fast loop);
+//! - every delay here (polling backoff, visibility renewal, drain) runs on tokio's clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,11 +54,44 @@ impl Backoff {
     }
 
     pub fn next_delay(&mut self) -> Duration {
+        self.next_delay_with(rand::thread_rng().gen_range(0.8..1.2))
+    }
+
+    /// The next delay with the jitter factor given (0.8 to 1.2 in [`Backoff::next_delay`]):
+    /// `min + min * (2^n - 1) * jitter`, capped at `max`, `n` counting empty polls since a reset.
+    pub fn next_delay_with(&mut self, jitter: f64) -> Duration {
         self.exponent = (self.exponent + 1).min(30);
-        let delta = self.min.as_secs_f64() * ((1u64 << self.exponent.min(30)) - 1) as f64;
-        let jitter: f64 = rand::thread_rng().gen_range(0.8..1.2);
+        let delta = self.min.as_secs_f64() * ((1u64 << self.exponent) - 1) as f64;
         let secs = (self.min.as_secs_f64() + delta * jitter).min(self.max.as_secs_f64());
         Duration::from_secs_f64(secs)
+    }
+}
+
+/// What becomes of a message whose invocation failed (see the invariants at the top).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Visible again after this long (`visibilityTimeout`), for another delivery.
+    Release(Duration),
+    /// Moved to the poison queue: its last allowed delivery failed.
+    Poison,
+    /// Left as it is: no poison queue is possible, so it stays invisible until its receive
+    /// visibility ends, then comes back.
+    KeepInvisible,
+}
+
+/// How a failed delivery with `dequeue_count` is settled.
+pub fn settlement(
+    dequeue_count: u64,
+    max_dequeue_count: u64,
+    has_poison_queue: bool,
+    visibility_timeout: Duration,
+) -> Settlement {
+    if !has_poison_queue {
+        Settlement::KeepInvisible
+    } else if dequeue_count >= max_dequeue_count {
+        Settlement::Poison
+    } else {
+        Settlement::Release(visibility_timeout)
     }
 }
 
@@ -336,35 +377,39 @@ impl<S: QueueStore> QueueListener<S> {
 
     async fn settle_failure(&self, message: &ReceivedMessage, receipt: &str, tag: &str) {
         let max = self.options.max_dequeue_count;
-        if self.poison.is_none() {
-            // No poison queue possible: the message stays invisible until the receive visibility ends.
-            return;
-        }
-        if message.dequeue_count >= max {
-            self.log.warn(format!(
-                "{tag} Message has reached MaxDequeueCount of {max}. Moving message to queue '{}'.",
-                self.poison
-                    .as_ref()
-                    .map(|p| p.queue.as_str())
-                    .unwrap_or_default()
-            ));
-            self.move_to_poison(message, receipt, tag).await;
-        } else if let Err(e) = self
-            .source
-            .store
-            .update_message(
-                &self.source.queue,
-                &message.id,
-                receipt,
-                self.options.visibility_timeout,
-                None,
-            )
-            .await
-        {
-            self.log.warn(format!(
-                "{tag} could not release message {}: {e}",
-                message.id
-            ));
+        match settlement(
+            message.dequeue_count,
+            max,
+            self.poison.is_some(),
+            self.options.visibility_timeout,
+        ) {
+            Settlement::KeepInvisible => self.log.warn(format!(
+                "{tag} no poison queue for {}: message {} stays invisible until its receive visibility ends ({:?} after it was received)",
+                self.source.queue, message.id, self.receive_visibility
+            )),
+            Settlement::Poison => {
+                self.log.warn(format!(
+                    "{tag} Message has reached MaxDequeueCount of {max}. Moving message to queue '{}'.",
+                    self.poison
+                        .as_ref()
+                        .map(|p| p.queue.as_str())
+                        .unwrap_or_default()
+                ));
+                self.move_to_poison(message, receipt, tag).await;
+            }
+            Settlement::Release(visibility) => {
+                if let Err(e) = self
+                    .source
+                    .store
+                    .update_message(&self.source.queue, &message.id, receipt, visibility, None)
+                    .await
+                {
+                    self.log.warn(format!(
+                        "{tag} could not release message {}: {e}",
+                        message.id
+                    ));
+                }
+            }
         }
     }
 
@@ -404,6 +449,40 @@ pub fn poison_queue_name(queue: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_minimum_with_its_jitter_up_to_the_maximum() {
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(100), Duration::from_secs(2));
+        let delays: Vec<Duration> = (0..6).map(|_| b.next_delay_with(1.0)).collect();
+        assert_eq!(
+            delays,
+            [ms(200), ms(400), ms(800), ms(1600), ms(2000), ms(2000)]
+        );
+        b.reset();
+        // min + min * (2^1 - 1) * jitter
+        assert_eq!(b.next_delay_with(0.8), ms(180));
+        assert_eq!(b.next_delay_with(1.2), ms(460));
+    }
+
+    #[test]
+    fn failed_deliveries_are_released_poisoned_on_the_last_or_kept_without_poison_queue() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(settlement(1, 5, true, ten), Settlement::Release(ten));
+        assert_eq!(
+            settlement(4, 5, true, Duration::ZERO),
+            Settlement::Release(Duration::ZERO)
+        );
+        assert_eq!(settlement(5, 5, true, ten), Settlement::Poison);
+        assert_eq!(settlement(7, 5, true, ten), Settlement::Poison);
+        // A poison queue's own messages: never released at visibilityTimeout (0 would retry in a
+        // fast loop), never poisoned.
+        assert_eq!(
+            settlement(1, 5, false, Duration::ZERO),
+            Settlement::KeepInvisible
+        );
+        assert_eq!(settlement(5, 5, false, ten), Settlement::KeepInvisible);
+    }
 
     #[test]
     fn backoff_grows_to_max_and_resets() {

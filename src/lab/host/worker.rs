@@ -7,17 +7,25 @@
 //! ([`RECYCLE_DELAY`] unless configured), then starts a fresh handler with its error count
 //! cleared. The platform's own delay is not published; 10 s is our choice, long enough to be
 //! seen in logs and tests, short enough that a long run loses little.
+//!
+//! Invariants:
+//! - the instance gives up when [`ERROR_THRESHOLD`] errors fall within [`ERROR_WINDOW`] of the
+//!   latest one ([`ErrorCount`]); a timeout restart or a clean exit is not an error;
+//! - after giving up it stays [`WorkerStatus::Failed`] for exactly its recycle delay unless stopped
+//!   meanwhile ([`wait_recycle`]), and starts again with no error counted;
+//! - every delay here runs on tokio's clock, so paused-time tests drive them.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::config::{expand_argument, AppConfig, AppSettings};
 use super::log::{console_line, HostLog};
@@ -187,12 +195,39 @@ enum Ended {
     Stop,
 }
 
+/// The handler errors that count towards giving up: those within [`ERROR_WINDOW`] of the latest.
+#[derive(Debug, Default)]
+pub struct ErrorCount {
+    times: VecDeque<Instant>,
+}
+
+impl ErrorCount {
+    /// Counts an error at `now`; `true` when [`ERROR_THRESHOLD`] errors now fall within
+    /// [`ERROR_WINDOW`] (the host gives up).
+    pub fn too_many(&mut self, now: Instant) -> bool {
+        self.times.push_back(now);
+        while self
+            .times
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > ERROR_WINDOW)
+        {
+            self.times.pop_front();
+        }
+        self.times.len() >= ERROR_THRESHOLD
+    }
+
+    /// Forgets every error (a recycled instance starts afresh).
+    pub fn clear(&mut self) {
+        self.times.clear();
+    }
+}
+
 async fn supervise(
     spec: WorkerSpec,
     state: watch::Sender<WorkerState>,
     mut commands: mpsc::UnboundedReceiver<WorkerCommand>,
 ) {
-    let mut errors: VecDeque<Instant> = VecDeque::new();
+    let mut errors = ErrorCount::default();
     let mut generation = 0u64;
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -217,17 +252,9 @@ async fn supervise(
             }
             Ended::Restart => continue,
             Ended::Error(why) => {
-                let now = Instant::now();
-                errors.push_back(now);
-                while errors
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) > ERROR_WINDOW)
-                {
-                    errors.pop_front();
-                }
                 spec.log
                     .error(format!("{} handler error: {why}", spec.label));
-                if errors.len() >= ERROR_THRESHOLD {
+                if errors.too_many(Instant::now()) {
                     if !give_up(&spec, generation, &state, &mut commands, &why).await {
                         return;
                     }
@@ -257,23 +284,34 @@ async fn give_up(
         status: WorkerStatus::Failed(msg),
         pid: None,
     });
-    let recycle = tokio::time::sleep(spec.recycle_delay);
-    tokio::pin!(recycle);
-    loop {
-        tokio::select! {
-            _ = &mut recycle => break,
-            // Restart requests are for the handler that is gone; only a stop matters.
-            cmd = commands.recv() => match cmd {
-                Some(WorkerCommand::Restart { .. }) => {}
-                Some(WorkerCommand::Stop) | None => return false,
-            },
-        }
+    if !wait_recycle(spec.recycle_delay, commands).await {
+        return false;
     }
     spec.log.warn(format!(
         "{} recycling the host instance: a fresh handler starts ({:?} after giving up)",
         spec.label, spec.recycle_delay
     ));
     true
+}
+
+/// Waits out the recycle delay of an instance that gave up: `true` once `delay` has passed,
+/// `false` as soon as a stop comes (or the commands end). Restart requests are for the handler
+/// that is gone and change nothing.
+async fn wait_recycle(
+    delay: Duration,
+    commands: &mut mpsc::UnboundedReceiver<WorkerCommand>,
+) -> bool {
+    let recycle = tokio::time::sleep(delay);
+    tokio::pin!(recycle);
+    loop {
+        tokio::select! {
+            _ = &mut recycle => return true,
+            cmd = commands.recv() => match cmd {
+                Some(WorkerCommand::Restart { .. }) => {}
+                Some(WorkerCommand::Stop) | None => return false,
+            },
+        }
+    }
 }
 
 /// `ETXTBSY` (Linux and macOS); `ErrorKind::ExecutableFileBusy` is newer than our MSRV.
@@ -499,3 +537,7 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
         Err(e) => format!("wait failed: {e}"),
     }
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

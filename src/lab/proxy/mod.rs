@@ -6,8 +6,12 @@
 //! It fronts the table and queue services, and the blob service too when started with
 //! [`StorageProxy::start_with_blob`] (export and import): blob requests are counted by kind
 //! ([`BlobRequestKind`]) and container, and faulted like the others.
+//!
+//! A test can also hold requests at a known point ([`StorageProxy::hold`], see `gate`): they
+//! wait in the proxy until released, before any fault is drawn for them.
 
 mod classify;
+mod gate;
 mod in_flight;
 mod timeline;
 
@@ -29,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use gate::{Held, Hold};
 pub use in_flight::{InFlight, InFlightMark};
 pub use timeline::{Stamp, Timeline};
 
@@ -125,6 +130,8 @@ struct Shared {
     in_flight: InFlight,
     /// When each request arrived, once started (rate measurements).
     timeline: Timeline,
+    /// Requests held until a test lets them through.
+    gate: gate::Gate,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -161,6 +168,28 @@ fn error_response(
         .header("x-ms-error-code", code)
         .header("x-ms-request-id", request_id.to_string())
         .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
+
+/// The queue service's answer to a receive that finds no message (in the API version the
+/// request named, with the headers the service always sends).
+fn no_messages(version: Option<&hyper::header::HeaderValue>) -> Response<Full<Bytes>> {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/xml")
+        .header("x-ms-request-id", uuid::Uuid::new_v4().to_string())
+        .header(
+            "x-ms-version",
+            version
+                .cloned()
+                .unwrap_or(hyper::header::HeaderValue::from_static("2019-12-12")),
+        )
+        .header("date", date)
+        .header("server", "Windows-Azure-Queue/1.0 Microsoft-HTTPAPI/2.0")
+        .body(Full::new(Bytes::from_static(
+            b"<?xml version=\"1.0\" encoding=\"utf-8\"?><QueueMessagesList></QueueMessagesList>",
+        )))
         .expect("valid response")
 }
 
@@ -270,9 +299,13 @@ async fn handle(
         .counts
         .lock()
         .unwrap()
-        .entry((any_kind_name(kind).to_string(), resource))
+        .entry((any_kind_name(kind).to_string(), resource.clone()))
         .or_default() += 1;
 
+    if shared.gate.hides(kind, &resource) {
+        return Ok(no_messages(parts.headers.get("x-ms-version")));
+    }
+    shared.gate.pass(kind, &resource).await;
     let fault = shared.pick_fault(kind);
     match fault {
         Fault::ServerBusy => {
@@ -411,6 +444,7 @@ impl StorageProxy {
             duplicated: AtomicU64::new(0),
             in_flight: InFlight::default(),
             timeline: Timeline::default(),
+            gate: gate::Gate::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let (stop, _) = watch::channel(false);
@@ -466,6 +500,40 @@ impl StorageProxy {
     pub fn set_faults(&self, faults: FaultPolicy) {
         *self.shared.faults.lock().unwrap() = faults;
         *self.shared.tally.lock().unwrap() = (0, 0);
+    }
+
+    /// From now on, the requests `hold` matches wait in the proxy (counted, see [`Held`]) until
+    /// another hold that does not match them replaces it, or [`StorageProxy::release`]. Held
+    /// requests are checked before faults are drawn, and forwarded unchanged once let through.
+    pub fn hold(&self, hold: Hold) {
+        self.shared.gate.set(Some(hold));
+    }
+
+    /// Lets every held request through, and holds no more.
+    pub fn release(&self) {
+        self.shared.gate.set(None);
+    }
+
+    /// Receives from `queues` find no message (answered by the proxy: the messages wait
+    /// untouched, and the host polling them can stop) until another call; `&[]` shows them all.
+    pub fn hide_messages(&self, queues: &[&str]) {
+        self.shared.gate.hide(queues);
+    }
+
+    /// Requests held so far (waiting now, and in all).
+    pub fn held(&self) -> Held {
+        *self.shared.gate.held().borrow()
+    }
+
+    /// Waits until the requests held satisfy `until` (e.g. `|h| h.now >= 1`); the count then.
+    /// Unbounded: a test wraps it in its own bound.
+    pub async fn wait_held(&self, until: impl FnMut(&Held) -> bool) -> Held {
+        let mut held = self.shared.gate.held();
+        let seen = *held
+            .wait_for(until)
+            .await
+            .expect("the gate lives as long as the proxy");
+        seen
     }
 
     /// Requests seen so far, by (kind, table or queue).

@@ -5,8 +5,10 @@
 //!
 //! Virtual time is tokio's paused clock on a current-thread runtime: every `sleep` (latency,
 //! CPU, polling, backoff) advances time only when nothing else can run, so hours of simulated
-//! cloud run in seconds and the same seed gives the same result. Every figure it produces is
-//! simulated, not measured.
+//! cloud run in seconds and the same seed gives the same result. The app's time of day (a
+//! phase claim's age, the completion lease, a scan's start and end) is virtual too: every
+//! instance of a run shares one clock following tokio's (`Clock::following_tokio`). Every figure
+//! it produces is simulated, not measured.
 
 pub mod api;
 pub mod blog;
@@ -34,6 +36,7 @@ use crate::app::config::Config;
 use crate::app::server::app;
 use crate::app::state::AppState;
 use crate::app::tracking::{seed_backoff_jitter, ScanState};
+use crate::clock::Clock;
 use crate::lab::memory::MemoryQueueStore;
 use crate::lab::memory::MemoryTableStore;
 use crate::scan::{Scanner, StepBudget, Strategy};
@@ -230,13 +233,14 @@ async fn simulate(
     };
     let blobs = CloudBlobs::new(account.clone());
     let stores = (tables.clone(), queues.clone(), blobs.clone());
-    let state = app_state(&scenario.design, &model, stores.clone())?;
+    let clock = Clock::following_tokio();
+    let state = app_state(&scenario.design, &model, stores.clone(), clock.clone())?;
     // The API's handler (it serves the start request); each instance gets its own below.
     let router = app(state.clone());
     let new_handler: host::NewHandler = {
         let (design, model) = (scenario.design.clone(), model.clone());
         Box::new(move || {
-            app(app_state(&design, &model, stores.clone())
+            app(app_state(&design, &model, stores.clone(), clock.clone())
                 .expect("the design's state was built once"))
         })
     };
@@ -325,11 +329,13 @@ async fn simulate(
     Ok(result)
 }
 
-/// The real app's state over the modelled storage, configured as the scenario's design says.
+/// The real app's state over the modelled storage, configured as the scenario's design says,
+/// on the run's virtual `clock`.
 fn app_state(
     d: &Design,
     model: &Model,
     (tables, queues, blobs): (CloudTables, CloudQueues, CloudBlobs),
+    clock: Clock,
 ) -> Result<Arc<AppState<SimStores>>, String> {
     let settings: BTreeMap<&str, String> = [
         (
@@ -360,7 +366,8 @@ fn app_state(
         [(own(), queues)].into(),
         [(own(), Ok(blobs))].into(),
         crate::app::drivers::registry(),
-    ))
+    )
+    .on_clock(clock))
 }
 
 /// The blog's app: one worker queue and one start message; nothing is tracked.

@@ -236,10 +236,7 @@ impl TokenFetch for SdkFetch {
             .await
             .map_err(|_| FetchError::transient(format!("no token within {FETCH_TIMEOUT:?}")))?
             .map_err(sdk_error)?;
-        Ok(Fetched {
-            token: token.token,
-            expires_on: token.expires_on,
-        })
+        Ok(Fetched::expiring_on(token.token, token.expires_on))
     }
 }
 
@@ -412,15 +409,19 @@ fn parse_token_response(body: &[u8]) -> Result<Fetched, String> {
             _ => None,
         })
     };
-    let expires_on = match (number("expires_on"), number("expires_in")) {
-        (Some(on), _) => OffsetDateTime::from_unix_timestamp(on).map_err(|_| "a bad expires_on")?,
-        (None, Some(seconds)) => OffsetDateTime::now_utc() + time::Duration::seconds(seconds),
-        (None, None) => return Err("no expires_on".into()),
-    };
-    Ok(Fetched {
-        token: Secret::new(token.to_string()),
-        expires_on,
-    })
+    let token = Secret::new(token.to_string());
+    match (number("expires_on"), number("expires_in")) {
+        (Some(on), _) => Ok(Fetched::expiring_on(
+            token,
+            OffsetDateTime::from_unix_timestamp(on).map_err(|_| "a bad expires_on")?,
+        )),
+        // A negative lifetime is an expired token, which the provider refuses.
+        (None, Some(seconds)) => Ok(Fetched::expiring_in(
+            token,
+            Duration::from_secs(seconds.max(0).unsigned_abs()),
+        )),
+        (None, None) => Err("no expires_on".into()),
+    }
 }
 
 #[cfg(test)]

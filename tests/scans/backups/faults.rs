@@ -26,20 +26,22 @@ use support::backup::{
     verify_import, Target, SCAN_TIMEOUT,
 };
 use support::e2e::TestApp;
+use support::faults::kills::deliveries_budget;
 use support::faults::{
-    check_kills, explain, kill_more_while_running, proxy, seeded_source, source_entities,
-    storage_faults, Summary,
+    app_behind, check_kills, explain, proxy, seeded_source, source_entities, start_then_arm,
+    storage_faults, Killer, Summary,
 };
 use support::raw::{self, RawClient};
 use support::unique_name;
-use tablescan::lab::proxy::{FaultPolicy, StorageProxy};
+use tablescan::lab::proxy::{FaultPolicy, Hold, StorageProxy};
 use tablescan::storage::blob::{BlobStore, BlobWrite};
 use tablescan::storage::request_counts::RequestKind;
 
 /// The faults a backup run is under.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
-    /// Handlers SIGKILLed during the export and again during the import (3 instances).
+    /// Handlers SIGKILLed during the export and again during the import (3 instances), the
+    /// scan's writes held at the proxy meanwhile.
     Crash,
     /// Every queue put stored two or three times, two instances.
     Duplicates,
@@ -56,28 +58,25 @@ impl Fault {
         }
     }
 
-    async fn proxy(self) -> Option<StorageProxy> {
+    async fn proxy(self) -> StorageProxy {
         match self {
-            Fault::Crash => None,
-            Fault::Duplicates => Some(
-                proxy(
-                    FaultPolicy {
-                        duplicate_puts: 1.0,
-                        extra_copies: 2,
-                        kinds: vec![RequestKind::QueuePut],
-                        ..FaultPolicy::default()
-                    },
-                    23,
-                )
-                .await,
-            ),
-            Fault::Storage => Some(proxy(storage_faults(0.04), 29).await),
+            Fault::Crash => proxy(FaultPolicy::none(), 19).await,
+            Fault::Duplicates => {
+                let policy = FaultPolicy {
+                    duplicate_puts: 1.0,
+                    extra_copies: 2,
+                    kinds: vec![RequestKind::QueuePut],
+                    ..FaultPolicy::default()
+                };
+                proxy(policy, 23).await
+            }
+            Fault::Storage => proxy(storage_faults(0.04), 29).await,
         }
     }
 }
 
 /// Faults so far: kills, extra queue messages, or injected storage faults (blob ones apart).
-fn faults_so_far(fault: Fault, kills: &[usize], proxy: Option<&StorageProxy>) -> (u64, u64) {
+fn faults_so_far(fault: Fault, kills: &[usize], proxy: &StorageProxy) -> (u64, u64) {
     let blob = |p: &StorageProxy| {
         p.faults_by_kind()
             .iter()
@@ -85,31 +84,47 @@ fn faults_so_far(fault: Fault, kills: &[usize], proxy: Option<&StorageProxy>) ->
             .map(|(_, n)| n)
             .sum::<u64>()
     };
-    match (fault, proxy) {
-        (Fault::Duplicates, Some(p)) => (p.duplicates_put(), 0),
-        (Fault::Storage, Some(p)) => (p.faults_injected(), blob(p)),
-        _ => (kills.iter().sum::<usize>() as u64, 0),
+    match fault {
+        Fault::Duplicates => (proxy.duplicates_put(), 0),
+        Fault::Storage => (proxy.faults_injected(), blob(proxy)),
+        Fault::Crash => (kills.iter().sum::<usize>() as u64, 0),
     }
 }
 
 /// Exports a seeded table under `fault`, verifies the export, restores it into a new table
-/// under the same fault, and verifies the restore.
+/// under the same fault, and verifies the restore. Under [`Fault::Crash`], the export's parts
+/// and then the import's rows wait at the proxy while handlers are killed (one kill per
+/// instance in each: the host gives up on an instance at its third), so neither can end before
+/// its kills, and the invocations blocked there die with their handler.
 async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
+    // These runs load the machine (three phases of faults, up to 3 instances): apart from the
+    // latency and memory measurements that take this lock (`backups::verify`).
     let _alone = support::alone().await;
     let instances = if matches!(fault, Fault::Crash) { 3 } else { 2 };
     let proxy = fault.proxy().await;
-    let app = TestApp::start_through(instances, proxy.as_ref()).await;
+    let app = match fault {
+        Fault::Crash => app_behind(&proxy, instances).await,
+        _ => TestApp::start_through(instances, Some(&proxy)).await,
+    };
     let (source, source_rows) = seeded_source(&app, source_entities(rows, 91)).await;
     let target = Target::new(fault.label());
-    let mut kills = vec![0usize; instances];
+    let mut killer = Killer::new(&app);
 
-    let export = start_export(&app, &source, take, &target).await;
-    if matches!(fault, Fault::Crash) {
-        // One kill per instance here, one more in the import: the host gives up after 3.
-        kill_more_while_running(&app, &export, &mut kills, 1).await;
-    }
+    let export = start_export(&app, &source, take, &target);
+    let export = match fault {
+        // (The export's start writes its reservation to the container: held after it.)
+        Fault::Crash => {
+            let hold = |_: &String| proxy.hold(Hold::blob_writes_to(&target.container));
+            let export = start_then_arm(&app, &proxy, export, hold).await;
+            let count = deliveries_budget(&killer.kills, 1);
+            killer.kill(&app, Some(&proxy), count, 1, None).await;
+            proxy.release();
+            export
+        }
+        _ => export.await,
+    };
     let (export_verdict, manifest) = verify_export(&app, &export, &source_rows, &target).await;
-    let (export_faults, export_blob_faults) = faults_so_far(fault, &kills, proxy.as_ref());
+    let (export_faults, export_blob_faults) = faults_so_far(fault, &killer.kills, &proxy);
     let mut summary = Summary::new(format!("export-{}", fault.label()));
     summary.faults = export_faults;
     summary.add(&export_verdict);
@@ -118,17 +133,23 @@ async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
     let manifest_rows = manifest.as_ref().and_then(|m| m["rows"].as_i64()).unwrap();
 
     let destination = unique_name("Restored");
+    if let Fault::Crash = fault {
+        proxy.hold(Hold::writes_to(&destination));
+    }
     let import = start_import(&app, &target, &destination).await;
-    if matches!(fault, Fault::Crash) {
-        kill_more_while_running(&app, &import, &mut kills, 2).await;
+    if let Fault::Crash = fault {
+        let count = deliveries_budget(&killer.kills, 2);
+        killer.kill(&app, Some(&proxy), count, 2, None).await;
+        proxy.release();
     }
     let import_verdict =
         verify_import(&app, &import, &source_rows, &destination, manifest_rows).await;
-    let (all_faults, all_blob_faults) = faults_so_far(fault, &kills, proxy.as_ref());
+    let (all_faults, all_blob_faults) = faults_so_far(fault, &killer.kills, &proxy);
     let mut summary = Summary::new(format!("import-{}", fault.label()));
     summary.faults = all_faults - export_faults;
     summary.add(&import_verdict);
-    if let Some(p) = &proxy {
+    if !matches!(fault, Fault::Crash) {
+        let p = &proxy;
         let counts = p.counts();
         let of = |prefix: &str| -> u64 {
             counts
@@ -150,12 +171,13 @@ async fn backup_fault_run(fault: Fault, rows: u64, take: u32) {
     summary.report(&[&import_verdict]);
     match fault {
         Fault::Crash => {
+            let kills = &killer.kills;
             eprintln!("kills per instance after the export and the import: {kills:?}");
             assert!(
                 export_faults > 0 && all_faults > export_faults,
                 "the export or the import ended before a kill"
             );
-            check_kills(&app, &kills).await;
+            check_kills(&app, kills).await;
         }
         Fault::Storage => {
             assert!(
@@ -192,7 +214,7 @@ async fn export_and_import_with_storage_faults() {
 /// was recorded completed: it must find the manifest and leave it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_manifest_is_never_rewritten_after_the_export_completed() {
-    let proxy = Fault::Duplicates.proxy().await.expect("a proxy");
+    let proxy = Fault::Duplicates.proxy().await;
     let connection = proxy.connection_string();
     let app = TestApp::start(2, &[("AzureWebJobsStorage", connection.as_str())]).await;
     let (source, source_rows) = seeded_source(&app, source_entities(300, 93)).await;

@@ -206,12 +206,15 @@ async fn a_forged_poison_message_is_ignored_and_the_scan_completes_exactly() {
     .await;
     let (source, rows) = seeded_source(&app, source_entities(300, 33)).await;
     let destination = unique_name("Dest");
-    let id = start_copy(&app, &source, &destination, 50).await;
+    // Armed before the copy starts: its root step never reads a page until they are lifted.
+    // The first query is the start's probe of the source (`POST /api/scans`), spared.
     proxy.set_faults(FaultPolicy {
         server_busy: 1.0,
         kinds: vec![RequestKind::Query],
+        spare_first: 1,
         ..FaultPolicy::none()
     });
+    let id = start_copy(&app, &source, &destination, 50).await;
     wait_until("a failed query of the root step", SCAN_TIMEOUT, || async {
         proxy.faults_injected() > 0
     })
@@ -263,13 +266,16 @@ async fn an_item_killed_during_its_last_delivery_still_fails_the_scan() {
     let proxy = proxy(FaultPolicy::none(), 29).await;
     let app = app_with(&proxy.connection_string(), 1, "00:00:00", "00:00:03", &[]).await;
     let (source, _) = seeded_source(&app, source_entities(200, 34)).await;
-    let id = start_copy(&app, &source, &unique_name("Dest"), 50).await;
+    // Armed before the copy starts, so no page is read on time by chance; the first query is
+    // the start's probe of the source (`POST /api/scans`), spared.
     proxy.set_faults(FaultPolicy {
         delay: 1.0,
         max_delay: Duration::from_secs(30),
         kinds: vec![RequestKind::Query],
+        spare_first: 1,
         ..FaultPolicy::none()
     });
+    let id = start_copy(&app, &source, &unique_name("Dest"), 50).await;
     // Read from the scans table: the status API's handler is restarted under it.
     let state = wait_recorded_end(&app, &id, SCAN_TIMEOUT).await;
     assert_eq!(state, "failed");

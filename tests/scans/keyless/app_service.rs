@@ -15,7 +15,8 @@ use std::sync::Arc;
 use serde_json::json;
 use support::identity::endpoints::{fakes, Identity};
 use support::identity::{
-    app_service_settings, app_service_storage, borrowed, entity, round_trip, IDENTITY_HEADER,
+    app_service_settings, app_service_storage, azurite_answer, borrowed, entity,
+    identity_app_settings, round_trip, wait_until, IDENTITY_HEADER,
 };
 use tablescan::storage::azure_table::AzureTableStore;
 use tablescan::storage::connection::StorageAccount;
@@ -54,12 +55,32 @@ async fn without_a_token_nothing_is_sent_and_the_error_names_the_connection() {
 async fn azurite_refuses_a_token_for_another_audience() {
     let identity = Identity::default();
     identity.wrong_audience.store(true, Ordering::SeqCst);
-    let url = fakes().app_service(&identity);
-    let account = StorageAccount::new(app_service_settings("Dst", &url));
+    refused_by_azurite(&identity, "Dst", "Refused").await;
+}
+
+/// Azurite really checks a token's lifetime: one whose `exp` has passed is refused, though the
+/// answer said it lives an hour (so the provider hands it out). The short-lived tokens test
+/// relies on it.
+#[tokio::test]
+async fn azurite_refuses_an_expired_token() {
+    let identity = Identity::default();
+    identity.expired.store(true, Ordering::SeqCst);
+    refused_by_azurite(&identity, "Src", "Expired").await;
+    let (status, body) = azurite_answer(&identity.tokens()[0]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("expired"), "{body}");
+}
+
+/// A table creation and a query on connection `connection` through an App Service endpoint
+/// issuing `identity`'s tokens: both refused by Azurite (403 `AuthenticationFailed`), with one
+/// token, and neither error carrying the token or the identity header.
+async fn refused_by_azurite(identity: &Identity, connection: &str, table: &str) {
+    let url = fakes().app_service(identity);
+    let account = StorageAccount::new(app_service_settings(connection, &url));
     let tables = account.table_store(Arc::new(RequestCounters::new()));
-    let error = tables.create_table("Refused").await.unwrap_err();
+    let error = tables.create_table(table).await.unwrap_err();
     let query_error = tables
-        .query_page("Refused", &TableQuery::default())
+        .query_page(table, &TableQuery::default())
         .await
         .unwrap_err();
     assert_eq!(identity.issued(), 1);
@@ -161,59 +182,108 @@ async fn completes_writing(app: &support::e2e::TestApp, body: &serde_json::Value
     );
 }
 
-/// Tokens that live 2 seconds (`expires_in`): every process's provider refreshes at half the
-/// lifetime, so a copy scan through the local host runs across many token expiries — and the
-/// tokens Azurite checks carry that short `exp`. The copy is still exact.
+/// Tokens whose answers say they live 1 second (`expires_in`): every process's provider
+/// refreshes them at half that, so copy scans through the local host run across token expiries,
+/// and every copy is exact. The handler's data connection `Data` is a user-assigned identity of
+/// its own (only the handler asks for it): copies run until the handler has been issued three
+/// `Data` tokens mid-copy and the app storage (the host and the handler) two. Then, once Azurite
+/// refuses every token issued so far (their `exp` passed), one more copy still completes: no
+/// process kept an old token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_scan_outlives_many_short_lived_tokens() {
-    use support::e2e::{rows, seed};
-    // JWT `exp` is in whole seconds, so a token may expire up to 1 s before its lifetime says;
-    // refreshed at half its lifetime, a 4-second token leaves a loaded machine a second of slack.
-    const LIFETIME: i64 = 4;
-    let identity = Identity::default();
-    identity.lifetime.store(LIFETIME, Ordering::SeqCst);
-    let url = fakes().app_service(&identity);
-    let app = app_through(&url, false).await;
+    use support::e2e::seed;
+    const DATA_CLIENT: &str = "0c5a3a1e-4444-4000-8000-00000000da7a";
+    let (app_identity, data) = (Identity::default(), Identity::default());
+    for identity in [&app_identity, &data] {
+        identity.lifetime.store(1, Ordering::SeqCst);
+    }
+    let url = fakes().app_service_users(&app_identity, &[(DATA_CLIENT, &data)]);
+    let storage = app_service_storage(&url, false);
+    let mut settings = identity_app_settings(
+        "Data",
+        false,
+        &[("credential", "managedidentity"), ("clientId", DATA_CLIENT)],
+    );
+    settings.push(("TABLESCAN_CONNECTIONS".into(), "Data".into()));
+    let store = StorageAccount::new(app_service_settings("Seed", &url))
+        .table_store(Arc::new(RequestCounters::new()));
+    let app =
+        support::e2e::TestApp::start_on(1, &borrowed(&storage), store, &borrowed(&settings)).await;
     let source = support::unique_name("ShortTokenSource");
-    let destination = support::unique_name("ShortTokenDestination");
-    // Long enough to outlive a refresh interval however fast the copy gets.
-    const ROWS: i64 = 6000;
     let mut entities: Vec<_> = (0..ROWS)
         .map(|i| entity(&format!("p{}", i % 11), &format!("r{i:04}"), i))
         .collect();
     seed(&app.store, &source, entities.clone()).await;
-
-    let before = identity.issued();
-    let started = std::time::Instant::now();
-    let copy = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination, "takeCount": 5});
-    let (_, end) = app
-        .scan_until_end(&copy, std::time::Duration::from_secs(180))
-        .await;
-    let elapsed = started.elapsed();
-    let during = identity.issued() - before;
-    assert_eq!(end["state"], "completed", "{end}");
-    assert_eq!(end["rowsWritten"], ROWS, "{end}");
-    // Exactly the source's rows, every property, in key order.
     entities.sort_by(|a, b| {
         tablescan::storage::compare_keys(&a.partition_key, &b.partition_key)
             .then(tablescan::storage::compare_keys(&a.row_key, &b.row_key))
     });
-    let copied = rows(&app.store, &destination).await;
+
+    // Copies (each exact) until the refreshes were seen, whatever the machine's speed.
+    let (mut copies, mut data_during, mut app_during) = (0, 0, 0);
+    let started = std::time::Instant::now();
+    while data_during < 3 || app_during < 2 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(300),
+            "gave up waiting for 3 Data tokens and 2 app storage tokens issued during copies: \
+             {copies} copies saw {data_during} and {app_during}"
+        );
+        let before = (data.issued(), app_identity.issued());
+        copies_exactly(&app, &source, &entities).await;
+        data_during += data.issued() - before.0;
+        app_during += app_identity.issued() - before.1;
+        copies += 1;
+    }
+    eprintln!("{copies} copies: {data_during} Data tokens, {app_during} app storage tokens");
+
+    // Every token issued so far expired (for Azurite: the JWT's own `exp`), then one more copy.
+    let last = [&data, &app_identity].map(|i| i.tokens().last().cloned().unwrap());
+    for token in &last {
+        wait_until("Azurite to refuse the last token issued", LONG, || async {
+            match azurite_answer(token).await {
+                (403, body) if body.contains("expired") => Ok(()),
+                (status, body) => Err(format!("{status} {body}")),
+            }
+        })
+        .await;
+    }
+    let before = data.issued();
+    copies_exactly(&app, &source, &entities).await;
+    assert!(
+        data.issued() > before,
+        "the handler fetched a new Data token"
+    );
+    app.shutdown().await;
+}
+
+/// Rows in the short-lived tokens test's source: a copy of them takes a few token lifetimes.
+const ROWS: i64 = 600;
+/// A hang bound for a wait of a few seconds.
+const LONG: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A copy scan of `source` (holding `entities`, in key order) from and to connection `Data`, into
+/// a new table: it completes, and the new table holds exactly the source's rows.
+async fn copies_exactly(
+    app: &support::e2e::TestApp,
+    source: &str,
+    entities: &[tablescan::storage::Entity],
+) {
+    let destination = support::unique_name("ShortTokenDestination");
+    let copy = json!({"driver": "copy", "sourceTable": source, "destinationTable": destination,
+                      "sourceConnection": "Data", "destinationConnection": "Data", "takeCount": 5});
+    let (_, end) = app
+        .scan_until_end(&copy, std::time::Duration::from_secs(120))
+        .await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(end["rowsWritten"], entities.len(), "{end}");
+    let copied = support::e2e::rows(&app.store, &destination).await;
     assert_eq!(copied.len(), entities.len());
-    for (got, want) in copied.iter().zip(&entities) {
+    for (got, want) in copied.iter().zip(entities) {
         assert_eq!(
             (&got.partition_key, &got.row_key, &got.properties),
             (&want.partition_key, &want.row_key, &want.properties)
         );
     }
-    // The scan outlived several token lifetimes, and tokens were fetched again during it.
-    eprintln!("scan took {elapsed:?}; {during} tokens issued during it");
-    assert!(
-        elapsed > std::time::Duration::from_secs(LIFETIME as u64 / 2),
-        "the scan ended before a token was due for refresh ({elapsed:?}): not a test of expiry"
-    );
-    assert!(during >= 3, "{during} tokens issued during {elapsed:?}");
-    app.shutdown().await;
 }
 
 /// The identity endpoint is down (503) for its first requests, then recovers: the provider's

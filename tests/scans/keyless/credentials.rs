@@ -18,8 +18,9 @@ use std::sync::Arc;
 use serde_json::json;
 use support::identity::endpoints::{fakes, Identity};
 use support::identity::{
-    borrowed, entity, identity_app_settings, identity_app_storage, identity_settings, round_trip,
-    storage_jwt, token_file, FakeAz, JWT_BEARER, STORAGE_RESOURCE, STORAGE_SCOPE,
+    borrowed, entity, expiry_in, identity_app_settings, identity_app_storage, identity_settings,
+    round_trip, storage_jwt, token_file, wait_until, FakeAz, JWT_BEARER, STORAGE_RESOURCE,
+    STORAGE_SCOPE,
 };
 use tablescan::storage::connection::{ConnectionSettings, StorageAccount};
 use tablescan::storage::request_counts::RequestCounters;
@@ -119,7 +120,7 @@ async fn a_service_principal_round_trips_tables_and_queues() {
 }
 
 /// The federated token is read from the file at each fetch: after the platform rotates it, the
-/// next token is asked for with the new one.
+/// provider's next refresh presents the new one, and storage accepts the token it gets.
 #[tokio::test]
 async fn workload_identity_presents_the_federated_token_from_its_file() {
     let (_dir, file) = token_file("azure-identity-token", &format!("{FEDERATED}\n"));
@@ -136,27 +137,63 @@ async fn workload_identity_presents_the_federated_token_from_its_file() {
     assert_eq!(form["client_assertion"], FEDERATED);
     assert!(!form.contains_key("client_secret"));
 
-    // Rotation: tokens that live 2 s, a new federated token in the file (and only it accepted).
-    identity.lifetime.store(2, Ordering::SeqCst);
-    *identity.credential.lock().unwrap() = Some(ROTATED.to_string());
-    std::fs::write(&file, ROTATED).unwrap();
+    // Rotation under one provider, whose tokens are due for refresh within a second: any
+    // assertion is accepted while the file changes (a refresh in between is not refused), then
+    // only the new one.
+    identity.lifetime.store(1, Ordering::SeqCst);
     let account = StorageAccount::new(workload_identity("Wi", &tenant, &file));
-    round_trip(&account).await;
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let tables = account.table_store(Arc::new(RequestCounters::new()));
+    let table = support::unique_name("rotation");
+    assert!(tables.create_table(&table).await.unwrap());
+    let before = identity.requests();
+    *identity.credential.lock().unwrap() = None;
+    std::fs::write(&file, ROTATED).unwrap();
+    let presented =
+        |request: &support::identity::endpoints::Seen| request.form["client_assertion"].clone();
+    wait_until(
+        "a token asked for with the rotated federated token",
+        LONG,
+        || async {
+            // Each query asks the provider for its token: it refreshes when it is due.
+            tables
+                .query_page(&table, &TableQuery::default())
+                .await
+                .unwrap();
+            let seen = identity.seen();
+            match seen[before..].last().map(presented) {
+                Some(assertion) if assertion == ROTATED => Ok(()),
+                last => Err(format!(
+                    "{} requests since the rotation, the last presenting {last:?}",
+                    seen.len() - before
+                )),
+            }
+        },
+    )
+    .await;
+    *identity.credential.lock().unwrap() = Some(ROTATED.to_string());
     round_trip(&account).await;
     let seen = identity.seen();
-    assert!(seen.len() >= 3, "{} token requests", seen.len());
-    for request in &seen[1..] {
-        assert_eq!(request.form["client_assertion"], ROTATED);
+    let first_rotated = seen.iter().position(|r| presented(r) == ROTATED).unwrap();
+    for request in &seen[first_rotated..] {
+        assert_eq!(
+            presented(request),
+            ROTATED,
+            "the file is read at each fetch"
+        );
     }
+    assert!(tables.delete_table(&table).await.unwrap());
 }
+
+/// A hang bound for a wait of a second or two.
+const LONG: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `az account get-access-token` (a fake `az` on `PATH` printing what the real one prints), and
 /// a CLI nobody is logged in to: one call, no retry, an error saying what to do.
 #[tokio::test]
 async fn the_azure_cli_login_round_trips_and_a_missing_login_fails_at_once() {
     let az = FakeAz::get();
-    let (token, exp) = storage_jwt("https://storage.azure.com", 3600);
+    let exp = expiry_in(3600);
+    let token = storage_jwt("https://storage.azure.com", exp);
     az.answer(&token, exp);
     let account = StorageAccount::new(azure_cli("Cli"));
     round_trip(&account).await;

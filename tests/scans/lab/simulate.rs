@@ -561,7 +561,7 @@ fn a_rate_limited_copy_holds_its_limit_on_flex() {
 /// The scenario: a 35M-row copy at 2,000 requests/s on Flex (simulated; a few minutes
 /// of wall time: `cargo test --test scans lab::simulate:: -- --ignored --nocapture`).
 #[test]
-#[ignore]
+#[ignore = "soak: a 35M-row simulation (docs/development.md, Measurements)"]
 fn a_35m_row_copy_at_2000_requests_per_second_on_flex() {
     let (_, limited) = rate_limited(35_000_000, 2_000, 240.0);
     assert!(limited.completed && limited.copy_verified, "{limited:?}");
@@ -725,7 +725,7 @@ fn a_throttled_enqueue_retries_refused_puts_and_loses_no_row() {
 /// floor alone is 4.9 simulated hours. `cargo test --release --test scans lab::
 /// a_35m_row_enqueue -- --ignored --nocapture`).
 #[test]
-#[ignore]
+#[ignore = "soak: 35M-row simulations (docs/development.md, Measurements)"]
 fn a_35m_row_enqueue_at_1_and_32_rows_a_message() {
     let model = Model::default();
     for (per_message, limit) in [(32, None), (32, Some(2000)), (1, Some(2000))] {

@@ -12,7 +12,16 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 
-use super::{files, storage_jwt, IDENTITY_HEADER, JWT_BEARER, STORAGE_RESOURCE, STORAGE_SCOPE};
+use super::{
+    expiry_in, files, storage_jwt, IDENTITY_HEADER, JWT_BEARER, STORAGE_RESOURCE, STORAGE_SCOPE,
+};
+
+/// How long past the expiry its answer gives Azurite accepts a token, in seconds. A provider
+/// refreshes a short-lived token at half its lifetime, and a request signed just before that
+/// may reach Azurite a moment later, longer on a loaded machine: this covers that moment (a
+/// hang bound, not a race), so Azurite never refuses a token the provider rightly handed out.
+/// That Azurite refuses expired tokens at all is checked with [`Identity::expired`].
+pub const IN_FLIGHT_GRACE: i64 = 5;
 
 /// One request a fake endpoint received: path, headers (lowercase names), query and form.
 #[derive(Debug, Clone)]
@@ -37,9 +46,13 @@ pub struct Identity {
     pub busy_status: Arc<AtomicU16>,
     /// Issue tokens for another audience (which Azurite must refuse).
     pub wrong_audience: Arc<AtomicBool>,
-    /// Token lifetime in seconds. App Service answers it as `expires_in` when set (else an
-    /// hour as `expires_on`, as the real endpoint does).
+    /// The lifetime the answers give tokens, in seconds. App Service answers it as `expires_in`
+    /// when set (else an hour as `expires_on`, as the real endpoint does). Azurite accepts each
+    /// token [`IN_FLIGHT_GRACE`] longer (see [`Identity::issue`]).
     pub lifetime: Arc<AtomicI64>,
+    /// Issue tokens whose `exp` has passed while the answer says they live their lifetime:
+    /// the provider hands them out, Azurite must refuse them.
+    pub expired: Arc<AtomicBool>,
     /// Entra ID: the client secret or client assertion the app registration accepts (any if
     /// unset); another one is answered `400 invalid_client`, as Entra ID does.
     pub credential: Arc<Mutex<Option<String>>>,
@@ -55,6 +68,7 @@ impl Default for Identity {
             busy_status: Arc::new(AtomicU16::new(503)),
             wrong_audience: Arc::default(),
             lifetime: Arc::default(),
+            expired: Arc::default(),
             credential: Arc::default(),
         }
     }
@@ -104,7 +118,10 @@ impl Identity {
         })
     }
 
-    /// A new token: its text and `exp`, recorded as issued.
+    /// A new token, recorded as issued: its text, the expiry its answer gives (unix seconds,
+    /// rounded up: never sooner than its lifetime from now) and its lifetime in seconds. Its JWT
+    /// `exp`, which Azurite checks, is [`IN_FLIGHT_GRACE`] after that expiry (or past, when
+    /// `expired`).
     fn issue(&self) -> (String, i64, i64) {
         let audience = if self.wrong_audience.load(Ordering::SeqCst) {
             "https://vault.azure.net"
@@ -115,9 +132,15 @@ impl Identity {
             0 => 3600,
             n => n,
         };
-        let (token, exp) = storage_jwt(audience, lifetime);
+        let expires_on = expiry_in(lifetime);
+        let exp = if self.expired.load(Ordering::SeqCst) {
+            expiry_in(-30)
+        } else {
+            expires_on + IN_FLIGHT_GRACE
+        };
+        let token = storage_jwt(audience, exp);
         self.issued.lock().unwrap().push(token.clone());
-        (token, exp, lifetime)
+        (token, expires_on, lifetime)
     }
 }
 
@@ -143,8 +166,17 @@ impl Fakes {
 
     /// A new App Service identity endpoint URL (`IDENTITY_ENDPOINT`) answering for `identity`.
     pub fn app_service(&self, identity: &Identity) -> String {
+        self.app_service_users(identity, &[])
+    }
+
+    /// [`Fakes::app_service`] whose app also has the user-assigned identities `users` (asked for
+    /// by `client_id`); another client id is answered 400, as App Service does.
+    pub fn app_service_users(&self, system: &Identity, users: &[(&str, &Identity)]) -> String {
         let key = format!("msi{:x}", rand::random::<u64>());
-        self.register(key.clone(), identity);
+        self.register(key.clone(), system);
+        for (client_id, identity) in users {
+            self.register(format!("{key}:{client_id}"), identity);
+        }
         format!("{}/msi/{key}/token", self.http)
     }
 
@@ -274,8 +306,16 @@ async fn app_service(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Answer {
-    let Some(identity) = identities.lock().unwrap().get(&key).cloned() else {
-        return (StatusCode::NOT_FOUND, String::new());
+    let user = query.get("client_id");
+    let registered = match user {
+        Some(client_id) => format!("{key}:{client_id}"),
+        None => key.clone(),
+    };
+    let Some(identity) = identities.lock().unwrap().get(&registered).cloned() else {
+        return match user {
+            Some(_) => bad_request("invalid_request", "Identity not found"),
+            None => (StatusCode::NOT_FOUND, String::new()),
+        };
     };
     identity.seen.lock().unwrap().push(Seen {
         path: format!("/msi/{key}/token"),

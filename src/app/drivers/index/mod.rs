@@ -100,6 +100,7 @@ pub struct IndexOptions {
     pub connection: String,
     pub container: String,
     pub prefix: String,
+    /// When the scan's storage was prepared, on the app's clock (`Driver::prepare`).
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
     #[serde(default = "prune::default_keep")]
@@ -215,7 +216,8 @@ impl Driver for IndexDriver {
             connection: fields.destination_connection.clone(),
             container: fields.destination_container.clone(),
             prefix: fields.destination_prefix.clone(),
-            started_at: OffsetDateTime::now_utc(),
+            // The app's clock is not at hand here: `prepare` sets it.
+            started_at: OffsetDateTime::UNIX_EPOCH,
             keep_superseded_seconds: fields.keep_superseded_seconds,
         };
         let step_work = match request.strategy {
@@ -238,9 +240,11 @@ impl Driver for IndexDriver {
         state: &AppState<S>,
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
-        let options: IndexOptions = context
+        let mut options: IndexOptions = context
             .options()
             .map_err(|e| ApiError::field("body", e.to_string()))?;
+        options.started_at = state.clock.now();
+        context.set_options(&options);
         let layout = options
             .layout()
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;

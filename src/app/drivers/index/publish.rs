@@ -80,7 +80,7 @@ pub async fn reserve<S: Stores, B: BlobStore>(
     let body = json(&Reservation {
         format: POINTER_FORMAT.to_string(),
         scan_id: scan_id.to_string(),
-        reserved_at: OffsetDateTime::now_utc(),
+        reserved_at: state.clock.now(),
     });
     let create = BlobWrite::new(JSON_CONTENT_TYPE).with_condition(WriteCondition::IfNotExists);
     match blobs.upload(container, &name, body.clone(), &create).await {
@@ -102,7 +102,7 @@ pub async fn reserve<S: Stores, B: BlobStore>(
         Some(ScanState::Running) => {
             return Err(refuse(format!("index build {holder} is running")));
         }
-        None if record_may_appear(&holder, OffsetDateTime::now_utc()) => {
+        None if record_may_appear(&holder, tracker.now()) => {
             return Err(refuse(format!("index build {holder} is starting")));
         }
         _ => {}
@@ -185,7 +185,7 @@ pub async fn publish<S: Stores>(
         return Ok(());
     }
     write_manifest(state, &blobs, context, &options, &layout, known).await?;
-    let switched_at = OffsetDateTime::now_utc();
+    let switched_at = state.clock.now();
     let pointer = json(&Pointer {
         format: POINTER_FORMAT.to_string(),
         build: scan_id.clone(),
@@ -259,7 +259,7 @@ async fn write_manifest<S: Stores, B: BlobStore>(
         ranges: segments.iter().map(|s| s.ranges).sum(),
         segments,
         started_at: options.started_at,
-        built_at: OffsetDateTime::now_utc(),
+        built_at: state.clock.now(),
     };
     let write = BlobWrite::new(JSON_CONTENT_TYPE).with_condition(WriteCondition::IfNotExists);
     let name = layout.blob(&IndexLayout::manifest_name(&context.scan_id));
