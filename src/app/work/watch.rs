@@ -30,7 +30,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::app::drivers::kit::scan_ended;
 use crate::app::pace::Meter;
 use crate::app::state::AppState;
 use crate::app::tracking::ScanState;
@@ -82,14 +81,10 @@ async fn refresh<S: Stores>(app: &AppState<S>, scan_id: &str, requests: &Meter) 
         }
         let tracker = app.tracker_on(app.bookkeeping());
         match tracker.get_scan(scan_id).await {
-            // A read that began before an end another call recorded here must not hide it.
-            Ok(Some(record))
-                if !(record.state == ScanState::Running && scan_ended(app, scan_id)) =>
-            {
-                app.scan_states.put(scan_id, record.state)
-            }
-            // Removed by retention (long ended), or the end known here already.
-            Ok(_) => {}
+            // The cache keeps an end recorded here meanwhile (a read that began before it).
+            Ok(Some(record)) => app.scan_states.put(scan_id, record.state),
+            // Removed by retention (long ended).
+            Ok(None) => {}
             Err(e) => {
                 tracing::debug!(scan = %scan_id, error = %e, "could not read the scan's state; trying again")
             }

@@ -233,7 +233,9 @@ async fn a_cancelled_index_build_stops_its_assembly_and_is_never_published() {
 }
 
 /// The watch skips its read while the cache holds a running state younger than [`CACHE_TRUST`]
-/// (its bound [`NOTICE`] counts on it): the cache trusts one exactly that long.
+/// (its bound [`NOTICE`] counts on it): the cache trusts one exactly that long. An ended state
+/// is kept, even against a `running` read that began before the end was recorded (a work
+/// item's beginning, or a watch, racing a cancel this instance answered).
 #[tokio::test(start_paused = true)]
 async fn the_cache_trusts_a_running_state_as_long_as_the_watch_assumes() {
     let cache = crate::app::state::ScanStateCache::default();
@@ -244,5 +246,7 @@ async fn the_cache_trusts_a_running_state_as_long_as_the_watch_assumes() {
     assert_eq!(cache.get("s"), None);
     cache.put("s", ScanState::Cancelled);
     tokio::time::sleep(CACHE_TRUST * 100).await;
+    assert_eq!(cache.get("s"), Some(ScanState::Cancelled));
+    cache.put("s", ScanState::Running);
     assert_eq!(cache.get("s"), Some(ScanState::Cancelled));
 }
