@@ -13,11 +13,12 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
-use super::watch::{CACHE_TRUST, NOTICE};
+use super::watch::{CACHE_TRUST, CHECK_INTERVAL, NOTICE};
 use super::*;
 use crate::app::config::Config;
 use crate::app::drivers::enqueue::PUTS_IN_FLIGHT;
 use crate::app::messages::StepMessage;
+use crate::app::pace::Meter;
 use crate::lab::memory::{MemoryBlobStore, MemoryQueueStore, MemoryStores, MemoryTableStore};
 use crate::storage::blob::BlobStore;
 use crate::storage::{Entity, MessageEncoding};
@@ -249,4 +250,52 @@ async fn the_cache_trusts_a_running_state_as_long_as_the_watch_assumes() {
     assert_eq!(cache.get("s"), Some(ScanState::Cancelled));
     cache.put("s", ScanState::Running);
     assert_eq!(cache.get("s"), Some(ScanState::Cancelled));
+}
+
+/// What the watch costs (module invariant 4): eight invocations of one scan working together on
+/// an instance for a minute read its record about once every [`CHECK_INTERVAL`] between them,
+/// not once each; an invocation shorter than that, begun with a fresh state, reads nothing; and
+/// the watch stops reading once its invocation has returned.
+#[tokio::test(start_paused = true)]
+async fn the_watch_reads_about_once_per_interval_per_instance_and_only_while_working() {
+    let (a, _, tables, _, _) = two_instances();
+    tables.load("Source", [Entity::new("p", "r")]);
+    let request = json!({"driver": "count", "sourceTable": "Source"});
+    let (status, started) = call(&a, "POST", "/api/scans", Some(request)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+    let reads = || tables.counters().snapshot().point_read;
+
+    // Begun with a fresh state (as `begin` leaves it), shorter than an interval: no read.
+    a.scan_states.put(&id, ScanState::Running);
+    let before = reads();
+    let short = tokio::time::sleep(CHECK_INTERVAL - Duration::from_millis(1));
+    watch::watching(&a, &id, &Meter::new(), short).await;
+    assert_eq!(reads() - before, 0, "a short invocation read the record");
+
+    // Eight at once, started a quarter of a second apart, working a minute each.
+    let before = reads();
+    let work = Duration::from_secs(60);
+    let invocations = (0..8u32).map(|i| {
+        let (a, id) = (a.clone(), id.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(250) * i).await;
+            watch::watching(&a, &id, &Meter::new(), tokio::time::sleep(work)).await
+        })
+    });
+    for task in invocations.collect::<Vec<_>>() {
+        task.await.unwrap();
+    }
+    let read = reads() - before;
+    let bound = (work.as_secs_f64() / CHECK_INTERVAL.as_secs_f64()).ceil() as u64 + 2;
+    assert!(read <= bound, "{read} reads in a minute (at most {bound})");
+    assert!(
+        read >= bound - 4,
+        "the watch did not keep the state fresh: {read} reads"
+    );
+
+    // Nothing is working any more: no read.
+    let idle = reads();
+    tokio::time::sleep(work).await;
+    assert_eq!(reads(), idle, "the watch read with no invocation working");
 }
