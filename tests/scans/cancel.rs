@@ -25,7 +25,7 @@ use support::e2e::{seed, staged, TestApp};
 use support::raw::{RawClient, RawQueueClient};
 use support::{queue_store, unique_name};
 use tablescan::app::drivers::enqueue::PUTS_IN_FLIGHT;
-use tablescan::lab::proxy::{FaultPolicy, Hold, StorageProxy};
+use tablescan::lab::proxy::{FaultPolicy, Hold, Stamp, StorageProxy};
 use tablescan::storage::blob::BlobRequestKind;
 use tablescan::storage::request_counts::RequestKind;
 use tablescan::storage::{Entity, QueueStore};
@@ -273,13 +273,13 @@ async fn a_cancelled_import_stops_writing() {
 /// `app::drivers::index::assemble`).
 const STAGING_READS_IN_FLIGHT: usize = 16;
 
-/// An index build cancelled while its blob reads are held (from when its first work item is
-/// queued on the copy queue, hidden until the hold is armed: a phase-0 range item, or phase 1's
-/// assembly, whichever comes first): it reads at most what it had started, writes no segment and
-/// never switches the prefix's pointer to the cancelled build (the code before issue 38 went on
-/// to publish it, seen with the cancel landing in the assembly); its status does not change
-/// afterwards. That an assembly of many records starts no further read is `work::watch_tests`,
-/// in virtual time.
+/// An index build cancelled while its assembly reads the staging records (phase 1): it reads
+/// at most what it had started, writes no segment and never switches the prefix's pointer to
+/// the cancelled build (the code before issue 38 built and published it); its status does not
+/// change afterwards. Phase 1's items wait hidden on the copy queue (phase 0 here is steps only,
+/// on the step queue: one row a partition, a prefix scan) until the proxy holds the container's
+/// blob reads; then the assembly's first read (after its listing) is held. That an assembly of many records starts
+/// no further read is `work::watch_tests`, in virtual time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_index_build_is_never_published() {
     let (mut app, proxy) = app_behind_proxy(385).await;
@@ -295,10 +295,11 @@ async fn a_cancelled_index_build_is_never_published() {
         "destinationContainer": container, "destinationPrefix": "owner"});
     let items = app.names.copy_queue.clone();
     proxy.hide_messages(&[&items]);
+    proxy.timeline().start(&[]);
     let id = app.start_scan(&body).await;
     let path = format!("/api/scans/{id}");
     let queues = queue_store().0;
-    wait_for("a work item queued", || async {
+    wait_for("phase 1 queued", || async {
         let queued = queues.approximate_count(&items).await.unwrap_or(0);
         (queued > 0).then_some(()).ok_or(format!("{queued} items"))
     })
@@ -313,6 +314,13 @@ async fn a_cancelled_index_build_is_never_published() {
     tokio::time::timeout(HANG, held)
         .await
         .unwrap_or_else(|_| panic!("waited {HANG:?} for a read of {id}'s staging records held"));
+    // What is held is phase 1's: its items list the staging records (phase 0 lists nothing).
+    let stamps = proxy.timeline().stamps();
+    let listed = |s: &&Stamp| s.resource == container && s.kind == "blob_list";
+    assert!(
+        stamps.iter().any(|s| listed(&s)),
+        "phase 1 listed nothing: {stamps:?}"
+    );
     let (status, answer) = app.delete(&path).await;
     assert_eq!(
         (status, &answer["state"]),
