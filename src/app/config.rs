@@ -143,6 +143,14 @@ pub fn table_account_of(settings: &ConnectionSettings) -> Result<AccountIdentity
 fn retention_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Retention, ConfigError> {
     let period = |name: &str, default: &str| {
         let text = get(name).unwrap_or_else(|| default.to_string());
+        // A whole number and a unit, nothing else (no spaces, no sign).
+        let number = text.get(..text.len().saturating_sub(1)).unwrap_or_default();
+        if !digits(number) {
+            return Err(err(
+                name,
+                format!("{text:?} is not a period like 90s, 15m, 36h or 30d"),
+            ));
+        }
         let period = retention::parse_period(&text).map_err(|m| err(name, m))?;
         match period.as_secs() {
             1..=315_360_000 => Ok(period),
@@ -163,6 +171,12 @@ fn retention_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Retention,
         );
     }
     Ok(Retention { work, scan })
+}
+
+/// Whether `text` is a whole number as a setting may write it: ASCII digits only, at least one
+/// (no spaces, no sign).
+fn digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The app's own storage connection and every one named in `TABLESCAN_CONNECTIONS`.
@@ -233,16 +247,15 @@ impl Config {
 
     /// Reads the configuration through `lookup` (tests pass a map).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let get = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
+        // A value is taken as written: an empty one means the default (a setting cannot always
+        // be deleted where it is set), any other is checked as it is, so that spaces around a
+        // value are refused, naming the setting, instead of being read as another value.
+        let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
         let number = |name: &str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
             match get(name) {
                 None => Ok(default),
-                Some(v) => match v.parse::<u64>() {
-                    Ok(n) if (min..=max).contains(&n) => Ok(n),
+                Some(v) => match digits(&v).then(|| v.parse::<u64>()) {
+                    Some(Ok(n)) if (min..=max).contains(&n) => Ok(n),
                     _ => Err(err(
                         name,
                         format!("must be a whole number from {min} to {max}, got {v:?}"),
@@ -405,6 +418,65 @@ mod tests {
         );
         assert!(!config.is_cosmos_table("Other"));
         assert!(!format!("{config:?}").contains(KEY));
+    }
+
+    /// An empty setting means its default; any other value is read as written, so spaces or a
+    /// sign around a period, a number or a name make it invalid, named (issue 38: `" 1d"` was
+    /// taken as `1d`).
+    #[test]
+    fn values_are_taken_as_written_and_an_empty_one_means_the_default() {
+        let with = |name: &str, value: &str| {
+            Config::from_lookup(|k| match k {
+                STORAGE_SETTING => Some("UseDevelopmentStorage=true".to_string()),
+                k if k == name => Some(value.to_string()),
+                _ => None,
+            })
+        };
+        let defaults = emulator_only();
+        for name in [
+            "TABLESCAN_WORK_RETENTION",
+            "TABLESCAN_SCAN_RETENTION",
+            "TABLESCAN_HAND_OFF_SECONDS",
+            "TABLESCAN_MAX_DEQUEUE_COUNT",
+            "TABLESCAN_PREFIXSCAN_QUEUE",
+            "TABLESCAN_SCANS_TABLE",
+        ] {
+            let empty = with(name, "").unwrap_or_else(|e| panic!("{name} empty: {e}"));
+            assert_eq!(format!("{empty:?}"), format!("{defaults:?}"), "{name}");
+        }
+        for (name, good, bad) in [
+            (
+                "TABLESCAN_WORK_RETENTION",
+                "1d",
+                &[" 1d", "1d ", "\t1d", "+1d", "1 d", " "][..],
+            ),
+            (
+                "TABLESCAN_SCAN_RETENTION",
+                "30d",
+                &[" 30d", "30d\n", "-30d", "d"],
+            ),
+            (
+                "TABLESCAN_HAND_OFF_SECONDS",
+                "60",
+                &[" 60", "60 ", "+60", "6 0"],
+            ),
+            ("TABLESCAN_MAX_DEQUEUE_COUNT", "5", &[" 5", "+5", "5\n"]),
+            ("TABLESCAN_COUNTER_SHARDS", "16", &["16 ", " "]),
+            (
+                "TABLESCAN_PREFIXSCAN_QUEUE",
+                "tablescan-prefixscan",
+                &[" tablescan-prefixscan"],
+            ),
+            ("TABLESCAN_WORK_TABLE", "TablescanWork", &["TablescanWork "]),
+        ] {
+            assert!(with(name, good).is_ok(), "{name}={good:?}");
+            for value in bad {
+                match with(name, value) {
+                    Err(e) => assert_eq!(e.name, name, "{value:?}: {e}"),
+                    Ok(_) => panic!("{name}={value:?} accepted"),
+                }
+            }
+        }
     }
 
     #[test]

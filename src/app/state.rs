@@ -54,10 +54,17 @@ impl ScanStateCache {
         (*state != ScanState::Running || seen.elapsed() < RUNNING_STATE_TTL).then_some(*state)
     }
 
+    /// Records `state` as read now. An ended state is kept: a `running` read that began before
+    /// the end was recorded here (a cancel this instance answered, a failure it recorded) does
+    /// not hide it, since ended states never change.
     pub fn put(&self, scan_id: &str, state: ScanState) {
         let mut entries = self.entries.lock().unwrap();
         if entries.len() >= MAX_CACHED_SCANS {
             entries.clear();
+        }
+        let ended = |(s, _): &(ScanState, Instant)| *s != ScanState::Running;
+        if state == ScanState::Running && entries.get(scan_id).is_some_and(ended) {
+            return;
         }
         entries.insert(scan_id.to_string(), (state, Instant::now()));
     }

@@ -7,6 +7,8 @@
 //! - `status`: the read side (`GET /api/scans/{id}`, `GET /api/scans`) on Azurite;
 //! - `retention`: ended scans cleaned up after their retention, on Azurite;
 //! - `validation`: bad requests of every driver refused naming the field, nothing written;
+//! - `hostile_params`: query parameters given twice, destination queues named after the app's
+//!   own, a destination queue deleted under an enqueue (issue 38);
 //! - `request_guards`: a connection aliasing the app's own account, through the local host;
 //! - `scan/`: the scan engine (in memory, bounded steps, adversarial keys on Azurite);
 //! - `storage/`: the storage adapters on Azurite (tables, queues, blobs, records, the proxy);
@@ -17,6 +19,7 @@ mod support;
 
 mod ended;
 mod golden_formats;
+mod hostile_params;
 mod inprocess;
 mod lost_answers;
 mod request_guards;

@@ -5,6 +5,7 @@
 //! - `delete_and_filter`: delete, and `filter`/`select` inside every key range;
 //! - `backups/`: export and import (format, races, verification before writing, faults);
 //! - `enqueue`: rows to the user's own queue;
+//! - `cancel`: a cancelled scan of each driver that writes stops writing, its counters final;
 //! - `index/`: secondary indexes and lookups;
 //! - `keyless/`: Entra ID credentials on an OAuth Azurite;
 //! - `faults`, `chaos`: the fault suite (kills, duplicates, storage faults, hostile input);
@@ -16,6 +17,7 @@
 mod support;
 
 mod backups;
+mod cancel;
 mod chaos;
 mod copy;
 mod delete_and_filter;

@@ -10,6 +10,10 @@
 //! discovery cannot apply) or the reference design's `workSplit: "partitionKey"` every scanned
 //! key range, become [`RangeWork`] items (up to 2,000 rows) that re-read their range, with the
 //! filter (bounded: see `range::read_item`), and write what they find.
+//!
+//! Once the scan has ended (cancelled, or failed by another item), a step or item starts no
+//! further batch (`kit::scan_ended`, kept fresh while it works: `work::watch`) and counts the
+//! rows it wrote.
 
 use crate::app::pace::Meter;
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -30,8 +34,8 @@ use crate::scan::Strategy;
 use crate::storage::stores::Stores;
 use crate::storage::{Entity, TableStore};
 
-use super::kit::drop_nulls;
 use super::kit::range::{batches, begin_range_item, page_items, unaddressable_error};
+use super::kit::{drop_nulls, scan_ended};
 
 pub struct CopyDriver;
 
@@ -177,11 +181,17 @@ async fn upsert<S: Stores>(
         // Writing back a selected property's null would be refused or invent a property.
         rows.iter_mut().for_each(drop_nulls);
     }
-    let written = rows.len() as i64;
-    stream::iter(batches(rows))
-        .map(|(pk, ops)| async move { target.submit_batch(&destination.table, &pk, &ops).await })
+    // Once the scan has ended no batch starts (`kit::scan_ended`): the rows written count.
+    let written: Vec<usize> = stream::iter(batches(rows))
+        .map(|(pk, ops)| async move {
+            if scan_ended(state, &scan.scan_id) {
+                return Ok(0);
+            }
+            target.submit_batch(&destination.table, &pk, &ops).await?;
+            Ok::<_, WorkError>(ops.len())
+        })
         .buffer_unordered(state.config.copy_concurrency)
-        .try_collect::<Vec<()>>()
+        .try_collect()
         .await?;
-    Ok(written)
+    Ok(written.iter().sum::<usize>() as i64)
 }

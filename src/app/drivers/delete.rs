@@ -19,6 +19,8 @@
 //!   [`MAX_DELETE_ROUNDS`] times per batch (then the message is retried).
 //! - `rowsWritten` counts the rows deleted by the execution that committed each item; a row
 //!   deleted by an execution that died or lost the race is gone but not counted (a lower bound).
+//! - Once the scan has ended (a cancel), a step or item starts no further batch
+//!   (`kit::scan_ended`, kept fresh while it works: `work::watch`) and counts what it deleted.
 
 use crate::app::pace::Meter;
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -42,6 +44,7 @@ use crate::storage::{
 };
 
 use super::kit::range::{batches_of, begin_range_item, page_items, unaddressable_error};
+use super::kit::scan_ended;
 
 /// Transactions tried per batch before the item gives up for this delivery (each after the
 /// first re-reads which of the batch's rows are still there).
@@ -110,7 +113,7 @@ impl Driver for DeleteDriver {
         rows: Vec<Entity>,
     ) -> Result<i64, WorkError> {
         let source = state.counted_table(&scan.source.connection, requests)?;
-        delete_rows(state, &source, &scan.source.table, rows).await
+        delete_rows(state, (&source, &scan.scan_id), &scan.source.table, rows).await
     }
 
     async fn run<S: Stores>(
@@ -120,7 +123,14 @@ impl Driver for DeleteDriver {
     ) -> Result<WorkOutcome, WorkError> {
         let (source, read, mut outcome) =
             begin_range_item::<Self, S>(state, begun, &item, Some(Vec::new())).await?;
-        let deleted = delete_rows(state, &source, &begun.scan.source.table, read.rows).await?;
+        let scan = &begun.scan;
+        let deleted = delete_rows(
+            state,
+            (&source, &scan.scan_id),
+            &scan.source.table,
+            read.rows,
+        )
+        .await?;
         if let Some(e) = unaddressable_error("deleted", &read.unaddressable) {
             return Err(e);
         }
@@ -133,12 +143,18 @@ impl Driver for DeleteDriver {
 /// how many this call deleted (rows already gone are not counted).
 async fn delete_rows<S: Stores, T: TableStore>(
     state: &AppState<S>,
-    source: &T,
+    (source, scan_id): (&T, &str),
     table: &str,
     rows: Vec<Entity>,
 ) -> Result<i64, WorkError> {
+    // Once the scan has ended no batch starts (`kit::scan_ended`): the rows deleted count.
     let deleted: Vec<usize> = stream::iter(batches_of(rows, delete_op))
-        .map(|(pk, ops)| async move { delete_batch(source, table, &pk, ops).await })
+        .map(|(pk, ops)| async move {
+            match scan_ended(state, scan_id) {
+                true => Ok(0),
+                false => delete_batch(source, table, &pk, ops).await,
+            }
+        })
         .buffer_unordered(state.config.copy_concurrency)
         .try_collect()
         .await?;

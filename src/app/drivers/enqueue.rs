@@ -29,6 +29,12 @@
 //!   (docs/enqueue.md). An item counts its time from after its read, so it puts at least one
 //!   message and the hand-offs end. Its bookkeeping is paced too and not bounded by this
 //!   (simulated: the longest execution 321 s at 40 instances, 547 s at 100).
+//! - **Puts stop when the scan ends.** Before each put a step or item looks whether its scan
+//!   has ended (`kit::scan_ended`, kept fresh while it works: `work::watch`); once it has, it
+//!   starts no put and hands nothing on, and commits the rows it put. So a cancel stops the
+//!   puts within `work::watch::NOTICE`, not at the hand-off time.
+//! - **A destination gone is a failure.** A put answered `QueueNotFound` (the queue was deleted
+//!   after the scan created it) fails the scan at once, naming the queue.
 //! - **At least once.** A redelivered step or item puts its messages again; duplicates come
 //!   only from that (and from a put retried after its answer was lost). Consumers deduplicate
 //!   by scan id and keys. `rowsWritten` and `messagesWritten` count the committed execution's.
@@ -38,6 +44,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::pace::Meter;
 use std::borrow::Borrow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -56,7 +63,7 @@ use crate::storage::stores::Stores;
 use crate::storage::{Entity, MessageEncoding, QueueStore, MAX_MESSAGE_TEXT};
 
 use super::kit::range::{begin_range_item, page_items, rest_of, unaddressable_error};
-use super::kit::{check_queue_target, drop_nulls};
+use super::kit::{check_queue_target, drop_nulls, scan_ended};
 
 /// An enqueue's `maxRequestsPerSecond` when the request names none: one queue takes about 2,000
 /// messages a second (the service's published scalability target), and puts refused past it
@@ -268,23 +275,37 @@ async fn enqueue<S: Stores>(
     }
     // Packed lazily: a message's text is made when a put can start, so at most
     // `PUTS_IN_FLIGHT` texts are held beside the rows.
-    let queue = target.queue.as_str();
-    let mut packer = Packer::new(&scan.scan_id, runs.iter().flatten(), &target);
-    let texts = std::iter::from_fn(|| match Instant::now() < until {
-        true => packer.next(),
-        false => None,
+    let (queue, target) = (target.queue.as_str(), &target);
+    let mut packer = Packer::new(&scan.scan_id, runs.iter().flatten(), target);
+    // Once the scan has ended no put starts, and nothing is handed on (module invariants).
+    let ended = AtomicBool::new(false);
+    let texts = std::iter::from_fn(|| {
+        ended.store(scan_ended(state, &scan.scan_id), Ordering::Relaxed);
+        match Instant::now() < until && !ended.load(Ordering::Relaxed) {
+            true => packer.next(),
+            false => None,
+        }
     });
     let messages = stream::iter(texts)
         .map(|text| async move {
             let text = text?;
-            queues.put_message_never_expiring(queue, &text).await?;
+            queues
+                .put_message_never_expiring(queue, &text)
+                .await
+                .map_err(|e| destination_error(target, e))?;
             Ok::<_, WorkError>(())
         })
         .buffer_unordered(PUTS_IN_FLIGHT)
         .try_fold(0i64, |n, ()| async move { Ok(n + 1) })
         .await?;
     let packed = packer.packed;
-    let rest = rest_of(&runs, packed);
+    let (rest, rows_handed_off) = match ended.into_inner() {
+        true => (Vec::new(), 0),
+        false => (
+            rest_of(&runs, packed),
+            (runs.iter().map(Vec::len).sum::<usize>() - packed) as i64,
+        ),
+    };
     Ok(Worked {
         counters: Counters {
             rows_written: packed as i64,
@@ -295,8 +316,21 @@ async fn enqueue<S: Stores>(
             .iter()
             .map(item_child::<EnqueueDriver>)
             .collect::<Result<_, _>>()?,
-        rows_handed_off: (runs.iter().map(Vec::len).sum::<usize>() - packed) as i64,
+        rows_handed_off,
     })
+}
+
+/// A put's error: a destination queue that is gone (`QueueNotFound`: deleted since the scan
+/// created it) fails the scan at once, naming the queue — every retry would meet it again;
+/// other errors as they are (transient ones retried).
+fn destination_error(target: &EnqueueTarget, e: crate::storage::StorageError) -> WorkError {
+    match e.is_not_found() {
+        true => WorkError::Permanent(format!(
+            "destinationQueue {:?} on connection {} does not exist (deleted since the scan created it): {e}",
+            target.queue, target.connection
+        )),
+        false => e.into(),
+    }
 }
 
 /// The texts (as put, encoded) of the messages carrying `rows`, in order: at most

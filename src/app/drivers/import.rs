@@ -25,6 +25,9 @@
 //!   the thread that answers the API.
 //! - Idempotent: verification writes nothing, and upserts (replace) of the same rows rewrite
 //!   them.
+//! - Once the scan has ended (a cancel, a failed item), an item verifies no further part and
+//!   starts no further batch (`kit::scan_ended`, kept fresh while it works: `work::watch`); a
+//!   write item counts the rows it wrote.
 //!
 //! [`MAX_ITEM_ROWS`]: crate::app::job::MAX_ITEM_ROWS
 
@@ -55,7 +58,7 @@ use crate::storage::stores::Stores;
 use crate::storage::{BatchOperation, Entity, StorageError, TableStore};
 
 use super::kit::range::batches;
-use super::kit::{check_blob_connection, check_container_field};
+use super::kit::{check_blob_connection, check_container_field, scan_ended};
 
 #[path = "import_decode.rs"]
 mod decode;
@@ -441,6 +444,10 @@ async fn verify_parts<S: Stores>(
     let mut outcome = WorkOutcome::default();
     let mut budget = VERIFY_SLICE_BYTES;
     for (i, listed) in parts.iter().enumerate() {
+        // The scan ended (`kit::scan_ended`): nothing more to verify.
+        if scan_ended(state, &begun.scan.scan_id) {
+            break;
+        }
         if budget == 0 {
             let rest = parts[i..].to_vec();
             let next = ImportWork::Verify { parts: rest, skip };
@@ -498,29 +505,31 @@ async fn restore_part<S: Stores>(
     let target = state.counted_table(&destination.connection, &begun.requests)?;
     let concurrency = state.config.copy_concurrency;
     let lines = (skip + 1, next);
-    write_rows(&target, &destination.table, rows, concurrency)
+    let ended = || scan_ended(state, &scan.scan_id);
+    let written = write_rows(&target, &destination.table, rows, (concurrency, &ended))
         .await
         .map_err(|(written, e)| write_failed(&fetched.blob, lines, written, e))?;
     outcome.delta.rows_scanned = count;
     outcome.delta.rows_matched = count;
-    outcome.delta.rows_written = count;
+    outcome.delta.rows_written = written as i64;
     Ok(outcome)
 }
 
-/// Upserts `rows` in batches, `concurrency` at a time. On a failure no further batch is sent,
+/// Upserts `rows` in batches, `concurrency` at a time, starting none once `ended()` (the scan
+/// ended: `kit::scan_ended`); returns the rows written. On a failure no further batch is sent,
 /// the ones in flight are awaited, and the error comes with the rows written (exactly: every
 /// batch sent has answered).
 async fn write_rows<S: TableStore>(
     target: &S,
     table: &str,
     rows: Vec<Entity>,
-    concurrency: usize,
-) -> Result<(), (u64, StorageError)> {
+    (concurrency, ended): (usize, &(dyn Fn() -> bool + Sync)),
+) -> Result<u64, (u64, StorageError)> {
     let stop = AtomicBool::new(false);
     let stop = &stop;
     let results: Vec<Result<u64, StorageError>> = stream::iter(batches(rows))
         .map(|(pk, ops)| async move {
-            if stop.load(Ordering::Relaxed) {
+            if stop.load(Ordering::Relaxed) || ended() {
                 return Ok(0);
             }
             match target.submit_batch(table, &pk, &ops).await {
@@ -537,7 +546,7 @@ async fn write_rows<S: TableStore>(
     let written = results.iter().filter_map(|r| r.as_ref().ok()).sum();
     match results.into_iter().find_map(Result::err) {
         Some(e) => Err((written, e)),
-        None => Ok(()),
+        None => Ok(written),
     }
 }
 

@@ -20,21 +20,37 @@ use super::status::status_json;
 const DEFAULT_TOP: u32 = 20;
 const MAX_TOP: u32 = 100;
 /// The query parameters this function reads; any other is refused (a typo would otherwise list
-/// everything silently).
+/// everything silently), and so is one given twice (which value counts would be a guess).
 const PARAMETERS: [&str; 4] = ["top", "state", "continuationToken", "code"];
+
+/// The query's parameters by name: a 400 naming the first one that is unknown or given twice.
+fn parameters(pairs: Vec<(String, String)>) -> Result<HashMap<String, String>, ApiError> {
+    let mut query = HashMap::new();
+    for (name, value) in pairs {
+        if !PARAMETERS.contains(&name.as_str()) {
+            return Err(ApiError::field(
+                &name,
+                format!(
+                    "unknown query parameter; expected top, state or continuationToken, got {name:?}"
+                ),
+            ));
+        }
+        if query.contains_key(&name) {
+            return Err(ApiError::field(
+                &name,
+                format!("{name} is given more than once; give it once"),
+            ));
+        }
+        query.insert(name, value);
+    }
+    Ok(query)
+}
 
 pub async fn handle<S: Stores>(
     State(state): State<Arc<AppState<S>>>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(pairs): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(unknown) = query.keys().find(|k| !PARAMETERS.contains(&k.as_str())) {
-        return Err(ApiError::field(
-            unknown,
-            format!(
-                "unknown query parameter; expected top, state or continuationToken, got {unknown:?}"
-            ),
-        ));
-    }
+    let query = parameters(pairs)?;
     let top = match query.get("top") {
         None => DEFAULT_TOP,
         Some(v) => v

@@ -2,6 +2,7 @@
 //! completion with its counters, and notice the end of the scan.
 
 use super::*;
+use crate::app::drivers::kit::scan_ended;
 use crate::app::tracking::MAX_FOLDED_CHILDREN;
 use crate::storage::stores::Stores;
 use crate::storage::Entity;
@@ -76,10 +77,20 @@ impl<S: Stores> Runner<'_, S> {
         result: Result<Executed, WorkError>,
     ) -> Result<String, WorkError> {
         let scan = &*begun.scan;
-        let (result, mut rows) = match result {
+        let (mut result, mut rows) = match result {
             Ok(executed) => (Ok(executed.outcome), executed.rows),
             Err(e) => (Err(e), Vec::new()),
         };
+        // Its scan ended while it ran (`watch`): it commits what it did and queues nothing
+        // more — no child, no work on its rows. (An outcome an earlier delivery recorded may
+        // have registered children already: their messages are queued, to be dropped.)
+        if scan_ended(self.app, &scan.scan_id) && matches!(begun.progress, Progress::Fresh { .. }) {
+            if let Ok(outcome) = &mut result {
+                outcome.children.clear();
+                outcome.in_step.clear();
+            }
+            rows.clear();
+        }
         // The commit's requests must not wait between an optimistic read and its write: they
         // take their tokens ahead (pace module, invariant 1).
         begun.requests.prepay(SETTLE_TOKENS).await?;
@@ -275,7 +286,9 @@ impl<S: Stores> Runner<'_, S> {
         outcome: &WorkOutcome,
         rows: Vec<Entity>,
     ) -> Result<Worked, WorkError> {
-        if outcome.in_step.is_empty() {
+        // An outcome adopted from an earlier delivery keeps its ranges: skipped once the scan
+        // ended, as a driver's work stops then (`watch`).
+        if outcome.in_step.is_empty() || scan_ended(self.app, &begun.scan.scan_id) {
             return Ok(Worked::default());
         }
         let until = tokio::time::Instant::now() + self.app.config.hand_off_after;

@@ -22,6 +22,9 @@ mod begin;
 mod complete;
 mod finish;
 mod poison;
+pub mod watch;
+#[cfg(all(test, feature = "lab"))]
+mod watch_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,12 +93,17 @@ async fn execute<M: Work, S: Stores>(state: &AppState<S>, body: &[u8]) -> Invoca
         Ok(begun) => begun,
         Err(reply) => return reply,
     };
-    let result = if begun.needs_execution() {
-        M::execute(state, &begun).await
-    } else {
-        Ok(Executed::default())
+    // While it works, the invocation keeps learning whether its scan ended (`watch`).
+    let (scan, requests) = (begun.scan.clone(), begun.requests.clone());
+    let work = async {
+        let result = if begun.needs_execution() {
+            M::execute(state, &begun).await
+        } else {
+            Ok(Executed::default())
+        };
+        runner.finish(begun, result).await
     };
-    runner.finish(begun, result).await
+    watch::watching(state, &scan.scan_id, &requests, work).await
 }
 
 /// A child work item ready to be registered and queued.

@@ -29,6 +29,7 @@ use crate::storage::blob::{BlobProperties, BlobStore, BlobWrite, MAX_LIST_RESULT
 use crate::storage::compare_keys;
 use crate::storage::stores::Stores;
 
+use super::super::kit::scan_ended;
 use super::stage::BINARY_CONTENT_TYPE;
 use super::{prune, publish, BuildWork, IndexDriver, IndexOptions, IndexWork};
 
@@ -166,6 +167,10 @@ async fn build_and_publish<S: Stores>(
         let Some(entry) = build_segment_of(state, begun, names).await? else {
             return Ok(WorkOutcome::default());
         };
+        // A build cancelled meanwhile is never switched to.
+        if scan_ended(state, &scan.scan_id) {
+            return Ok(WorkOutcome::default());
+        }
         publish::publish(
             state,
             scan,
@@ -217,6 +222,10 @@ async fn build_segment_of<S: Stores>(
         .map(|name| {
             let blobs = &blobs;
             async move {
+                // The scan ended: no further read, and no segment (below).
+                if scan_ended(state, &scan.scan_id) {
+                    return Ok(Vec::new());
+                }
                 let record = blobs
                     .download(container, &name, MAX_STAGING_BYTES as u64)
                     .await?;
@@ -228,6 +237,9 @@ async fn build_segment_of<S: Stores>(
         .buffered(READS_IN_FLIGHT)
         .try_collect()
         .await?;
+    if scan_ended(state, &scan.scan_id) {
+        return Ok(None);
+    }
     let ranges = merged(records.into_iter().flatten().collect());
     let entry = write_segment(&blobs, &options, &layout, &scan.scan_id, &first, &ranges).await?;
     Ok(Some(entry))

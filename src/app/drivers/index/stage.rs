@@ -17,7 +17,7 @@ use crate::storage::stores::Stores;
 use crate::storage::Entity;
 
 use super::super::kit::range::{read_item, unaddressable_error};
-use super::super::kit::read_spec;
+use super::super::kit::{read_spec, scan_ended};
 use super::{IndexDriver, IndexOptions, IndexWork};
 
 /// Most rows in one key range of the index (a lookup reads a candidate range with one filtered
@@ -85,6 +85,10 @@ pub async fn stage<S: Stores>(
         ranges.extend(staged_ranges(&options.property, run)?);
     }
     if ranges.is_empty() {
+        return Ok(0);
+    }
+    // The scan ended (`kit::scan_ended`): no record is written, none counted.
+    if scan_ended(state, &scan.scan_id) {
         return Ok(0);
     }
     let indexed: u64 = ranges.iter().map(|r| r.rows).sum();

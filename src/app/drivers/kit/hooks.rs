@@ -161,6 +161,10 @@ async fn work_rows<D: Driver, S: Stores>(
     until: Instant,
 ) -> Result<Worked, WorkError> {
     let given = runs.iter().map(Vec::len).sum::<usize>() as i64;
+    // The scan ended (`super::scan_ended`): no work starts.
+    if super::scan_ended(state, &scan.scan_id) {
+        return Ok(Worked::default());
+    }
     let mut worked = D::work_runs(state, scan, requests, runs, until).await?;
     worked.counters.rows_matched = given - worked.rows_handed_off;
     Ok(worked)
@@ -197,6 +201,9 @@ async fn rework_range<D: Driver, S: Stores>(
         let Some(work) = next.take() else {
             return Ok(total);
         };
+        if super::scan_ended(state, &scan.scan_id) {
+            return Ok(total);
+        }
         let read = range::read_item(&source, &scan.source.table, &work, &spec).await?;
         if let Some(e) = range::unaddressable_error("worked on", &read.unaddressable) {
             return Err(e);

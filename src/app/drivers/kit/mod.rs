@@ -1,7 +1,7 @@
 //! The shared driver kit: what several drivers use, so that no driver imports another —
 //! range items ([`range`]), the adapter that registers a driver ([`hooks`]), and the small
-//! checks and row edits below (blob targets, queue targets, dropping nulls, how a range item
-//! is re-read).
+//! checks and row edits below (blob targets, queue targets, whether the scan ended, dropping
+//! nulls, how a range item is re-read).
 
 pub mod hooks;
 pub mod range;
@@ -11,6 +11,7 @@ use crate::app::error::ApiError;
 use crate::app::job::request::check_connection;
 use crate::app::job::{ScanContext, WorkError};
 use crate::app::state::AppState;
+use crate::app::tracking::ScanState;
 use crate::storage::blob::check_container;
 use crate::storage::stores::Stores;
 use crate::storage::Entity;
@@ -35,10 +36,12 @@ pub fn check_container_field(field: &str, container: &str) -> Result<(), ApiErro
 
 /// 4xx naming `field` for a queue a driver writes to on `connection`: an allowed connection, a
 /// name the service accepts (Azure's rules exactly: 3-63 characters; the app's own queues are
-/// held to 56 so that their `-poison` queues fit, a destination is not), and none of the app's
-/// own queues — the step, copy and cleanup queues and their `-poison` queues — refused by name
-/// on every connection, as the bookkeeping tables are, so that an alias of the app's account
-/// that is not recognised as one cannot reach them either.
+/// held to 56 so that their `-poison` queues fit, a destination is not), and no name that
+/// starts with one of the app's own queues' — the step, copy and cleanup queues, their
+/// `-poison` queues and whatever else the host or a later version derives from them
+/// (`tablescan-prefixscan-poison-poison`) — refused by name on every connection, as the
+/// bookkeeping tables are, so that an alias of the app's account that is not recognised as one
+/// cannot reach them either.
 pub fn check_queue_target(
     config: &Config,
     field: &str,
@@ -52,16 +55,24 @@ pub fn check_queue_target(
         &config.table_copy_queue,
         &config.cleanup_queue,
     ];
-    if own
-        .iter()
-        .any(|q| queue == q.as_str() || queue.strip_suffix("-poison") == Some(q.as_str()))
-    {
+    if let Some(own) = own.iter().find(|q| queue.starts_with(q.as_str())) {
         return Err(ApiError::field(
             field,
-            format!("{queue} is one of tablescan's own queues"),
+            format!("{queue} starts with {own}, the name of one of tablescan's own queues"),
         ));
     }
     Ok(())
+}
+
+/// Whether this instance knows that scan `scan_id` has ended (cancelled, or failed by another
+/// item): its state cache says so, kept fresh while an invocation works (`work::watch`). No
+/// request. A driver starts no further unit of work that writes (a put, a batch, a blob) once
+/// it does, and hands nothing on; what it did counts (`work::watch`'s invariants).
+pub fn scan_ended<S: Stores>(state: &AppState<S>, scan_id: &str) -> bool {
+    state
+        .scan_states
+        .get(scan_id)
+        .is_some_and(|s| s != ScanState::Running)
 }
 
 /// Removes the properties whose value is `null` (and their annotations): the service answers
@@ -112,6 +123,9 @@ mod tests {
             &"a".repeat(63),
             "rows1",
             "9-a",
+            "my-tablescan-prefixscan",
+            "tablescan-prefix",
+            "tablescan-table-copy",
         ] {
             assert!(check(ok).is_ok(), "{ok}");
         }
@@ -129,6 +143,10 @@ mod tests {
             "tablescan-tablecopy-poison",
             "tablescan-prefixscan-cleanup",
             "tablescan-prefixscan-cleanup-poison",
+            "tablescan-prefixscan-poison-poison",
+            "tablescan-tablecopy-poison-poison",
+            "tablescan-tablecopy2",
+            "tablescan-prefixscan-x",
         ] {
             match check(bad) {
                 Err(ApiError::InvalidField { field, .. }) => {
