@@ -393,3 +393,6 @@ mod tests {
 
 #[cfg(all(test, feature = "lab"))]
 mod memory_tests;
+
+#[cfg(all(test, feature = "lab"))]
+mod adaptive_tests;
