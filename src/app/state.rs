@@ -25,6 +25,7 @@ use super::config::{Config, STORAGE_SETTING};
 use super::job::context::ScanContext;
 use super::job::error::WorkError;
 use super::job::registry::Drivers;
+use super::pace::adaptive::{Pacings, TableRows};
 use super::pace::lease::TableSchedule;
 use super::pace::{Meter, Pacer, Pacers};
 use super::tracking::{ScanState, Tracker};
@@ -104,6 +105,8 @@ pub struct AppState<S: Stores> {
     driver_states: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// Pacers of the rate-limited scans this instance works on.
     pacers: Pacers,
+    /// Adaptive pacing per scan and account (`pace::adaptive`), unless switched off.
+    pub pacings: Option<Pacings>,
     /// Where the app's time of day comes from (`crate::clock`): every time it stores or decides
     /// on reads this clock, never the system's directly.
     pub clock: Clock,
@@ -145,6 +148,7 @@ impl<S: Stores> AppState<S> {
             drivers,
             driver_states: Mutex::default(),
             pacers: Pacers::default(),
+            pacings: Some(Pacings::default()),
             clock: Clock::system(),
         })
     }
@@ -169,7 +173,7 @@ impl<S: Stores> AppState<S> {
                 "connection {connection} is not configured on this app"
             ))
         })?;
-        Ok(Counted::new(store.clone(), requests.clone()))
+        Ok(Counted::new(store.clone(), requests.clone()).on_connection(connection))
     }
 
     /// The bookkeeping store, counting requests into `requests` and spending the tokens
@@ -186,7 +190,9 @@ impl<S: Stores> AppState<S> {
         requests: &Arc<Meter>,
     ) -> StorageResult<Counted<S::Queue>> {
         match self.connection_queues.get(connection) {
-            Some(store) => Ok(Counted::new(store.clone(), requests.clone())),
+            Some(store) => {
+                Ok(Counted::new(store.clone(), requests.clone()).on_connection(connection))
+            }
             None => Err(StorageError::invalid_input(format!(
                 "connection {connection} has no queue store configured on this app"
             ))),
@@ -211,7 +217,9 @@ impl<S: Stores> AppState<S> {
         requests: &Arc<Meter>,
     ) -> StorageResult<Counted<S::Blob>> {
         match self.blobs.get(connection) {
-            Some(Ok(store)) => Ok(Counted::new(store.clone(), requests.clone())),
+            Some(Ok(store)) => {
+                Ok(Counted::new(store.clone(), requests.clone()).on_connection(connection))
+            }
             Some(Err(e)) => Err(e.clone()),
             None => Err(StorageError::invalid_input(format!(
                 "connection {connection} has no blob store configured on this app"
@@ -230,6 +238,31 @@ impl<S: Stores> AppState<S> {
                 scan.scan_id.clone(),
             ))
         }))
+    }
+
+    /// Paces `requests` of `scan` adaptively per account (`pace::adaptive`), unless this app
+    /// has adaptive pacing switched off ([`AppState::without_adaptive_pacing`]).
+    pub fn adapt(&self, scan: &ScanContext, requests: &Meter) {
+        let Some(pacings) = &self.pacings else {
+            return;
+        };
+        let pacing = pacings.get_or_make(&scan.scan_id, || {
+            Arc::new(TableRows {
+                store: self.bookkeeping().clone(),
+                table: self.config.work_table.clone(),
+                scan_id: scan.scan_id.clone(),
+            })
+        });
+        requests.adapt_by(pacing);
+    }
+
+    /// This app without adaptive pacing (the simulator's runs of the earlier behaviour). For a
+    /// state just made: panics if anything else holds it already.
+    pub fn without_adaptive_pacing(mut self: Arc<Self>) -> Arc<Self> {
+        Arc::get_mut(&mut self)
+            .expect("switched off on a state just made")
+            .pacings = None;
+        self
     }
 
     /// The store holding the bookkeeping tables.
@@ -255,6 +288,8 @@ pub struct Counted<S> {
     inner: S,
     count: Arc<Meter>,
     wait: bool,
+    /// The connection whose account the requests go to (adaptive pacing is per account).
+    connection: Arc<str>,
 }
 
 impl<S> Counted<S> {
@@ -263,7 +298,14 @@ impl<S> Counted<S> {
             inner,
             count,
             wait: true,
+            connection: Arc::from(STORAGE_SETTING),
         }
+    }
+
+    /// The store of `connection` (the app's own account by default).
+    pub fn on_connection(mut self, connection: &str) -> Self {
+        self.connection = Arc::from(connection);
+        self
     }
 
     /// A store whose requests spend the tokens the work item took ahead (`Meter::prepay`)
@@ -275,6 +317,7 @@ impl<S> Counted<S> {
             inner,
             count,
             wait: false,
+            connection: Arc::from(STORAGE_SETTING),
         }
     }
 
@@ -291,7 +334,9 @@ impl<S> Counted<S> {
 impl<S: TableStore> TableStore for Counted<S> {
     async fn query_page(&self, table: &str, query: &Query) -> StorageResult<Page> {
         self.tick().await?;
-        self.inner.query_page(table, query).await
+        self.count
+            .send(&self.connection, self.inner.query_page(table, query))
+            .await
     }
     async fn submit_batch_with_etags(
         &self,
@@ -300,8 +345,11 @@ impl<S: TableStore> TableStore for Counted<S> {
         operations: &[BatchOperation],
     ) -> StorageResult<Vec<Option<String>>> {
         self.tick().await?;
-        self.inner
-            .submit_batch_with_etags(table, pk, operations)
+        self.count
+            .send(
+                &self.connection,
+                self.inner.submit_batch_with_etags(table, pk, operations),
+            )
             .await
     }
     async fn get_entity(
@@ -311,34 +359,51 @@ impl<S: TableStore> TableStore for Counted<S> {
         rk: &str,
     ) -> StorageResult<Option<(Entity, String)>> {
         self.tick().await?;
-        self.inner.get_entity(table, pk, rk).await
+        self.count
+            .send(&self.connection, self.inner.get_entity(table, pk, rk))
+            .await
     }
     async fn create_table(&self, table: &str) -> StorageResult<bool> {
         self.tick().await?;
-        self.inner.create_table(table).await
+        self.count
+            .send(&self.connection, self.inner.create_table(table))
+            .await
     }
     async fn delete_table(&self, table: &str) -> StorageResult<bool> {
         self.tick().await?;
-        self.inner.delete_table(table).await
+        self.count
+            .send(&self.connection, self.inner.delete_table(table))
+            .await
     }
 }
 
 impl<S: QueueStore> QueueStore for Counted<S> {
     async fn create_queue(&self, queue: &str) -> StorageResult<()> {
         self.tick().await?;
-        self.inner.create_queue(queue).await
+        self.count
+            .send(&self.connection, self.inner.create_queue(queue))
+            .await
     }
     async fn delete_queue(&self, queue: &str) -> StorageResult<bool> {
         self.tick().await?;
-        self.inner.delete_queue(queue).await
+        self.count
+            .send(&self.connection, self.inner.delete_queue(queue))
+            .await
     }
     async fn put_message(&self, queue: &str, text: &str, delay: Duration) -> StorageResult<()> {
         self.tick().await?;
-        self.inner.put_message(queue, text, delay).await
+        self.count
+            .send(&self.connection, self.inner.put_message(queue, text, delay))
+            .await
     }
     async fn put_message_never_expiring(&self, queue: &str, text: &str) -> StorageResult<()> {
         self.tick().await?;
-        self.inner.put_message_never_expiring(queue, text).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.put_message_never_expiring(queue, text),
+            )
+            .await
     }
     async fn get_messages(
         &self,
@@ -347,11 +412,21 @@ impl<S: QueueStore> QueueStore for Counted<S> {
         visibility: Duration,
     ) -> StorageResult<Vec<ReceivedMessage>> {
         self.tick().await?;
-        self.inner.get_messages(queue, max, visibility).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.get_messages(queue, max, visibility),
+            )
+            .await
     }
     async fn delete_message(&self, queue: &str, id: &str, pop_receipt: &str) -> StorageResult<()> {
         self.tick().await?;
-        self.inner.delete_message(queue, id, pop_receipt).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.delete_message(queue, id, pop_receipt),
+            )
+            .await
     }
     async fn update_message(
         &self,
@@ -362,20 +437,27 @@ impl<S: QueueStore> QueueStore for Counted<S> {
         text: Option<&str>,
     ) -> StorageResult<String> {
         self.tick().await?;
-        self.inner
-            .update_message(queue, id, pop, visibility, text)
+        self.count
+            .send(
+                &self.connection,
+                self.inner.update_message(queue, id, pop, visibility, text),
+            )
             .await
     }
     async fn approximate_count(&self, queue: &str) -> StorageResult<u64> {
         self.tick().await?;
-        self.inner.approximate_count(queue).await
+        self.count
+            .send(&self.connection, self.inner.approximate_count(queue))
+            .await
     }
 }
 
 impl<S: BlobStore> BlobStore for Counted<S> {
     async fn create_container(&self, container: &str) -> StorageResult<bool> {
         self.tick().await?;
-        self.inner.create_container(container).await
+        self.count
+            .send(&self.connection, self.inner.create_container(container))
+            .await
     }
     async fn upload(
         &self,
@@ -385,7 +467,12 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         write: &BlobWrite,
     ) -> StorageResult<String> {
         self.tick().await?;
-        self.inner.upload(container, name, body, write).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.upload(container, name, body, write),
+            )
+            .await
     }
     async fn put_block(
         &self,
@@ -395,7 +482,12 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         body: Bytes,
     ) -> StorageResult<()> {
         self.tick().await?;
-        self.inner.put_block(container, name, id, body).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.put_block(container, name, id, body),
+            )
+            .await
     }
     async fn commit_blocks(
         &self,
@@ -405,19 +497,33 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         write: &BlobWrite,
     ) -> StorageResult<String> {
         self.tick().await?;
-        self.inner.commit_blocks(container, name, ids, write).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.commit_blocks(container, name, ids, write),
+            )
+            .await
     }
     async fn block_list(&self, container: &str, name: &str) -> StorageResult<BlockListing> {
         self.tick().await?;
-        self.inner.block_list(container, name).await
+        self.count
+            .send(&self.connection, self.inner.block_list(container, name))
+            .await
     }
     async fn download(&self, container: &str, name: &str, max: u64) -> StorageResult<Downloaded> {
         self.tick().await?;
-        self.inner.download(container, name, max).await
+        self.count
+            .send(&self.connection, self.inner.download(container, name, max))
+            .await
     }
     async fn download_range(&self, c: &str, name: &str, at: u64, len: u64) -> StorageResult<Bytes> {
         self.tick().await?;
-        self.inner.download_range(c, name, at, len).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.download_range(c, name, at, len),
+            )
+            .await
     }
     async fn properties(
         &self,
@@ -425,7 +531,9 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         name: &str,
     ) -> StorageResult<Option<BlobProperties>> {
         self.tick().await?;
-        self.inner.properties(container, name).await
+        self.count
+            .send(&self.connection, self.inner.properties(container, name))
+            .await
     }
     async fn list(
         &self,
@@ -435,11 +543,18 @@ impl<S: BlobStore> BlobStore for Counted<S> {
         marker: Option<&str>,
     ) -> StorageResult<BlobListPage> {
         self.tick().await?;
-        self.inner.list(container, prefix, max, marker).await
+        self.count
+            .send(
+                &self.connection,
+                self.inner.list(container, prefix, max, marker),
+            )
+            .await
     }
     async fn delete(&self, container: &str, name: &str) -> StorageResult<bool> {
         self.tick().await?;
-        self.inner.delete(container, name).await
+        self.count
+            .send(&self.connection, self.inner.delete(container, name))
+            .await
     }
 }
 

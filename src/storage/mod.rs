@@ -38,6 +38,7 @@ pub mod entity;
 pub mod keys;
 mod names;
 pub mod odata;
+pub mod refused;
 pub mod request_counts;
 pub mod retry_policy;
 mod signed;

@@ -82,6 +82,9 @@ where
     let transient = |error: &StorageError| {
         attempt += 1;
         let transient = error.is_transient();
+        if super::refused::is_refusal(error) {
+            super::refused::report(super::refused::is_account_limit(error));
+        }
         if transient {
             tracing::debug!(attempt, error = %error, "transient storage error");
         }

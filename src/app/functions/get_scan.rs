@@ -63,6 +63,9 @@ pub async fn handle<S: Stores>(
         }
     }
     let mut status = status_json(record, &counters, tracker.now());
+    let (work, now) = (&state.config.work_table, crate::app::pace::now_us());
+    let rates = crate::app::pace::adaptive::rates_of(state.bookkeeping(), work, &id, now).await?;
+    status["pacing"] = Value::Object(rates);
     if let Some(at) = kept.work_removed_at {
         status["workRowsRemovedAt"] = Value::from(format_time(at));
     }

@@ -15,7 +15,9 @@ use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState};
 ///
 /// `maxRequestsPerSecond` is the scan's rate limit (`null`: none); `requestsPerSecond` the rate
 /// achieved: `storageRequests` over the time from `startedAt` to `completedAt` (or `now`, the
-/// app's clock).
+/// app's clock). `refusedRequests` counts the storage attempts the service refused for load
+/// (503, 500 `OperationTimedOut`; each retried, not in `storageRequests`), and `pacing` (added
+/// by `get_scan`) the adaptive rate each account settled at (docs/rate-limit.md).
 pub fn status_json(record: &ScanRecord, counters: &Counters, now: OffsetDateTime) -> Value {
     let (pending, dropped) = match record.state {
         ScanState::Running => (counters.pending(), counters.dropped),
@@ -40,6 +42,7 @@ pub fn status_json(record: &ScanRecord, counters: &Counters, now: OffsetDateTime
         "rowsWritten": counters.rows_written,
         "rowsMatched": counters.rows_matched,
         "storageRequests": counters.storage_requests,
+        "refusedRequests": counters.refused_requests,
         "maxRequestsPerSecond": limit,
         "requestsPerSecond": rate,
         "messagesProcessed": counters.messages,

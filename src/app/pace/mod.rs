@@ -22,6 +22,8 @@
 //! 5. Times are each instance's clock (UTC): instances are assumed to agree within a few
 //!    milliseconds; an instance whose clock is off by `d` moves at most `d × limit` requests.
 
+pub mod adaptive;
+pub mod control;
 pub mod lease;
 
 use std::collections::HashMap;
@@ -31,6 +33,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::storage::StorageResult;
 
+use adaptive::{AccountPacer, ScanPacing};
 use lease::Schedule;
 
 /// The smallest and largest `maxRequestsPerSecond` a scan may ask for.
@@ -82,6 +85,26 @@ pub struct Meter {
     pacer: OnceLock<Arc<Pacer>>,
     /// Tokens taken ahead ([`Meter::prepay`]) and not yet spent ([`Meter::tick_prepaid`]).
     prepaid: AtomicU64,
+    /// The scan's adaptive pacing per account, once the scan is known (`adaptive`).
+    adaptive: OnceLock<Arc<ScanPacing>>,
+    /// Attempts the service refused (503, 500 OperationTimedOut), each retried.
+    refused: AtomicU64,
+}
+
+/// Hears of one request's refused attempts: counts them into the work item's meter and tells
+/// the account's pacer.
+struct Refusals {
+    meter: Arc<Meter>,
+    account: Option<Arc<AccountPacer>>,
+}
+
+impl crate::storage::refused::Sink for Refusals {
+    fn refused(&self, account_limit: bool) {
+        self.meter.refused.fetch_add(1, Ordering::Relaxed);
+        if let (true, Some(account)) = (account_limit, &self.account) {
+            account.refused();
+        }
+    }
 }
 
 impl Meter {
@@ -142,6 +165,35 @@ impl Meter {
     /// The pacer, if the meter has one.
     pub fn pacer(&self) -> Option<&Arc<Pacer>> {
         self.pacer.get()
+    }
+
+    /// Paces this meter's requests adaptively per account from now on (`adaptive`).
+    pub fn adapt_by(&self, pacing: Arc<ScanPacing>) {
+        let _ = self.adaptive.set(pacing);
+    }
+
+    /// Attempts the service refused so far (each retried by the adapters).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Runs one request to `connection`'s account: after its adaptive pacing's wait (if the
+    /// scan is paced there), with its refused attempts counted and reported to that pacing.
+    pub async fn send<T>(
+        self: &Arc<Self>,
+        connection: &str,
+        request: impl std::future::Future<Output = StorageResult<T>>,
+    ) -> StorageResult<T> {
+        let account = self.adaptive.get().map(|p| p.account(connection));
+        if let Some(account) = &account {
+            let requests = account.before_send().await?;
+            self.count.fetch_add(requests, Ordering::Relaxed);
+        }
+        let sink = Arc::new(Refusals {
+            meter: self.clone(),
+            account,
+        });
+        crate::storage::refused::scope(sink, request).await
     }
 }
 
@@ -341,3 +393,6 @@ mod tests {
 
 #[cfg(all(test, feature = "lab"))]
 mod memory_tests;
+
+#[cfg(all(test, feature = "lab"))]
+mod adaptive_tests;

@@ -50,6 +50,11 @@ pub struct Counters {
     /// rows while 0, so every other driver's recorded formats are unchanged.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub messages_written: i64,
+    /// Attempts the storage service refused for load (503, 500 `OperationTimedOut`), each
+    /// retried (issue 43). Absent from earlier versions' records: 0; left out while 0, as
+    /// [`Counters::messages_written`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused_requests: i64,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -58,8 +63,10 @@ fn is_zero(n: &i64) -> bool {
 
 /// The counter row property of [`Counters::messages_written`], written only once it is not 0.
 const MESSAGES_WRITTEN: &str = "MessagesWritten";
+/// The counter row property of [`Counters::refused_requests`], written only once it is not 0.
+const REFUSED_REQUESTS: &str = "RefusedRequests";
 
-const COUNTER_FIELDS: [&str; 10] = [
+const COUNTER_FIELDS: [&str; 11] = [
     "Created",
     "Completed",
     "Failed",
@@ -70,10 +77,11 @@ const COUNTER_FIELDS: [&str; 10] = [
     "Dropped",
     "RowsMatched",
     MESSAGES_WRITTEN,
+    REFUSED_REQUESTS,
 ];
 
 impl Counters {
-    fn values(&self) -> [i64; 10] {
+    fn values(&self) -> [i64; 11] {
         [
             self.created,
             self.completed,
@@ -85,10 +93,11 @@ impl Counters {
             self.dropped,
             self.rows_matched,
             self.messages_written,
+            self.refused_requests,
         ]
     }
 
-    fn from_values(v: [i64; 10]) -> Counters {
+    fn from_values(v: [i64; 11]) -> Counters {
         Counters {
             created: v[0],
             completed: v[1],
@@ -100,6 +109,7 @@ impl Counters {
             dropped: v[7],
             rows_matched: v[8],
             messages_written: v[9],
+            refused_requests: v[10],
         }
     }
 
@@ -132,7 +142,7 @@ impl Counters {
     pub(super) fn to_entity(self, partition_key: &str) -> Entity {
         let mut entity = Entity::new(partition_key, COUNTER_ROW);
         for (name, value) in COUNTER_FIELDS.iter().zip(self.values()) {
-            if *name != MESSAGES_WRITTEN || value != 0 {
+            if ![MESSAGES_WRITTEN, REFUSED_REQUESTS].contains(name) || value != 0 {
                 put_int64(&mut entity.properties, name, value);
             }
         }

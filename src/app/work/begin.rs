@@ -170,6 +170,7 @@ impl<S: Stores> Runner<'_, S> {
         invocation: &QueueInvocation,
         work_id: &str,
     ) -> Result<(), InvocationResponse> {
+        self.app.adapt(scan, requests);
         let Some(pacer) = self.app.pacer_for(scan) else {
             return Ok(());
         };

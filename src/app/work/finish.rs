@@ -127,6 +127,7 @@ impl<S: Stores> Runner<'_, S> {
         // Count the completion's own transaction (and counter read) too.
         delta.storage_requests =
             begun.requests.count() as i64 + if counter.is_some() { 1 } else { 2 };
+        delta.refused_requests = begun.requests.refused() as i64;
         begun.requests.prepay(COMPLETE_TOKENS).await?;
         let completion = tracker
             .complete(

@@ -13,6 +13,7 @@
 mod classify;
 mod gate;
 mod in_flight;
+mod throttle;
 mod timeline;
 
 use std::collections::BTreeMap;
@@ -132,6 +133,8 @@ struct Shared {
     timeline: Timeline,
     /// Requests held until a test lets them through.
     gate: gate::Gate,
+    /// Table requests above a set rate refused (`throttle`).
+    throttle: throttle::Throttle,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -306,6 +309,9 @@ async fn handle(
         return Ok(no_messages(parts.headers.get("x-ms-version")));
     }
     shared.gate.pass(kind, &resource).await;
+    if shared.throttle.refuses(service) {
+        return Ok(throttle::over_the_limit(service));
+    }
     let fault = shared.pick_fault(kind);
     match fault {
         Fault::ServerBusy => {
@@ -445,6 +451,7 @@ impl StorageProxy {
             in_flight: InFlight::default(),
             timeline: Timeline::default(),
             gate: gate::Gate::default(),
+            throttle: Default::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let (stop, _) = watch::channel(false);

@@ -191,11 +191,20 @@ impl Account {
         match self.refusal(partition, queue) {
             None => true,
             Some(reason) => {
+                // To the request's adaptive pacing: the account's limit, or another refusal.
+                crate::storage::refused::report(reason == "account");
                 self.throttled.fetch_add(1, Ordering::Relaxed);
                 *self.throttled_by.lock().unwrap().entry(reason).or_default() += 1;
                 false
             }
         }
+    }
+
+    /// Admits one request of another workload (`pacing::Neighbour`) at the account's request
+    /// rate, without counting it among the scan's.
+    pub(super) fn admit_neighbour(&self) -> bool {
+        let rate = self.model.account_requests_per_sec;
+        self.account.lock().unwrap().take(rate, 1.0, Instant::now())
     }
 
     /// Why the server would refuse this request now, if it would.

@@ -19,6 +19,7 @@ pub mod enqueue;
 pub mod host;
 pub mod index;
 pub mod model;
+pub mod pacing;
 pub mod props;
 pub mod report;
 pub mod scenario;
@@ -140,9 +141,15 @@ pub fn run_scenarios(
                 let r = run_scenario(s, model, seed, horizon_minutes);
                 match &r {
                     Ok(r) => eprintln!(
-                        "  SIMULATED {}: completed {} in {:.0} s (storage floor {:.0} s, {}; this run's requests at the account target {:.0} s), {} instances, ${:.3} (wall {:.0} s)",
+                        "  SIMULATED {}: completed {} in {:.0} s (storage floor {:.0} s, {}; this run's requests at the account target {:.0} s), {} instances, ${:.3}; {} requests, {} refused ({:.2} %), peak {}/s, settled {}/s{} (wall {:.0} s)",
                         s.name(), r.completed, r.duration_seconds, r.floor.seconds, r.floor.binding,
-                        r.floor.run_requests_seconds, r.max_instances, r.estimated_cost_usd, r.wall_seconds
+                        r.floor.run_requests_seconds, r.max_instances, r.estimated_cost_usd,
+                        r.requests, r.throttled_requests, r.pacing.refused_fraction * 100.0,
+                        r.peak_requests_per_second, r.pacing.settled_requests_per_second,
+                        r.pacing.neighbour.as_ref().map_or(String::new(), |n| format!(
+                            "; other workload {}/s: {} of {} refused ({:.2} %)",
+                            n.requests_per_second, n.refused, n.requests, n.refused_fraction * 100.0)),
+                        r.wall_seconds
                     ),
                     Err(e) => eprintln!("  {}: {e}", s.name()),
                 }
@@ -235,6 +242,12 @@ async fn simulate(
     let stores = (tables.clone(), queues.clone(), blobs.clone());
     let clock = Clock::following_tokio();
     let state = app_state(&scenario.design, &model, stores.clone(), clock.clone())?;
+    let neighbour = (scenario.design.neighbour_requests_per_second > 0).then(|| {
+        pacing::Neighbour::start(
+            account.clone(),
+            scenario.design.neighbour_requests_per_second,
+        )
+    });
     // The API's handler (it serves the start request); each instance gets its own below.
     let router = app(state.clone());
     let new_handler: host::NewHandler = {
@@ -298,6 +311,10 @@ async fn simulate(
     };
     let watched = watch.run().await?;
     host.stopped.store(true, Ordering::Relaxed);
+    if let Some(n) = &neighbour {
+        n.stopped.store(true, Ordering::Relaxed);
+    }
+    let per_second = watched.per_second.clone();
     let watched_completed = watched.completed;
     let run = Run {
         host: &host,
@@ -311,6 +328,16 @@ async fn simulate(
         destination: destination.as_deref(),
     };
     let mut result = summarize(scenario, &model, seed, run);
+    let row = pacing::pace_row(&memory, &state.config.work_table, &scan_id).await;
+    result.pacing = pacing::PacingFigures {
+        refused_fraction: result.throttled_requests as f64 / result.requests.max(1) as f64,
+        settled_requests_per_second: pacing::settled(&per_second),
+        paced_rate_per_instance: row.map(|(rate, _)| rate),
+        last_decrease_seconds: row.map(|(_, at)| {
+            (at - crate::app::pace::now_us()) as f64 / 1e6 + epoch.elapsed().as_secs_f64()
+        }),
+        neighbour: neighbour.map(|n| n.figures()),
+    };
     if let Some((first, subsequent)) = segments {
         // What the scan ran with (a driver may choose its own when the design left the default).
         result.design.segments_first = first;
@@ -368,6 +395,10 @@ fn app_state(
         crate::app::drivers::registry(),
     )
     .on_clock(clock))
+    .map(|state| match d.adaptive_pacing {
+        true => state,
+        false => state.without_adaptive_pacing(),
+    })
 }
 
 /// The blog's app: one worker queue and one start message; nothing is tracked.
@@ -414,6 +445,8 @@ struct Watched {
     completed: bool,
     rows_over_time: Vec<(f64, u64)>,
     peak_requests_per_second: u64,
+    /// The requests of each simulated second.
+    per_second: Vec<u64>,
 }
 
 impl Watch<'_> {
@@ -430,10 +463,12 @@ impl Watch<'_> {
         let mut tick = 0u64;
         let mut last = self.requests();
         let mut peak = 0;
+        let mut per_second = Vec::new();
         let completed = loop {
             sleep(Duration::from_secs(1)).await;
             let now = self.requests();
             peak = peak.max(now - last);
+            per_second.push(now - last);
             last = now;
             tick += 1;
             if tick % 5 == 0 {
@@ -451,6 +486,7 @@ impl Watch<'_> {
             completed,
             rows_over_time,
             peak_requests_per_second: peak,
+            per_second,
         })
     }
 

@@ -243,6 +243,13 @@ pub struct PlatformArgs {
     /// The scan's `maxRequestsPerSecond` (tablescan's design only; default: none).
     #[arg(long)]
     pub max_requests_per_second: Option<u32>,
+    /// tablescan's adaptive pacing per account (issue 43); `false` runs the earlier behaviour.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub adaptive_pacing: bool,
+    /// Another workload on the same account (a live application): requests per second it
+    /// sends while the scan runs, each refused one counted (`neighbour`). Default: none.
+    #[arg(long, default_value_t = 0)]
+    pub neighbour_requests_per_second: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -276,6 +283,11 @@ pub struct Design {
     /// The scan request's `maxRequestsPerSecond`, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_requests_per_second: Option<u32>,
+    /// tablescan's adaptive pacing per account (issue 43) is on.
+    pub adaptive_pacing: bool,
+    /// Another workload's requests per second on the account (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub neighbour_requests_per_second: u32,
     /// An enqueue scan instead of a copy (tablescan's app only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enqueue: Option<EnqueueDesign>,
@@ -368,6 +380,8 @@ impl Scenario {
             max_polling_ms: model.max_polling_ms,
             visibility_timeout_ms: model.failed_visibility_ms,
             max_requests_per_second: None,
+            adaptive_pacing: false,
+            neighbour_requests_per_second: args.platform.neighbour_requests_per_second,
             enqueue: None,
             index: None,
             count: false,
@@ -461,6 +475,8 @@ fn tablescan_design(args: &SimulateArgs) -> Design {
             .visibility_timeout
             .map_or(shipped.visibility_timeout_ms, |s| s * 1000.0),
         max_requests_per_second: args.platform.max_requests_per_second,
+        adaptive_pacing: args.platform.adaptive_pacing,
+        neighbour_requests_per_second: args.platform.neighbour_requests_per_second,
         enqueue: (args.driver == DriverArg::Enqueue).then_some(EnqueueDesign {
             rows_per_message: args.rows_per_message,
         }),
@@ -680,4 +696,8 @@ fn sensitivity(base: Scenario, short: bool) -> Vec<Scenario> {
         out.push(vary(format!("max {v} instances"), &|f| f.max_instances = v));
     }
     out
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -74,6 +74,8 @@ pub struct ScenarioResult {
     /// every checked lookup returned exactly its value's rows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<IndexFigures>,
+    /// Refused requests, the settled rate, the adaptive pacing and another workload (issue 43).
+    pub pacing: super::pacing::PacingFigures,
     /// Real (wall-clock) seconds the simulation took.
     pub wall_seconds: f64,
 }
@@ -303,6 +305,7 @@ pub fn summarize(scenario: &Scenario, model: &Model, seed: u64, run: Run<'_>) ->
         rows_over_time: run.rows_over_time,
         enqueue,
         index: None,
+        pacing: Default::default(),
         wall_seconds: 0.0,
     }
 }
