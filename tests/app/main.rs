@@ -12,6 +12,7 @@
 //! - `request_guards`: a connection aliasing the app's own account, through the local host;
 //! - `scan/`: the scan engine (in memory, bounded steps, adversarial keys on Azurite);
 //! - `storage/`: the storage adapters on Azurite (tables, queues, blobs, records, the proxy);
+//! - `unrecorded`: a root delivered before its scan's record exists (a slow start);
 //! - `golden_formats`: every stored and queued format against its golden copy (`tests/golden/`).
 
 #[path = "../support/mod.rs"]
@@ -27,4 +28,5 @@ mod retention;
 mod scan;
 mod status;
 mod storage;
+mod unrecorded;
 mod validation;

@@ -135,6 +135,16 @@ pub fn record_may_appear(scan_id: &str, now: OffsetDateTime) -> bool {
     started_at(scan_id).map_or(true, |t| now - t < RECORD_APPEARS_WITHIN)
 }
 
+/// [`record_may_appear`] for a message kept waiting for its record rather than dropped: only for
+/// an id that parses and did not start in the future (beyond [`CLOCK_SKEW`]), as every start's
+/// does, so a forged id cannot keep a message waiting for ever.
+pub fn start_in_progress(scan_id: &str, now: OffsetDateTime) -> bool {
+    started_at(scan_id).is_some_and(|t| t - now < CLOCK_SKEW && now - t < RECORD_APPEARS_WITHIN)
+}
+
+/// How far ahead of this instance's clock another instance's may be.
+const CLOCK_SKEW: time::Duration = time::Duration::minutes(5);
+
 /// Splits a partition's row keys into delete transactions of at most 100 rows, at most
 /// `max_batches` of them (the rest waits for the next delivery).
 pub fn delete_batches(row_keys: &[String], max_batches: usize) -> Vec<Vec<BatchOperation>> {

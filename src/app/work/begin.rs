@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::app::pace::Meter;
-use crate::app::tracking::retention::record_may_appear;
+use crate::app::tracking::retention::{record_may_appear, start_in_progress};
 
 impl<S: Stores> Runner<'_, S> {
     /// The state and recorded context of scan `scan_id` (`None`: no such scan, or not recorded
@@ -67,6 +67,46 @@ impl<S: Stores> Runner<'_, S> {
         })
     }
 
+    /// The live queue of messages of type `M` (where a re-queued or deferred one goes back).
+    pub(super) fn live_queue<M: WorkMessage>(&self) -> &str {
+        if M::NAME == StepMessage::NAME {
+            &self.app.config.prefix_scan_queue
+        } else {
+            &self.app.config.table_copy_queue
+        }
+    }
+
+    /// A message whose scan is not recorded yet on its last delivery, or poisoned so (a start
+    /// still writing the record: the starter queues the root first, and under storage trouble
+    /// its request can outlast every delivery): `message` is put back on `queue`, as it came,
+    /// delivered after [`poison::REQUEUE_DELAY`], and this delivery succeeds. Dropping it would
+    /// leave the scan running with no root, for ever. Bounded: once the record can no longer
+    /// appear (`record_may_appear`, 15 minutes after the id's start) the message is dropped.
+    pub(super) async fn defer_unrecorded(
+        &self,
+        queue: &str,
+        message: &str,
+        work_id: &str,
+        scan_id: &str,
+    ) -> InvocationResponse {
+        let text = messages::queue_text(message.as_bytes());
+        let delay = poison::REQUEUE_DELAY;
+        match self.app.queues.put_message(queue, &text, delay).await {
+            Ok(()) => reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: scan {scan_id} is not recorded yet on the message's last delivery; \
+                     put back, delivered in {} s",
+                    delay.as_secs()
+                ),
+            ),
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{work_id}: scan {scan_id} is not recorded yet, and its message could not be put back: {e}"),
+            ),
+        }
+    }
+
     /// Decodes an invocation and checks that its work is still to be done. `Err` is the reply to
     /// send right away (malformed message, duplicate, dropped scan).
     pub async fn begin<M: WorkMessage>(&self, body: &[u8]) -> Result<Begun<M>, InvocationResponse> {
@@ -81,8 +121,9 @@ impl<S: Stores> Runner<'_, S> {
         let tracker = self.app.tracker_on(&store);
         let last_attempt = invocation.dequeue_count >= self.app.config.max_dequeue_count;
         let hint = message.shard_hint();
+        let live = (self.live_queue::<M>(), invocation.message.as_str());
         let scan = self
-            .running_scan(&tracker, &scan_id, &work_id, hint, last_attempt)
+            .running_scan(&tracker, (&scan_id, &work_id, hint), last_attempt, live)
             .await?;
         self.admit::<M>(&scan, &requests, &invocation, &work_id)
             .await?;
@@ -100,24 +141,35 @@ impl<S: Stores> Runner<'_, S> {
     }
 
     /// The recorded context of the item's scan if the scan is running. An ended scan's item is
-    /// dropped here; a scan not recorded yet is retried (dropped on the last attempt).
+    /// dropped here; a scan not recorded yet is retried, and on the last attempt put back on its
+    /// live queue (`live`: the queue and the message's text; [`Runner::defer_unrecorded`]).
     async fn running_scan<T: TableStore>(
         &self,
         tracker: &Tracker<'_, T>,
-        scan_id: &str,
-        work_id: &str,
-        shard_hint: Option<u32>,
+        (scan_id, work_id, shard_hint): (&str, &str, Option<u32>),
         last_attempt: bool,
+        (queue, message): (&str, &str),
     ) -> Result<Arc<ScanContext>, InvocationResponse> {
         let (state, scan) = match self.scan_of(tracker, scan_id, last_attempt).await {
             Ok(Some(found)) => found,
             // Or the scan's record was removed (its retention ended): it will not come back.
-            Ok(None) if last_attempt || !record_may_appear(scan_id, tracker.now()) => {
+            Ok(None) if !record_may_appear(scan_id, tracker.now()) => {
                 return Err(reply(
                     StatusCode::OK,
                     format!("{work_id}: scan {scan_id} does not exist; dropping the message"),
                 ))
             }
+            Ok(None) if last_attempt && start_in_progress(scan_id, tracker.now()) => {
+                return Err(self
+                    .defer_unrecorded(queue, message, work_id, scan_id)
+                    .await)
+            }
+            Ok(None) if last_attempt => return Err(reply(
+                StatusCode::OK,
+                format!(
+                    "{work_id}: scan {scan_id} cannot be recorded any more; dropping the message"
+                ),
+            )),
             // The starter writes the record right after queuing the root: retry until it exists.
             Ok(None) => {
                 return Err(reply(

@@ -33,6 +33,7 @@
 //!    one each; a copy of an earlier round, or of a round never started (forged), does nothing.
 
 use super::*;
+use crate::app::tracking::retention::start_in_progress;
 use crate::app::tracking::RowMarks;
 
 /// How many times an item whose last delivery began and recorded no outcome is re-queued
@@ -171,6 +172,13 @@ impl<S: Stores> Runner<'_, S> {
         let tracker = self.app.tracker_on(self.app.bookkeeping());
         let (state, scan) = match self.scan_of(&tracker, scan_id, true).await {
             Ok(Some(found)) => found,
+            // A start still writing the record (its root's put back failed on the last delivery).
+            Ok(None) if start_in_progress(scan_id, tracker.now()) => {
+                let queue = self.live_queue::<M>();
+                return self
+                    .defer_unrecorded(queue, &invocation.message, &work_id, scan_id)
+                    .await;
+            }
             Ok(None) => {
                 return reply(
                     StatusCode::OK,
@@ -403,11 +411,7 @@ impl<S: Stores> Runner<'_, S> {
         round: u32,
         marked: bool,
     ) -> InvocationResponse {
-        let queue = if M::NAME == StepMessage::NAME {
-            &self.app.config.prefix_scan_queue
-        } else {
-            &self.app.config.table_copy_queue
-        };
+        let queue = self.live_queue::<M>();
         let text = match messages::with_round(&invocation.message, round) {
             Ok(json) => messages::queue_text(json.as_bytes()),
             // Unreachable: the message was decoded from this text.
