@@ -63,8 +63,13 @@ pub async fn handle<S: Stores>(
         }
     }
     let mut status = status_json(record, &counters, tracker.now());
-    let (work, now) = (&state.config.work_table, crate::app::pace::now_us());
-    let rates = crate::app::pace::adaptive::rates_of(state.bookkeeping(), work, &id, now).await?;
+    // Only a scan the service refused (`refusedRequests`) was ever paced: the others' status
+    // costs no query of their pacing rows.
+    let mut rates = serde_json::Map::new();
+    if counters.refused_requests > 0 {
+        let (work, now) = (&state.config.work_table, crate::app::pace::now_us());
+        rates = crate::app::pace::adaptive::rates_of(state.bookkeeping(), work, &id, now).await?;
+    }
     status["pacing"] = Value::Object(rates);
     if let Some(at) = kept.work_removed_at {
         status["workRowsRemovedAt"] = Value::from(format_time(at));

@@ -164,12 +164,14 @@ impl<S: Stores> Runner<'_, S> {
                     .defer_unrecorded(queue, message, work_id, scan_id)
                     .await)
             }
-            Ok(None) if last_attempt => return Err(reply(
-                StatusCode::OK,
-                format!(
+            Ok(None) if last_attempt => {
+                return Err(reply(
+                    StatusCode::OK,
+                    format!(
                     "{work_id}: scan {scan_id} cannot be recorded any more; dropping the message"
                 ),
-            )),
+                ))
+            }
             // The starter writes the record right after queuing the root: retry until it exists.
             Ok(None) => {
                 return Err(reply(
