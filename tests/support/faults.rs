@@ -200,9 +200,10 @@ pub async fn unfinished_bookkeeping(app: &TestApp, id: &str) -> (Vec<String>, i6
     {
         if e.row_key() == "counter" {
             pending += int(e, "Created") - int(e, "Completed");
-        } else if e.row_key() != "pace" && !e.row_key().starts_with("phase-") {
-            // (`pace`: a rate-limited scan's schedule row, docs/rate-limit.md; `phase-<n>`: a
-            // phase start's claim, docs/architecture.md, "Ending a scan".)
+        } else if !e.row_key().starts_with("pace") && !e.row_key().starts_with("phase-") {
+            // (`pace`: a rate-limited scan's schedule row; `pace-<connection>`: an account's
+            // adaptive rate, written once the account refused the scan, docs/rate-limit.md;
+            // `phase-<n>`: a phase start's claim, docs/architecture.md, "Ending a scan".)
             let state = e.text("State").map(raw::decode_string_lossy);
             if state.as_deref() != Some("done") {
                 unfinished.push(format!("{} is {state:?}", e.row_key()));
