@@ -21,14 +21,13 @@ use super::codec::{self, Reader};
 use super::filter::MAX_BUCKET_SIZE;
 use super::hash::{value_hash, Placement};
 use super::segment::{
-    DIRECTORY_FIXED_LEN, DIRECTORY_LEN_OFFSET, MAX_DIRECTORY_BYTES, MAX_ROW_SLOTS,
-    MAX_SEGMENT_BYTES, MAX_SEGMENT_RANGES, SEGMENT_MAGIC, SEGMENT_VERSION,
+    row_checksum, DIRECTORY_FIXED_LEN, DIRECTORY_LEN_OFFSET, FLAG_ALWAYS_CANDIDATE,
+    MAX_DIRECTORY_BYTES, MAX_ROW_SLOTS, MAX_SEGMENT_BYTES, MAX_SEGMENT_RANGES, SEGMENT_MAGIC,
+    SEGMENT_VERSION,
 };
 use super::staging::KeyBounds;
 use super::{FormatError, IndexValue};
 
-/// Bit 0 of a range's flags: the range did not fit its filter and is a candidate for every value.
-pub(crate) const FLAG_ALWAYS_CANDIDATE: u32 = 1;
 /// The earlier segment version still read: its body rows have no checksum.
 pub const SEGMENT_VERSION_1: u16 = 1;
 /// Bytes of a version 2 body row's checksum.
@@ -355,12 +354,6 @@ impl SegmentDirectory {
         }
         Ok(slots)
     }
-}
-
-/// A version 2 body row's checksum: XXH3-64 of its slot bytes, seeded with the row's index, so
-/// a row read from the wrong place does not match either.
-pub(crate) fn row_checksum(j: u32, slots: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(slots, u64::from(j))
 }
 
 /// The range entries of a checked directory (`body`: the directory without its checksum).

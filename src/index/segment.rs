@@ -20,12 +20,20 @@
 use std::cmp::Ordering;
 
 use super::codec::{put_u16, put_u32, put_u64};
-use super::directory::{row_checksum, FLAG_ALWAYS_CANDIDATE};
 use super::filter::{bucket_count, fill};
 use super::hash::{value_hash, HASH_ID};
 use super::staging::StagedRange;
 use super::FormatError;
 use crate::storage::compare_keys;
+
+/// Bit 0 of a range's flags: the range did not fit its filter and is a candidate for every value.
+pub(crate) const FLAG_ALWAYS_CANDIDATE: u32 = 1;
+
+/// A version 2 body row's checksum: XXH3-64 of its slot bytes, seeded with the row's index, so
+/// a row read from the wrong place does not match either.
+pub(crate) fn row_checksum(j: u32, slots: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(slots, u64::from(j))
+}
 
 /// First bytes of a segment file.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"TSIDXSEG";
