@@ -447,23 +447,24 @@ async fn an_index_finds_every_row_of_every_type_and_nothing_else() {
     app.shutdown().await;
 }
 
+/// A new container holding blob `b` of `len` patterned bytes: the store, the container and the
+/// bytes.
+async fn patterned_blob(len: u32) -> (AzureBlobStore, String, Vec<u8>) {
+    let store = blobs();
+    let container = unique_name("ranges");
+    store.create_container(&container).await.unwrap();
+    let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let write = BlobWrite::new("application/octet-stream");
+    let bytes = body.clone().into();
+    store.upload(&container, "b", bytes, &write).await.unwrap();
+    (store, container, body)
+}
+
 /// The ranged read the lookup relies on, against Azurite: exact bytes, a range past the end,
 /// an empty range, a missing blob.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ranged_read_returns_exactly_its_bytes() {
-    let store = blobs();
-    let container = unique_name("ranges");
-    store.create_container(&container).await.unwrap();
-    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-    store
-        .upload(
-            &container,
-            "b",
-            body.clone().into(),
-            &BlobWrite::new("application/octet-stream"),
-        )
-        .await
-        .unwrap();
+    let (store, container, body) = patterned_blob(100_000).await;
     for (offset, len) in [(0, 10), (12_345, 777), (99_990, 10), (99_995, 100), (5, 0)] {
         let got = store
             .download_range(&container, "b", offset, len)
@@ -489,19 +490,7 @@ async fn a_ranged_read_returns_exactly_its_bytes() {
 /// window's buffer behind a 10-byte answer (lookups charge reads their lengths, issue 38).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_ranged_read_holds_its_bytes_only() {
-    let store = blobs();
-    let container = unique_name("ranges");
-    store.create_container(&container).await.unwrap();
-    let body: Vec<u8> = (0..(5u32 << 20)).map(|i| (i % 251) as u8).collect();
-    store
-        .upload(
-            &container,
-            "b",
-            body.clone().into(),
-            &BlobWrite::new("application/octet-stream"),
-        )
-        .await
-        .unwrap();
+    let (store, container, body) = patterned_blob(5 << 20).await;
     for (offset, len) in [(0, 10), (7, 10), ((4 << 20) - 2, 5), (3, (4 << 20) + 10)] {
         let got = store
             .download_range(&container, "b", offset, len)
