@@ -1195,10 +1195,19 @@ async fn rows_whose_keys_cannot_be_addressed_fail_the_scan_naming_them() {
         let status = app.wait_for_end(id, Duration::from_secs(120)).await;
         let error = status["error"].as_str().unwrap_or_default();
         assert_eq!(status["state"], "failed", "{body}: {status}");
+        // "At once": on the first delivery that runs it. The root's message is queued before
+        // the scan's record (start_scan.rs, order of writes), so under load one delivery may
+        // come before the record exists and be retried unrun: 1 or 2 attempts, never the 5 of
+        // an error retried as transient.
+        let attempts = error
+            .split("failed after ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse::<u32>().ok());
         assert!(
             error.contains(&format!("row ({row})"))
                 && error.contains("lone UTF-16 surrogate")
-                && error.contains("failed after 1 attempts"),
+                && matches!(attempts, Some(1 | 2)),
             "{body}: the error names the row and fails at once: {error}"
         );
         assert_eq!(status["failedWorkItems"], 1, "{status}");
