@@ -1,0 +1,1 @@
+//! `tablescan scan` against the local host (filled below).
