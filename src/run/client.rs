@@ -27,6 +27,22 @@ pub struct AppArgs {
     pub key: Option<String>,
 }
 
+/// `tablescan scan start`.
+#[derive(Debug, Clone, Args)]
+pub struct StartArgs {
+    /// The driver: copy, count, delete, enqueue, export, import or index.
+    pub driver: String,
+    #[command(flatten)]
+    pub flags: ScanFlags,
+    #[command(flatten)]
+    pub app: AppArgs,
+    /// Follow the scan to its end, as `scan watch` does.
+    #[arg(long)]
+    pub watch: bool,
+    #[command(flatten)]
+    pub display: DisplayArgs,
+}
+
 /// `tablescan scan`.
 #[derive(Debug, Clone, Args)]
 pub struct ScanArgs {
@@ -37,19 +53,7 @@ pub struct ScanArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum ScanCommand {
     /// Start a scan (its id on stdout); with --watch, follow it to its end.
-    Start {
-        /// The driver: copy, count, delete, enqueue, export, import or index.
-        driver: String,
-        #[command(flatten)]
-        flags: ScanFlags,
-        #[command(flatten)]
-        app: AppArgs,
-        /// Follow the scan to its end, as `scan watch` does.
-        #[arg(long)]
-        watch: bool,
-        #[command(flatten)]
-        display: DisplayArgs,
-    },
+    Start(Box<StartArgs>),
     /// Print a scan's status (a line, or the status document with --json).
     Status {
         id: String,
@@ -108,13 +112,14 @@ pub fn run(args: ScanArgs) -> ExitCode {
 
 async fn command(command: ScanCommand) -> Result<Exit, Refusal> {
     match command {
-        ScanCommand::Start {
-            driver,
-            flags,
-            app,
-            watch,
-            display,
-        } => {
+        ScanCommand::Start(start) => {
+            let StartArgs {
+                driver,
+                flags,
+                app,
+                watch,
+                display,
+            } = *start;
             let remote = Remote::new(&app.app, app.key)?;
             let status = api::start(&remote, flags.body(&driver)?).await?;
             let id = status["id"].as_str().unwrap_or_default().to_string();

@@ -100,6 +100,12 @@ impl Names {
         }
     }
 
+    /// [`Names::output`] of a command line whose arguments hold no spaces.
+    pub async fn line(&self, line: &str, bound: Duration) -> Output {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        self.output(&args, bound).await
+    }
+
     /// Starts `tablescan <args>` and hands its stderr over line by line.
     pub fn spawn(&self, args: &[&str]) -> Running {
         let mut child = self.command(args).spawn().expect("spawn tablescan");
