@@ -3,10 +3,12 @@
 //! (`support::raw`), never by tablescan's parser.
 //! - `exact`: a copy, an export and its restore, a delete, each exact; refused flags write nothing;
 //! - `resume`: SIGINT and SIGKILL mid-scan, then `--resume`, alone and by two processes at once;
-//! - `client`: `tablescan scan` against the local host.
+//! - `client`: `tablescan scan` against the local host;
+//! - `measure`: requests, speed and memory of `run copy` (ignored: a measurement).
 
 mod client;
 mod exact;
+mod measure;
 mod resume;
 
 use std::process::Stdio;
