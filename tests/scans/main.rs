@@ -9,7 +9,6 @@
 //! - `index/`: secondary indexes and lookups;
 //! - `keyless/`: Entra ID credentials on an OAuth Azurite;
 //! - `faults`, `chaos`: the fault suite (kills, duplicates, storage faults, hostile input);
-//! - `run/`: `tablescan run` (the engine in one process, resumable) and `tablescan scan`;
 //! - `rate_limit`: `maxRequestsPerSecond` held against the proxy's count;
 //! - `secrets_in_logs`: no credential in any log line (in a process of its own, see there);
 //! - `lab/`: the development tools (demo, bench, simulator), so they cannot rot.
