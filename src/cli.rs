@@ -1,7 +1,8 @@
 //! Command-line entry point. Each command lives with the layer it drives.
 //!
 //! The shipped build (`--no-default-features`) has what runs in Azure and what deploys it:
-//! `handler`, `stage` and `package`.
+//! `handler`, `stage` and `package`; and the user's tools `run` (a scan in this process, no
+//! deployment) and `scan` (a client of a deployed app).
 //! The `lab` feature (on by default) adds the development commands: `list`, `host`, `demo`,
 //! `bench` and `simulate`.
 
@@ -32,6 +33,11 @@ enum Command {
     Stage(crate::deploy::stage::StageArgs),
     /// Write the deployable zip: the staged app without local settings, the handler executable.
     Package(crate::deploy::package::PackageArgs),
+    /// Run a scan in this process, no deployment: the app's engine on the account of
+    /// AzureWebJobsStorage (or --connection). Resumable (--resume). docs/cli.md.
+    Run(Box<crate::run::RunArgs>),
+    /// Drive a deployed app's scans: start, status, watch, cancel, list. docs/cli.md.
+    Scan(Box<crate::run::client::ScanArgs>),
     // The development commands (`list`, `host`, `demo`, `bench`, `simulate`), only with `lab`.
     #[cfg(feature = "lab")]
     #[command(flatten)]
@@ -75,6 +81,9 @@ fn handler_runtime() -> Result<tokio::runtime::Runtime, String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        // Their own exit codes: 0 completed, 1 failed, 2 invalid, 130 interrupted.
+        Command::Run(args) => return crate::run::run(*args),
+        Command::Scan(args) => return crate::run::client::run(*args),
         Command::Handler => match handler_runtime() {
             Ok(runtime) => runtime.block_on(crate::app::handler::serve_from_env()),
             Err(e) => Err(e),

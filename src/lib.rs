@@ -26,5 +26,6 @@ pub mod index;
 pub mod lab;
 pub mod redact;
 pub mod retry;
+pub mod run;
 pub mod scan;
 pub mod storage;

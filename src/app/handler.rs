@@ -34,6 +34,20 @@ pub fn init_logging() {
 pub async fn serve_from_env() -> Result<(), String> {
     init_logging();
     let config = Config::from_env().map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind(("127.0.0.1", config.port))
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%address, ?config, "tablescan handler listening");
+    let state = azure_state(config);
+    server::run(listener, state, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The app on the storage accounts of `config`'s connections, with every driver: what the
+/// handler serves, and what `tablescan run` runs in-process.
+pub fn azure_state(config: Config) -> Arc<AppState<AzureStores>> {
     let counters = Arc::new(RequestCounters::new());
     let blob_counters = Arc::new(BlobRequestCounters::new());
     let mut tables = BTreeMap::new();
@@ -47,21 +61,7 @@ pub async fn serve_from_env() -> Result<(), String> {
         let store = account.blob_store(blob_counters.clone());
         blobs.insert(name.clone(), store);
     }
-    let listener = TcpListener::bind(("127.0.0.1", config.port))
-        .await
-        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", config.port))?;
-    let address = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(%address, ?config, "tablescan handler listening");
-    let state = AppState::<AzureStores>::with_connections(
-        config,
-        tables,
-        queues,
-        blobs,
-        drivers::registry(),
-    );
-    server::run(listener, state, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    AppState::<AzureStores>::with_connections(config, tables, queues, blobs, drivers::registry())
 }
 
 /// Resolves on Ctrl-C or SIGTERM (what the host sends when it stops or restarts the handler).

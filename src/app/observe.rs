@@ -174,9 +174,23 @@ enum Stream {
     Stderr,
 }
 
+/// Whether the lines meant for stdout are written (see [`drop_stdout_lines`]).
+static STDOUT_LINES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Drops the lines meant for stdout (a scan's start and successful end) from now on: in
+/// `tablescan run` stdout is the command's own output (`--json`), and the run says itself when
+/// its scan starts and ends. Lines meant for stderr (failures) are still written.
+pub fn drop_stdout_lines() {
+    STDOUT_LINES.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Writes one whole line (a single `write_all` under the stream's lock, so lines from
 /// concurrent invocations never interleave). Losing a log line must not fail an invocation.
 fn write_line(stream: Stream, line: &str) {
+    if matches!(stream, Stream::Stdout) && !STDOUT_LINES.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');

@@ -27,4 +27,5 @@ mod index;
 mod keyless;
 mod lab;
 mod rate_limit;
+mod run;
 mod secrets_in_logs;

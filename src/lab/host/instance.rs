@@ -15,7 +15,7 @@ use super::config::{AppConfig, AppSettings};
 use super::http::FrontInstance;
 use super::invoke::Invoker;
 use super::log::HostLog;
-use super::queue::QueueListener;
+use super::queue::{listener, HostDelivery, ListenerSpec};
 use super::resolve::QueueFunction;
 use super::stats::InvocationStats;
 use super::worker::{Worker, WorkerSpec, WorkerStatus};
@@ -66,20 +66,24 @@ pub(super) fn start_instance<S: QueueStore>(
         .queues
         .iter()
         .map(|q| {
-            let listener = Arc::new(QueueListener {
-                function: q.function.clone(),
-                binding: q.binding.clone(),
-                binary: q.binary,
+            let listener = listener(ListenerSpec {
                 source: q.source.clone(),
                 poison: q.poison.clone(),
-                outputs: q.outputs.clone(),
                 options: shared.app.queues.clone(),
                 new_batch_threshold: shared.new_batch_threshold,
-                invoker: invoker.clone(),
-                log: shared.log.clone(),
-                label: label.clone(),
-                stats: shared.stats.clone(),
                 receive_visibility: shared.receive_visibility,
+                delivery: HostDelivery {
+                    function: q.function.clone(),
+                    queue: q.source.queue.clone(),
+                    binding: q.binding.clone(),
+                    binary: q.binary,
+                    outputs: q.outputs.clone(),
+                    invoker: invoker.clone(),
+                    log: shared.log.clone(),
+                    label: label.clone(),
+                    message_encoding: shared.app.queues.message_encoding,
+                    stats: shared.stats.clone(),
+                },
             });
             tokio::spawn(listener.run(stop_rx.clone(), shared.drain_timeout))
         })

@@ -1,46 +1,16 @@
 //! Output bindings of a payload-mode result (§4.1.5-6, §4.2): which value each binding gets and
 //! writing queue outputs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use super::payload::{queue_output_messages, InvocationResult};
 use crate::storage::{MessageEncoding, QueueStore, MAX_MESSAGE_TEXT};
 
-/// A queue the host writes to (output binding) or moves poison messages to.
-pub struct QueueTarget<S> {
-    pub store: Arc<S>,
-    pub queue: String,
-    created: AtomicBool,
-}
-
-impl<S: QueueStore> QueueTarget<S> {
-    pub fn new(store: Arc<S>, queue: String) -> Self {
-        QueueTarget {
-            store,
-            queue,
-            created: AtomicBool::new(false),
-        }
-    }
-
-    /// `AddMessageAndCreateIfNotExists`: the queue is created on first use.
-    pub async fn put(&self, text: &str) -> Result<(), String> {
-        if !self.created.load(Ordering::Relaxed) {
-            self.store
-                .create_queue(&self.queue)
-                .await
-                .map_err(|e| format!("creating queue {}: {e}", self.queue))?;
-            self.created.store(true, Ordering::Relaxed);
-        }
-        self.store
-            .put_message(&self.queue, text, Duration::ZERO)
-            .await
-            .map_err(|e| format!("adding a message to {}: {e}", self.queue))
-    }
-}
+/// A queue the host writes to (output binding) or moves poison messages to: the shipped
+/// listener's (`crate::run::listen`), which moves poison messages the same way.
+pub use crate::run::listen::QueueTarget;
 
 pub enum OutputTarget<S> {
     Http,
