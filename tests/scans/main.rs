@@ -26,6 +26,7 @@ mod faults;
 mod index;
 mod keyless;
 mod lab;
+mod pacing;
 mod rate_limit;
 mod run;
 mod secrets_in_logs;
