@@ -221,9 +221,13 @@ impl AzureTableStore {
             )
             .await?;
         let date = response.headers.get("date").and_then(|v| v.to_str().ok());
-        let date = date.and_then(|d| httpdate::parse_http_date(d).ok()).ok_or_else(|| {
-            StorageError::invalid_response(format!("table {table} answered without a readable Date"))
-        })?;
+        let date = date
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .ok_or_else(|| {
+                StorageError::invalid_response(format!(
+                    "table {table} answered without a readable Date"
+                ))
+            })?;
         Ok(Some(time::OffsetDateTime::from(date)))
     }
 

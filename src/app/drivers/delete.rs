@@ -45,8 +45,8 @@ use crate::scan::Strategy;
 use crate::storage::stores::Stores;
 use crate::storage::Entity;
 
-pub use super::kit::deletes::{delete_batch, BatchDeleted, DeleteOptions, MAX_DELETE_ROUNDS};
 use super::kit::deletes::{check_confirm, delete_read_rows, delete_rows};
+pub use super::kit::deletes::{delete_batch, BatchDeleted, DeleteOptions, MAX_DELETE_ROUNDS};
 use super::kit::range::{begin_range_item, page_items, unaddressable_error};
 
 pub struct DeleteDriver;
@@ -127,8 +127,14 @@ impl Driver for DeleteDriver {
     ) -> Result<Worked, WorkError> {
         let source = state.counted_table(&scan.source.connection, requests)?;
         let rows = runs.concat();
-        let counters =
-            delete_rows(state, (&source, &scan.scan_id), &scan.source.table, rows, false).await?;
+        let counters = delete_rows(
+            state,
+            (&source, &scan.scan_id),
+            &scan.source.table,
+            rows,
+            false,
+        )
+        .await?;
         Ok(Worked::from(counters))
     }
 
@@ -142,7 +148,15 @@ impl Driver for DeleteDriver {
         let (source, read, mut outcome) =
             begin_range_item::<Self, S>(state, begun, &item, Some(Vec::new())).await?;
         let reads = (begun.requests.count() - before) as i64;
-        delete_read_rows(state, begun, (&source, options), read.rows, &mut outcome, reads).await?;
+        delete_read_rows(
+            state,
+            begun,
+            (&source, options),
+            read.rows,
+            &mut outcome,
+            reads,
+        )
+        .await?;
         if let Some(e) = unaddressable_error("deleted", &read.unaddressable) {
             return Err(e);
         }

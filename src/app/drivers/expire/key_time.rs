@@ -150,7 +150,9 @@ pub fn period(key_time: &KeyTime, key: &str) -> Option<(i128, i128)> {
         Some(width) => {
             let digits = text.get(..width)?;
             let after = text[width..].chars().next();
-            if !digits.bytes().all(|b| b.is_ascii_digit()) || after.is_some_and(|c| c.is_ascii_digit()) {
+            if !digits.bytes().all(|b| b.is_ascii_digit())
+                || after.is_some_and(|c| c.is_ascii_digit())
+            {
                 return None;
             }
             let value: i128 = digits.parse().ok()?;
@@ -172,15 +174,28 @@ fn digits(text: &[u8], n: usize) -> Option<u32> {
 /// The period of a sortable UTC date-time at the start of `text` (see the module).
 fn iso_period(text: &str) -> Option<(i128, i128)> {
     let b = text.as_bytes();
-    let (year, month, day) = (digits(b, 4)?, digits(b.get(5..)?, 2)?, digits(b.get(8..)?, 2)?);
+    let (year, month, day) = (
+        digits(b, 4)?,
+        digits(b.get(5..)?, 2)?,
+        digits(b.get(8..)?, 2)?,
+    );
     if b[4] != b'-' || b[7] != b'-' {
         return None;
     }
     let month = time::Month::try_from(u8::try_from(month).ok()?).ok()?;
-    let date = time::Date::from_calendar_date(i32::try_from(year).ok()?, month, u8::try_from(day).ok()?).ok()?;
+    let date =
+        time::Date::from_calendar_date(i32::try_from(year).ok()?, month, u8::try_from(day).ok()?)
+            .ok()?;
     let (mut clock, mut unit, mut at) = ([0u32; 3], 864_000_000_000i128, 10usize);
     // `THH`, `:mm`, `:ss`: each narrows the period.
-    for (i, (sep, span)) in [(b'T', 36_000_000_000i128), (b':', 600_000_000), (b':', TICKS_PER_SECOND)].into_iter().enumerate() {
+    for (i, (sep, span)) in [
+        (b'T', 36_000_000_000i128),
+        (b':', 600_000_000),
+        (b':', TICKS_PER_SECOND),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         match (b.get(at), digits(b.get(at + 1..).unwrap_or_default(), 2)) {
             (Some(&s), Some(v)) if s == sep => {
                 clock[i] = v;
@@ -192,7 +207,11 @@ fn iso_period(text: &str) -> Option<(i128, i128)> {
     }
     let mut fraction = 0i128;
     if unit == TICKS_PER_SECOND && b.get(at) == Some(&b'.') {
-        let n = b[at + 1..].iter().take(7).take_while(|c| c.is_ascii_digit()).count();
+        let n = b[at + 1..]
+            .iter()
+            .take(7)
+            .take_while(|c| c.is_ascii_digit())
+            .count();
         if n > 0 {
             fraction = i128::from(digits(&b[at + 1..], n)?) * 10i128.pow(7 - n as u32);
             unit = 10i128.pow(7 - n as u32);
@@ -205,7 +224,12 @@ fn iso_period(text: &str) -> Option<(i128, i128)> {
     if b.get(at).is_some_and(u8::is_ascii_digit) {
         return None;
     }
-    let time = time::Time::from_hms(u8::try_from(clock[0]).ok()?, u8::try_from(clock[1]).ok()?, u8::try_from(clock[2]).ok()?).ok()?;
+    let time = time::Time::from_hms(
+        u8::try_from(clock[0]).ok()?,
+        u8::try_from(clock[1]).ok()?,
+        u8::try_from(clock[2]).ok()?,
+    )
+    .ok()?;
     let start = ticks(time::PrimitiveDateTime::new(date, time).assume_utc()) + fraction;
     Some((start, start + unit))
 }

@@ -26,8 +26,14 @@ fn kt(format: KeyFormat, prefix: &str) -> KeyTime {
 
 fn in_range(range: &KeyRange, prefix: &str, key: &str) -> bool {
     key.starts_with(prefix)
-        && range.after.as_ref().map_or(true, |a| compare_keys(key, a).is_gt())
-        && range.before.as_ref().map_or(true, |b| compare_keys(key, b).is_lt())
+        && range
+            .after
+            .as_ref()
+            .map_or(true, |a| compare_keys(key, a).is_gt())
+        && range
+            .before
+            .as_ref()
+            .map_or(true, |b| compare_keys(key, b).is_lt())
 }
 
 #[test]
@@ -35,12 +41,18 @@ fn the_formats_write_what_dotnet_and_unix_write() {
     let at = ticks(datetime!(2024-05-01 12:34:56.789 UTC));
     // new DateTime(2024, 5, 1, 12, 34, 56, 789, DateTimeKind.Utc).Ticks
     assert_eq!(at, 638_501_636_967_890_000);
-    assert_eq!(format_time(KeyFormat::Ticks, at).unwrap(), "0638501636967890000");
+    assert_eq!(
+        format_time(KeyFormat::Ticks, at).unwrap(),
+        "0638501636967890000"
+    );
     assert_eq!(
         format_time(KeyFormat::ReverseTicks, at).unwrap(),
         "2516877339032109999"
     );
-    assert_eq!(format_time(KeyFormat::UnixSeconds, at).unwrap(), "1714566896");
+    assert_eq!(
+        format_time(KeyFormat::UnixSeconds, at).unwrap(),
+        "1714566896"
+    );
     assert_eq!(
         format_time(KeyFormat::UnixMilliseconds, at).unwrap(),
         "1714566896789"
@@ -57,10 +69,16 @@ fn the_formats_write_what_dotnet_and_unix_write() {
 fn an_iso_key_names_the_period_of_its_precision() {
     let day = kt(KeyFormat::Iso8601, "");
     let start = ticks(datetime!(2024-05-01 0:00 UTC));
-    assert_eq!(period(&day, "2024-05-01"), Some((start, start + 864_000_000_000)));
+    assert_eq!(
+        period(&day, "2024-05-01"),
+        Some((start, start + 864_000_000_000))
+    );
     assert_eq!(period(&day, "2024-05-01_abc").map(|p| p.0), Some(start));
     let hour = ticks(datetime!(2024-05-01 13:00 UTC));
-    assert_eq!(period(&day, "2024-05-01T13Z|x"), Some((hour, hour + 36_000_000_000)));
+    assert_eq!(
+        period(&day, "2024-05-01T13Z|x"),
+        Some((hour, hour + 36_000_000_000))
+    );
     let second = ticks(datetime!(2024-05-01 13:14:15 UTC));
     assert_eq!(
         period(&day, "2024-05-01T13:14:15.12"),
@@ -77,17 +95,24 @@ fn keys_that_hold_no_time_are_unreadable() {
     let cutoff = ticks(datetime!(2030-01-01 0:00 UTC));
     let ticks_key = kt(KeyFormat::Ticks, "log-");
     for key in [
-        "0638501636967890000",       // no prefix
-        "log-063850125296789000",    // 18 digits
-        "log-06385012529678900001",  // a 20th digit: the width is ambiguous
-        "log-063850125296789000x",   // a letter among the digits
+        "0638501636967890000",      // no prefix
+        "log-063850125296789000",   // 18 digits
+        "log-06385012529678900001", // a 20th digit: the width is ambiguous
+        "log-063850125296789000x",  // a letter among the digits
         "log-",
-        "log-9999999999999999999",   // past DateTime.MaxValue
+        "log-9999999999999999999", // past DateTime.MaxValue
     ] {
         assert_eq!(age(&ticks_key, key, cutoff), KeyAge::Unreadable, "{key}");
     }
     let iso = kt(KeyFormat::Iso8601, "");
-    for key in ["2024-13-01", "2024-02-30", "2024-5-01", "20240501", "2024-05-011", "x"] {
+    for key in [
+        "2024-13-01",
+        "2024-02-30",
+        "2024-5-01",
+        "20240501",
+        "2024-05-011",
+        "x",
+    ] {
         assert_eq!(age(&iso, key, cutoff), KeyAge::Unreadable, "{key}");
     }
 }

@@ -146,7 +146,9 @@ impl Driver for ExpireDriver {
         if key_time.key == TimeKey::PartitionKey && !compatible {
             return Err(ApiError::field(
                 "keyTime.prefix",
-                format!("no partition key starts with both it and partitionKeyPrefix {scan_prefix:?}"),
+                format!(
+                    "no partition key starts with both it and partitionKeyPrefix {scan_prefix:?}"
+                ),
             ));
         }
         Ok(())
@@ -253,7 +255,15 @@ impl Driver for ExpireDriver {
         outcome.delta.rows_matched = counters.rows_matched;
         outcome.delta.rows_skipped = counters.rows_skipped;
         let deletes = Some(options.deletes.clone());
-        delete_read_rows(state, begun, (&source, deletes), expired, &mut outcome, reads).await?;
+        delete_read_rows(
+            state,
+            begun,
+            (&source, deletes),
+            expired,
+            &mut outcome,
+            reads,
+        )
+        .await?;
         if let Some(e) = unaddressable_error("expired", &read.unaddressable) {
             return Err(e);
         }
@@ -267,7 +277,13 @@ impl Driver for ExpireDriver {
 fn sort_rows(options: &ExpireOptions, rows: Vec<Entity>) -> (Vec<Entity>, Counters) {
     let TimeSource::Key(key_time) = &options.time else {
         let rows_matched = rows.len() as i64;
-        return (rows, Counters { rows_matched, ..Counters::default() });
+        return (
+            rows,
+            Counters {
+                rows_matched,
+                ..Counters::default()
+            },
+        );
     };
     let cutoff = i128::from(options.cutoff_ticks);
     let mut counters = Counters::default();
@@ -309,13 +325,19 @@ fn narrow_partitions(context: &mut ScanContext, key_time: &KeyTime, cutoff: i128
     }
     let range = expired_range(key_time, cutoff);
     if let Some(after) = range.after {
-        let higher = params.lower.as_ref().is_some_and(|l| compare_keys(l, &after).is_ge());
+        let higher = params
+            .lower
+            .as_ref()
+            .is_some_and(|l| compare_keys(l, &after).is_ge());
         if !higher {
             params.lower = Some(after);
         }
     }
     if let Some(before) = range.before {
-        let lower = params.upper.as_ref().is_some_and(|u| compare_keys(u, &before).is_le());
+        let lower = params
+            .upper
+            .as_ref()
+            .is_some_and(|u| compare_keys(u, &before).is_le());
         if !lower {
             params.upper = Some(before);
         }

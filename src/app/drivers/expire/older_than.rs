@@ -8,7 +8,9 @@ pub const MAX_SECONDS: i64 = 36_500 * 86_400;
 
 /// `olderThan` in seconds, or why it is refused.
 pub fn parse_older_than(text: &str) -> Result<i64, String> {
-    let usage = || format!("must be a whole number of s, m, h or d, at least 1m and at most 36500d (e.g. \"30d\"), got {text:?}");
+    let usage = || {
+        format!("must be a whole number of s, m, h or d, at least 1m and at most 36500d (e.g. \"30d\"), got {text:?}")
+    };
     let unit = match text.chars().last() {
         Some('s') => 1,
         Some('m') => 60,
@@ -39,7 +41,22 @@ mod tests {
         assert_eq!(parse_older_than("1m"), Ok(60));
         assert_eq!(parse_older_than("12h"), Ok(43_200));
         assert_eq!(parse_older_than("36500d"), Ok(MAX_SECONDS));
-        for bad in ["0", "0d", "59s", "-1d", "30x", "1e9d", "d", "", "1.5d", " 1d", "+1d", "36501d", "999999999999d", "1D"] {
+        for bad in [
+            "0",
+            "0d",
+            "59s",
+            "-1d",
+            "30x",
+            "1e9d",
+            "d",
+            "",
+            "1.5d",
+            " 1d",
+            "+1d",
+            "36501d",
+            "999999999999d",
+            "1D",
+        ] {
             assert!(parse_older_than(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -87,7 +87,8 @@ pub async fn delete_read_rows<S: Stores, T: TableStore>(
         outcome.result = sample_keys(&rows);
     }
     let table = &scan.source.table;
-    let mut done = delete_rows(state, (source, &scan.scan_id), table, rows, options.dry_run).await?;
+    let mut done =
+        delete_rows(state, (source, &scan.scan_id), table, rows, options.dry_run).await?;
     if options.dry_run && options.real_in_step {
         done.planned_requests -= reads;
     }
@@ -305,7 +306,9 @@ mod tests {
 
     #[test]
     fn a_sample_names_at_most_twenty_keys() {
-        let rows: Vec<Entity> = (0..30).map(|i| Entity::new("p", format!("{i:02}"))).collect();
+        let rows: Vec<Entity> = (0..30)
+            .map(|i| Entity::new("p", format!("{i:02}")))
+            .collect();
         let sample: Vec<[String; 2]> = serde_json::from_str(&sample_keys(&rows).unwrap()).unwrap();
         assert_eq!(sample.len(), SAMPLE_KEYS);
         assert_eq!(sample[0], ["p".to_string(), "00".to_string()]);
