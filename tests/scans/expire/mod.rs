@@ -6,6 +6,7 @@
 //! - `etag`: a row changed between its read and its delete survives (store hook, proxy hold);
 //! - `requests`: refusals, `Timestamp` and `timeProperty`, dry runs.
 
+mod costs;
 mod etag;
 mod keys;
 mod requests;
