@@ -176,3 +176,21 @@ async fn an_expire_keeps_a_row_changed_while_its_transaction_was_held() {
     );
     only_the_changed_row_is_left(&RawClient::azurite(), &table).await;
 }
+
+/// The case: a filtered delete whose row no longer matches once changed. The range
+/// items' re-read (with the filter) read it matching; the change lands while the transaction
+/// waits; the row is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_delete_keeps_a_row_that_stopped_matching() {
+    let (status, table) = change_while_held(
+        |t| json!({"driver": "delete", "sourceTable": t, "confirm": t, "filter": "V eq 'seeded'"}),
+    )
+    .await;
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(
+        (&status["rowsWritten"], &status["rowsChanged"]),
+        (&json!(9), &json!(1)),
+        "{status}"
+    );
+    only_the_changed_row_is_left(&RawClient::azurite(), &table).await;
+}
