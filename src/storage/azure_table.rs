@@ -197,6 +197,40 @@ impl AzureTableStore {
         }
     }
 
+    /// The `Date` of an answer to a query that matches no row (`PartitionKey lt ''`).
+    async fn date_once(&self, table: &str) -> StorageResult<Option<time::OffsetDateTime>> {
+        let path = format!("{}()", percent_encode(table));
+        let query = Query {
+            filter: Some(super::Filter::pk(super::CompareOp::Lt, "")),
+            top: Some(1),
+            select: Some(Vec::new()),
+            continuation: None,
+        };
+        let response = self
+            .signed
+            .send(
+                TableRequest {
+                    method: Method::GET,
+                    path: &path,
+                    query: &query_string(&query),
+                    content_type: "",
+                    accept: ACCEPT_MINIMAL_METADATA,
+                    body: None,
+                },
+                || format!("clock read on table {table}"),
+            )
+            .await?;
+        let date = response.headers.get("date").and_then(|v| v.to_str().ok());
+        let date = date
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .ok_or_else(|| {
+                StorageError::invalid_response(format!(
+                    "table {table} answered without a readable Date"
+                ))
+            })?;
+        Ok(Some(time::OffsetDateTime::from(date)))
+    }
+
     async fn batch_once(
         &self,
         table: &str,
@@ -308,6 +342,12 @@ impl TableStore for AzureTableStore {
             .attempts(RequestKind::PointRead, || {
                 self.get_once(table, partition_key, row_key)
             })
+            .await
+    }
+
+    async fn service_time(&self, table: &str) -> StorageResult<Option<time::OffsetDateTime>> {
+        self.service
+            .attempts(RequestKind::Query, || self.date_once(table))
             .await
     }
 

@@ -34,12 +34,27 @@ pub const MAX_PROPERTY_BYTES: usize = 64 * 1024;
 
 /// One table entity: the two keys plus the other properties exactly as the service's JSON
 /// carries them (see the module's invariants). Read-only metadata (`odata.*`, `Timestamp`) is
-/// never kept here.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// never kept among the properties: only the ETag the row was read with, apart ([`Entity::etag`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entity {
     pub partition_key: String,
     pub row_key: String,
     pub properties: Properties,
+    /// The row's ETag as the read that returned it saw it (`odata.etag`): a delete sends it as
+    /// `If-Match`, so a row changed since it was read is kept. `None` on rows made here and from
+    /// stores that report none. Never written: not a property, not part of the row's equality.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+}
+
+/// Rows are equal when their keys and properties are: the ETag says when a row was read, not
+/// what it holds.
+impl PartialEq for Entity {
+    fn eq(&self, other: &Self) -> bool {
+        self.partition_key == other.partition_key
+            && self.row_key == other.row_key
+            && self.properties == other.properties
+    }
 }
 
 /// Property name → the value's JSON text, in name order. Annotations (`Name@odata.type`) are
@@ -305,6 +320,7 @@ impl Entity {
             partition_key: partition_key.into(),
             row_key: row_key.into(),
             properties: Properties::default(),
+            etag: None,
         }
     }
 
@@ -501,6 +517,7 @@ impl<'de> Visitor<'de> for ServiceEntityVisitor {
         let (mut partition_key, mut row_key): (Option<Box<RawValue>>, Option<Box<RawValue>>) =
             (None, None);
         let mut properties = Properties::default();
+        let mut etag: Option<String> = None;
         let twice = |name: &str| serde::de::Error::custom(format!("{name:?} is given twice"));
         while let Some(name) = map.next_key_seed(NameSeed)? {
             match &*name {
@@ -513,6 +530,7 @@ impl<'de> Visitor<'de> for ServiceEntityVisitor {
                         return Err(twice(&name));
                     }
                 }
+                "odata.etag" => etag = Some(map.next_value()?),
                 name if is_read_only_property(name) => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
@@ -546,6 +564,7 @@ impl<'de> Visitor<'de> for ServiceEntityVisitor {
             partition_key: pk,
             row_key: rk,
             properties,
+            etag,
         }))
     }
 }

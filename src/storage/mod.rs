@@ -489,6 +489,17 @@ pub trait TableStore: Send + Sync + 'static {
         row_key: &str,
     ) -> impl Future<Output = StorageResult<Option<(Entity, String)>>> + Send;
 
+    /// The service's clock: the `Date` of one cheap answer about `table` (a query that matches
+    /// no row). `Ok(None)` from stores without a clock of their own (in-memory and simulated
+    /// ones): the caller then uses its own. Counted as a query where it is sent.
+    fn service_time(
+        &self,
+        table: &str,
+    ) -> impl Future<Output = StorageResult<Option<time::OffsetDateTime>>> + Send {
+        let _ = table;
+        async { Ok(None) }
+    }
+
     /// Creates the table; `Ok(false)` if it already existed.
     fn create_table(&self, table: &str) -> impl Future<Output = StorageResult<bool>> + Send;
 

@@ -5,6 +5,7 @@
 //! - `delete_and_filter`: delete, and `filter`/`select` inside every key range;
 //! - `backups/`: export and import (format, races, verification before writing, faults);
 //! - `enqueue`: rows to the user's own queue;
+//! - `expire/`: TTL for Table Storage, ETag-checked deletes, dry runs;
 //! - `cancel`: a cancelled scan of each driver that writes stops writing, its counters final;
 //! - `index/`: secondary indexes and lookups;
 //! - `keyless/`: Entra ID credentials on an OAuth Azurite;
@@ -22,6 +23,7 @@ mod chaos;
 mod copy;
 mod delete_and_filter;
 mod enqueue;
+mod expire;
 mod faults;
 mod index;
 mod keyless;

@@ -436,6 +436,26 @@ impl RawClient {
         }
     }
 
+    /// Replaces (or inserts) one entity with the JSON object text the caller built, without a
+    /// condition (`PUT` with no `If-Match`): the row gets a new ETag.
+    pub async fn replace(
+        &self,
+        table: &str,
+        (partition_key, row_key): (&str, &str),
+        entity_json: &str,
+    ) -> Result<(), RawError> {
+        let path = format!(
+            "{}(PartitionKey='{}',RowKey='{}')",
+            percent_encode(table),
+            percent_encode(&partition_key.replace('\'', "''")),
+            percent_encode(&row_key.replace('\'', "''"))
+        );
+        let body = Some(entity_json.as_bytes().to_vec());
+        self.send(Method::PUT, &path, &[], NO_METADATA, body)
+            .await
+            .map(|_| ())
+    }
+
     /// [`RawClient::read_all`], panicking with the table's name on error.
     pub async fn rows(&self, table: &str) -> Vec<RawEntity> {
         self.read_all(table)

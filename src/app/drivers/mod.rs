@@ -8,6 +8,7 @@ pub mod copy;
 pub mod count;
 pub mod delete;
 pub mod enqueue;
+pub mod expire;
 pub mod export;
 pub mod import;
 pub mod index;
@@ -29,6 +30,7 @@ pub fn registry<S: Stores>() -> Drivers<AppState<S>> {
         hooks::<count::CountDriver, S>(),
         hooks::<delete::DeleteDriver, S>(),
         hooks::<enqueue::EnqueueDriver, S>(),
+        hooks::<expire::ExpireDriver, S>(),
         hooks::<export::ExportDriver, S>(),
         hooks::<import::ImportDriver, S>(),
         hooks::<index::IndexDriver, S>(),

@@ -71,6 +71,9 @@ pub async fn handle<S: Stores>(
         rates = crate::app::pace::adaptive::rates_of(state.bookkeeping(), work, &id, now).await?;
     }
     status["pacing"] = Value::Object(rates);
+    if status.get("estimatedStorageRequests").is_some() && kept.work_removed_at.is_none() {
+        status["sampleKeys"] = sample_keys(&tracker, record).await?;
+    }
     if let Some(at) = kept.work_removed_at {
         status["workRowsRemovedAt"] = Value::from(format_time(at));
     }
@@ -88,6 +91,27 @@ async fn counters_of<S: TableStore>(
         None => tracker.totals(&kept.record.id, kept.record.shards).await?,
     })
 }
+
+/// A dry run's sample of the rows it would delete: the first [`SAMPLE_KEYS`] keys its work
+/// items named as their results (one query over its shard partitions, one page).
+async fn sample_keys<S: TableStore>(
+    tracker: &Tracker<'_, S>,
+    record: &ScanRecord,
+) -> Result<Value, ApiError> {
+    let results = tracker
+        .some_work_results(&record.id, record.shards, SAMPLE_KEYS as u32)
+        .await?;
+    let keys = results
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Vec<Value>>(r).ok())
+        .flatten()
+        .take(SAMPLE_KEYS);
+    Ok(Value::Array(keys.collect()))
+}
+
+/// Keys a dry run's status names (`drivers::kit::deletes::SAMPLE_KEYS`, which a handler may
+/// not import: each item's result names up to as many).
+const SAMPLE_KEYS: usize = 20;
 
 /// Whether this instance has not queued a drained check of `id` within [`NUDGE_INTERVAL`]
 /// (and records that it now does).

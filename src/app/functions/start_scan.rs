@@ -73,6 +73,7 @@ async fn start<S: Stores>(
     let scan_id = new_scan_id(started_at);
     let mut context = request.context(&scan_id, state.config.counter_shards, setup);
     driver.prepare(state, &mut context).await?;
+    request.record_prepared(&context);
     let tracker = state.tracker_on(state.bookkeeping());
     tracker.ensure_tables().await?;
     for queue in [

@@ -18,6 +18,12 @@ use crate::app::tracking::{format_time, Counters, ScanRecord, ScanState};
 /// app's clock). `refusedRequests` counts the storage attempts the service refused for load
 /// (503, 500 `OperationTimedOut`; each retried, not in `storageRequests`), and `pacing` (added
 /// by `get_scan`) the adaptive rate each account settled at (docs/rate-limit.md).
+///
+/// `rowsChanged` counts rows a delete kept because they changed since they were read (a `412`
+/// to the delete sent with the row's ETag), `rowsSkipped` rows an expire left alone because
+/// their key holds no time it can read. A dry run (`"dryRun": true` among the parameters) also
+/// has `estimatedStorageRequests`, what the real run would send (`get_scan` adds its
+/// `sampleKeys`).
 pub fn status_json(record: &ScanRecord, counters: &Counters, now: OffsetDateTime) -> Value {
     let (pending, dropped) = match record.state {
         ScanState::Running => (counters.pending(), counters.dropped),
@@ -34,13 +40,15 @@ pub fn status_json(record: &ScanRecord, counters: &Counters, now: OffsetDateTime
     } else {
         0.0
     };
-    json!({
+    let mut status = json!({
         "id": record.id,
         "state": record.state.as_str(),
         "parameters": record.request,
         "rowsScanned": counters.rows_scanned,
         "rowsWritten": counters.rows_written,
         "rowsMatched": counters.rows_matched,
+        "rowsChanged": counters.rows_changed,
+        "rowsSkipped": counters.rows_skipped,
         "storageRequests": counters.storage_requests,
         "refusedRequests": counters.refused_requests,
         "maxRequestsPerSecond": limit,
@@ -53,5 +61,11 @@ pub fn status_json(record: &ScanRecord, counters: &Counters, now: OffsetDateTime
         "startedAt": format_time(record.started_at),
         "completedAt": record.completed_at.map(format_time),
         "error": record.error,
-    })
+    });
+    if record.request.get("dryRun") == Some(&Value::Bool(true)) {
+        // What the real run would send: the dry run's reads and its planned transactions.
+        status["estimatedStorageRequests"] =
+            json!(counters.storage_requests + counters.planned_requests);
+    }
+    status
 }

@@ -95,6 +95,10 @@ pub trait Driver: Send + Sync + 'static {
     /// records what it read before working on it, so that a duplicate delivery reading after
     /// the work adopts the first reading (its `rowsScanned`) instead of counting fewer rows.
     const CHANGES_SOURCE: bool = false;
+    /// Whether [`Driver::work_runs`] counts the rows it matched itself (`rowsMatched`: an
+    /// expire, whose own test of each row's time leaves live rows alone); otherwise every row
+    /// a step gives it, and does not hand off, counts as matched.
+    const COUNTS_MATCHED: bool = false;
     /// Rows after which a step that works on its rows (`StepWork::Rows`) reads no further page
     /// (`StepBudget::max_rows`; the step's query budget and [`MAX_STEP_ROW_BYTES`] bound it
     /// too). A driver whose cost is per step rather than per row (the index: one blob per

@@ -306,6 +306,16 @@ impl ScanRequest {
         self.segments_per_subsequent_prefix.get_or_insert(segments);
     }
 
+    /// Adds to the recorded request what the driver's `prepare` fixed for the whole scan and
+    /// its caller should see among the scan's parameters: an expire's absolute `cutoff` (the
+    /// context's `o.cutoff`).
+    pub fn record_prepared(&mut self, context: &ScanContext) {
+        let cutoff = context.options.as_ref().and_then(|o| o.get("cutoff"));
+        if let Some(cutoff) = cutoff.filter(|c| c.is_string()) {
+            self.fields.insert("cutoff".into(), cutoff.clone());
+        }
+    }
+
     /// The context every work item of scan `scan_id` runs with.
     pub fn context(&self, scan_id: &str, shards: u32, setup: Setup) -> ScanContext {
         let mut params = self.params();

@@ -56,13 +56,8 @@ impl<T: TableStore> Tracker<'_, T> {
         shards: u32,
         max: usize,
     ) -> Result<Vec<String>, StorageError> {
-        let has_result = crate::storage::odata::parse(&format!("{RESULT_PROPERTY} gt ''"))
-            .expect("a valid condition");
-        let every_shard = Filter::and(vec![
-            Filter::pk(CompareOp::Ge, shard_partition(scan_id, 0)),
-            Filter::pk(CompareOp::Le, shard_partition(scan_id, shards.max(1) - 1)),
-            Filter::Where(has_result.clone()),
-        ]);
+        let has_result = has_result();
+        let every_shard = every_shard_result(scan_id, shards);
         // Bounded: a page per 1,000 results, plus one per partition boundary the service may
         // cut at, plus the last.
         let pages = max / MAX_TAKE as usize + shards as usize + 2;
@@ -92,6 +87,35 @@ impl<T: TableStore> Tracker<'_, T> {
                 "scan {scan_id} has more than {max} work item results"
             )));
         }
+        Ok(out)
+    }
+
+    /// Some of the driver results of scan `scan_id` (a dry run's sample): the first `n` one
+    /// query over its shard partitions finds (`$top` `n`), following its continuations for at
+    /// most a page per shard and two more; fewer if it has fewer.
+    pub async fn some_work_results(
+        &self,
+        scan_id: &str,
+        shards: u32,
+        n: u32,
+    ) -> Result<Vec<String>, StorageError> {
+        let mut query = Query {
+            filter: Some(every_shard_result(scan_id, shards)),
+            top: Some(n.clamp(1, MAX_TAKE)),
+            select: Some(vec![RESULT_PROPERTY.to_string()]),
+            continuation: None,
+        };
+        let mut out = Vec::new();
+        for _ in 0..shards as usize + 2 {
+            let page = self.store.query_page(self.work_table, &query).await?;
+            let results = page.entities.iter();
+            out.extend(results.filter_map(|e| get_str(&e.properties, RESULT_PROPERTY)));
+            match page.continuation {
+                Some(c) if out.len() < n as usize => query.continuation = Some(c),
+                _ => break,
+            }
+        }
+        out.truncate(n as usize);
         Ok(out)
     }
 
@@ -242,4 +266,18 @@ struct Finish<'a> {
     /// A driver's result for the item ([`RESULT_PROPERTY`]).
     result: Option<&'a str>,
     counter: Option<(Counters, String)>,
+}
+
+/// A finished work row with a driver result.
+fn has_result() -> crate::storage::odata::Expr {
+    crate::storage::odata::parse(&format!("{RESULT_PROPERTY} gt ''")).expect("a valid condition")
+}
+
+/// The finished work rows of every shard of scan `scan_id` with a driver result.
+fn every_shard_result(scan_id: &str, shards: u32) -> Filter {
+    Filter::and(vec![
+        Filter::pk(CompareOp::Ge, shard_partition(scan_id, 0)),
+        Filter::pk(CompareOp::Le, shard_partition(scan_id, shards.max(1) - 1)),
+        Filter::Where(has_result()),
+    ])
 }

@@ -55,6 +55,20 @@ pub struct Counters {
     /// [`Counters::messages_written`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub refused_requests: i64,
+    /// Rows a delete kept because they changed since they were read (the service answered
+    /// `412` to the delete sent with the ETag read). Left out while 0, as
+    /// [`Counters::messages_written`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rows_changed: i64,
+    /// Rows an expire left alone because their time could not be read from their key. Left
+    /// out while 0, as [`Counters::messages_written`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rows_skipped: i64,
+    /// A dry run's storage requests the real run would send besides the dry run's own
+    /// (its transactions, less the re-reads only the dry run sends; may be negative in one
+    /// item). Left out while 0, as [`Counters::messages_written`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub planned_requests: i64,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -65,8 +79,19 @@ fn is_zero(n: &i64) -> bool {
 const MESSAGES_WRITTEN: &str = "MessagesWritten";
 /// The counter row property of [`Counters::refused_requests`], written only once it is not 0.
 const REFUSED_REQUESTS: &str = "RefusedRequests";
+/// The counter row properties of the counters written only once they are not 0.
+const ROWS_CHANGED: &str = "RowsChanged";
+const ROWS_SKIPPED: &str = "RowsSkipped";
+const PLANNED_REQUESTS: &str = "PlannedRequests";
+const WRITTEN_ONCE_NOT_ZERO: [&str; 5] = [
+    MESSAGES_WRITTEN,
+    REFUSED_REQUESTS,
+    ROWS_CHANGED,
+    ROWS_SKIPPED,
+    PLANNED_REQUESTS,
+];
 
-const COUNTER_FIELDS: [&str; 11] = [
+const COUNTER_FIELDS: [&str; 14] = [
     "Created",
     "Completed",
     "Failed",
@@ -78,10 +103,13 @@ const COUNTER_FIELDS: [&str; 11] = [
     "RowsMatched",
     MESSAGES_WRITTEN,
     REFUSED_REQUESTS,
+    ROWS_CHANGED,
+    ROWS_SKIPPED,
+    PLANNED_REQUESTS,
 ];
 
 impl Counters {
-    fn values(&self) -> [i64; 11] {
+    fn values(&self) -> [i64; 14] {
         [
             self.created,
             self.completed,
@@ -94,10 +122,13 @@ impl Counters {
             self.rows_matched,
             self.messages_written,
             self.refused_requests,
+            self.rows_changed,
+            self.rows_skipped,
+            self.planned_requests,
         ]
     }
 
-    fn from_values(v: [i64; 11]) -> Counters {
+    fn from_values(v: [i64; 14]) -> Counters {
         Counters {
             created: v[0],
             completed: v[1],
@@ -110,6 +141,9 @@ impl Counters {
             rows_matched: v[8],
             messages_written: v[9],
             refused_requests: v[10],
+            rows_changed: v[11],
+            rows_skipped: v[12],
+            planned_requests: v[13],
         }
     }
 
@@ -142,7 +176,7 @@ impl Counters {
     pub(super) fn to_entity(self, partition_key: &str) -> Entity {
         let mut entity = Entity::new(partition_key, COUNTER_ROW);
         for (name, value) in COUNTER_FIELDS.iter().zip(self.values()) {
-            if ![MESSAGES_WRITTEN, REFUSED_REQUESTS].contains(name) || value != 0 {
+            if !WRITTEN_ONCE_NOT_ZERO.contains(name) || value != 0 {
                 put_int64(&mut entity.properties, name, value);
             }
         }

@@ -230,7 +230,10 @@ impl TableStore for MemoryTableStore {
         let entities: Vec<Entity> = iter
             .by_ref()
             .take(limit)
-            .map(|(_, (e, _))| project(e, &query.select))
+            .map(|(_, (e, tag))| Entity {
+                etag: Some(tag.to_string()),
+                ..project(e, &query.select)
+            })
             .collect();
         let continuation = match iter.next() {
             Some((_, (next, _))) => Some(continuation_at(&next.partition_key, &next.row_key, rng)),

@@ -166,7 +166,9 @@ async fn work_rows<D: Driver, S: Stores>(
         return Ok(Worked::default());
     }
     let mut worked = D::work_runs(state, scan, requests, runs, until).await?;
-    worked.counters.rows_matched = given - worked.rows_handed_off;
+    if !D::COUNTS_MATCHED {
+        worked.counters.rows_matched = given - worked.rows_handed_off;
+    }
     Ok(worked)
 }
 

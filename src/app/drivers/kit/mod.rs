@@ -3,6 +3,7 @@
 //! checks and row edits below (blob targets, queue targets, whether the scan ended, dropping
 //! nulls, how a range item is re-read).
 
+pub mod deletes;
 pub mod hooks;
 pub mod range;
 
