@@ -33,13 +33,13 @@ use std::time::Duration;
 
 pub use self::function_json::{
     parse_function, FunctionConfig, HttpTriggerConfig, OutputBinding, OutputKind,
-    QueueTriggerConfig, TriggerConfig, DEFAULT_CONNECTION,
+    QueueTriggerConfig, TimerTriggerConfig, TriggerConfig, DEFAULT_CONNECTION,
 };
 pub use self::handler::{expand_argument, HandlerConfig, HttpMode};
 pub use self::logging::{LogFilter, LogLevel};
 pub use self::names::{is_valid_binding_name, is_valid_function_name, validate_queue_name};
 pub use self::queues::QueuesOptions;
-pub use self::settings::{read_local_settings, resolve_queue_name, AppSettings};
+pub use self::settings::{read_local_settings, resolve_queue_name, resolve_tokens, AppSettings};
 
 /// A configuration problem: which file, which field, what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
