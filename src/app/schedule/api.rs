@@ -177,7 +177,7 @@ pub async fn delete<S: Stores>(
 ) -> Result<Response, ApiError> {
     let existed = is_valid_name(&name) && schedules(&state).delete(&name).await?;
     if existed {
-        Ok(StatusCode::NO_CONTENT.into_response())
+        Ok(Json(json!({ "name": name, "deleted": true })).into_response())
     } else {
         Err(ApiError::NotFound(format!("no schedule {name}")))
     }
