@@ -28,4 +28,5 @@ mod keyless;
 mod lab;
 mod rate_limit;
 mod run;
+mod schedules;
 mod secrets_in_logs;
