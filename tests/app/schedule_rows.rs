@@ -5,11 +5,7 @@
 
 use crate::support;
 
-#[path = "../golden/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
-use harness::{check_examples, op_from_line, replay, Example, Op, Recorder};
+use crate::golden_formats::harness::{check_examples, op_from_line, replay, Example, Op, Recorder};
 use serde_json::{json, Value};
 use support::raw::RawClient;
 use tablescan::app::schedule::store::{Outcome, Run, Schedule, ScheduleStore, SCHEDULES};
