@@ -188,6 +188,12 @@ async fn one_scan_per_due_time_across_instances_duplicates_and_a_restart() {
     let a = test_app();
     let b = a.another_instance();
     let source = source_table().await;
+    // No schedule yet, and no bookkeeping table: one query, answered 404.
+    let before = a.counters.snapshot().total();
+    fire(&a).await;
+    let empty = a.counters.snapshot().total() - before;
+    assert!(empty <= 2, "an idle firing with no table sent {empty} storage requests");
+    eprintln!("idle firing, no table yet: {empty} storage request(s)");
     let body = json!({"cron": "0 * * * * *", "overlap": "allow",
         "scan": {"driver": "count", "sourceTable": source}});
     let (status, schedule) = put(&a, "every-minute", body).await;
