@@ -192,7 +192,10 @@ async fn one_scan_per_due_time_across_instances_duplicates_and_a_restart() {
     let before = a.counters.snapshot().total();
     fire(&a).await;
     let empty = a.counters.snapshot().total() - before;
-    assert!(empty <= 2, "an idle firing with no table sent {empty} storage requests");
+    assert!(
+        empty <= 2,
+        "an idle firing with no table sent {empty} storage requests"
+    );
     eprintln!("idle firing, no table yet: {empty} storage request(s)");
     let body = json!({"cron": "0 * * * * *", "overlap": "allow",
         "scan": {"driver": "count", "sourceTable": source}});

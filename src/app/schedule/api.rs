@@ -147,11 +147,12 @@ pub async fn get<S: Stores>(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let store = schedules(&state);
-    let schedule = match is_valid_name(&name) {
-        true => store.get(&name).await?,
-        false => None,
-    }
-    .ok_or_else(|| ApiError::NotFound(format!("no schedule {name}")))?;
+    let found = if is_valid_name(&name) {
+        store.get(&name).await?
+    } else {
+        None
+    };
+    let schedule = found.ok_or_else(|| ApiError::NotFound(format!("no schedule {name}")))?;
     let runs = store.runs(&name, SHOWN_RUNS).await?;
     let tracker = state.tracker_on(state.bookkeeping());
     let now = state.clock.now();
