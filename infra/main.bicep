@@ -60,6 +60,9 @@ param instanceMemoryMB int = 2048
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+@description('NCRONTAB schedule (with seconds, UTC) of the Scheduler timer, which starts the scans of /api/schedules that are due. Every minute by default.')
+param schedulerSchedule string = '0 * * * * *'
+
 @description('Queue of scan steps (consumed by PrefixScan; poison queue <name>-poison). At most 56 characters.')
 @maxLength(56)
 param prefixScanQueue string = 'tablescan-prefixscan'
@@ -204,6 +207,12 @@ var appSettings = [
   {
     name: 'TABLESCAN_TABLECOPY_QUEUE'
     value: tableCopyQueue
+  }
+  // The Scheduler's function.json names its schedule as %TABLESCAN_SCHEDULER_SCHEDULE%: the host
+  // does not load the function while it is unset.
+  {
+    name: 'TABLESCAN_SCHEDULER_SCHEDULE'
+    value: schedulerSchedule
   }
   {
     name: 'TABLESCAN_SCANS_TABLE'

@@ -20,6 +20,7 @@
 pub mod app;
 pub mod cli;
 pub mod clock;
+pub mod cron;
 pub mod deploy;
 pub mod index;
 #[cfg(feature = "lab")]

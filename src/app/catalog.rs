@@ -19,6 +19,9 @@ pub enum Trigger {
         queue_setting: &'static str,
         suffix: &'static str,
     },
+    /// Timer trigger on the NCRONTAB schedule the app setting names (`%setting%` in
+    /// function.json); the host POSTs `/{FunctionName}` with the timer's state as `Data.timer`.
+    Timer { schedule_setting: &'static str },
 }
 
 /// What answers a function's invocations.
@@ -36,6 +39,13 @@ pub enum Handler {
     Poison(WorkKind),
     /// Removes an ended scan's rows once their retention ends (`functions::scan_cleanup`).
     Cleanup,
+    /// `PUT /api/schedules/{name}` (`schedule::api`).
+    PutSchedule,
+    ListSchedules,
+    GetSchedule,
+    DeleteSchedule,
+    /// Starts the scans that are due (`schedule::fire`).
+    Scheduler,
 }
 
 /// The kinds of queue work.
@@ -62,7 +72,7 @@ impl FunctionSpec {
     pub fn path(&self) -> String {
         match self.trigger {
             Trigger::Http { route, .. } => format!("/api/{route}"),
-            Trigger::Queue { .. } => format!("/{}", self.name),
+            Trigger::Queue { .. } | Trigger::Timer { .. } => format!("/{}", self.name),
         }
     }
 
@@ -70,7 +80,7 @@ impl FunctionSpec {
     pub fn method(&self) -> &'static str {
         match self.trigger {
             Trigger::Http { method, .. } => method,
-            Trigger::Queue { .. } => "POST",
+            Trigger::Queue { .. } | Trigger::Timer { .. } => "POST",
         }
     }
 }
@@ -81,6 +91,12 @@ pub const PREFIX_SCAN_QUEUE_SETTING: &str = "TABLESCAN_PREFIXSCAN_QUEUE";
 pub const TABLE_COPY_QUEUE_SETTING: &str = "TABLESCAN_TABLECOPY_QUEUE";
 /// The host's poison queue of a queue: `<queue>-poison`.
 pub const POISON_SUFFIX: &str = "-poison";
+/// App setting holding the `Scheduler` timer's NCRONTAB schedule. Deployments set it (a `%…%`
+/// token that resolves to nothing stops the Functions host from indexing the function):
+/// [`DEFAULT_SCHEDULER_SCHEDULE`] in infra/main.bicep and local.settings.sample.json.
+pub const SCHEDULER_SCHEDULE_SETTING: &str = "TABLESCAN_SCHEDULER_SCHEDULE";
+/// Every minute, at second 0.
+pub const DEFAULT_SCHEDULER_SCHEDULE: &str = "0 * * * * *";
 /// The queue of retention cleanups: `<scan step queue>-cleanup` (no setting of its own).
 pub const CLEANUP_SUFFIX: &str = "-cleanup";
 
@@ -169,5 +185,45 @@ pub const FUNCTIONS: &[FunctionSpec] = &[
             suffix: CLEANUP_SUFFIX,
         },
         handler: Handler::Cleanup,
+    },
+    // Schedules (docs/schedules.md): the API, and the timer that starts what is due.
+    FunctionSpec {
+        name: "PutSchedule",
+        trigger: Trigger::Http {
+            method: "PUT",
+            route: "schedules/{name}",
+        },
+        handler: Handler::PutSchedule,
+    },
+    FunctionSpec {
+        name: "ListSchedules",
+        trigger: Trigger::Http {
+            method: "GET",
+            route: "schedules",
+        },
+        handler: Handler::ListSchedules,
+    },
+    FunctionSpec {
+        name: "GetSchedule",
+        trigger: Trigger::Http {
+            method: "GET",
+            route: "schedules/{name}",
+        },
+        handler: Handler::GetSchedule,
+    },
+    FunctionSpec {
+        name: "DeleteSchedule",
+        trigger: Trigger::Http {
+            method: "DELETE",
+            route: "schedules/{name}",
+        },
+        handler: Handler::DeleteSchedule,
+    },
+    FunctionSpec {
+        name: "Scheduler",
+        trigger: Trigger::Timer {
+            schedule_setting: SCHEDULER_SCHEDULE_SETTING,
+        },
+        handler: Handler::Scheduler,
     },
 ];

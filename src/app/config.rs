@@ -20,16 +20,19 @@ pub const STORAGE_SETTING: &str = "AzureWebJobsStorage";
 
 /// The app settings a deployment must set, by name: the app's own storage connection
 /// ([`STORAGE_SETTING`], a connection string or its identity-based `<NAME>__*` form; the handler
-/// does not start without it), then every setting a queue function names as a `%…%` token in its
+/// does not start without it), then every setting a queue or timer function names as a `%…%` token in its
 /// function.json (the Functions host has no defaults for those: it does not load the function
 /// while one is unset). Every other setting has a default ([`Config::from_lookup`]).
 pub fn required_settings() -> Vec<&'static str> {
     let mut names = vec![STORAGE_SETTING];
     for function in FUNCTIONS {
-        if let Trigger::Queue { queue_setting, .. } = function.trigger {
-            if !names.contains(&queue_setting) {
-                names.push(queue_setting);
-            }
+        let setting = match function.trigger {
+            Trigger::Queue { queue_setting, .. } => queue_setting,
+            Trigger::Timer { schedule_setting } => schedule_setting,
+            Trigger::Http { .. } => continue,
+        };
+        if !names.contains(&setting) {
+            names.push(setting);
         }
     }
     names

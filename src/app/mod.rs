@@ -17,6 +17,7 @@ pub mod messages;
 pub mod observe;
 pub mod pace;
 pub mod protocol;
+pub mod schedule;
 pub mod server;
 pub mod state;
 pub mod tracking;

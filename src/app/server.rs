@@ -23,6 +23,7 @@ use super::functions::{
 };
 use super::layers;
 use super::messages::{ItemMessage, StepMessage};
+use super::schedule;
 use super::state::AppState;
 use super::work;
 
@@ -69,6 +70,11 @@ fn route<S: Stores>(handler: Handler, filter: MethodFilter) -> MethodRouter<Arc<
         Handler::Poison(WorkKind::Step) => on(filter, poisoned::handle::<StepMessage, S>),
         Handler::Poison(WorkKind::Copy) => on(filter, poisoned::handle::<ItemMessage, S>),
         Handler::Cleanup => on(filter, scan_cleanup::handle::<S>),
+        Handler::PutSchedule => on(filter, schedule::api::put::<S>),
+        Handler::ListSchedules => on(filter, schedule::api::list::<S>),
+        Handler::GetSchedule => on(filter, schedule::api::get::<S>),
+        Handler::DeleteSchedule => on(filter, schedule::api::delete::<S>),
+        Handler::Scheduler => on(filter, schedule::fire::handle::<S>),
     }
 }
 
@@ -134,7 +140,10 @@ mod tests {
             crate::app::drivers::registry(),
         );
         for spec in FUNCTIONS {
-            let path = spec.path().replace("{id}", "0000000000000-00000000");
+            let path = spec
+                .path()
+                .replace("{id}", "0000000000000-00000000")
+                .replace("{name}", "nightly");
             let request = axum::http::Request::builder()
                 .method(spec.method())
                 .uri(&path)

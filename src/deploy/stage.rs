@@ -55,6 +55,11 @@ pub const FUNCTION_DEFINITIONS: &[(&str, &str)] = &[
     function_def!("PrefixScanPoison"),
     function_def!("TableCopyPoison"),
     function_def!("ScanCleanup"),
+    function_def!("PutSchedule"),
+    function_def!("ListSchedules"),
+    function_def!("GetSchedule"),
+    function_def!("DeleteSchedule"),
+    function_def!("Scheduler"),
 ];
 
 /// The embedded function.json of `name`, if there is one.

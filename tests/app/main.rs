@@ -26,6 +26,8 @@ mod lost_answers;
 mod request_guards;
 mod retention;
 mod scan;
+mod schedule_rows;
+mod schedules;
 mod status;
 mod storage;
 mod unrecorded;

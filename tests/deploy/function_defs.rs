@@ -347,6 +347,15 @@ fn function_folders_and_catalog_agree_both_ways() {
                 }]);
                 assert_eq!(def["bindings"], expected, "{}: bindings", spec.name);
             }
+            Trigger::Timer { schedule_setting } => {
+                // The schedule comes from an app setting, so tests (and operators) change it
+                // without a new package; the handler reads the timer as `Data.timer`.
+                let expected = json!([{
+                    "type": "timerTrigger", "direction": "in", "name": "timer",
+                    "schedule": format!("%{schedule_setting}%"),
+                }]);
+                assert_eq!(def["bindings"], expected, "{}: bindings", spec.name);
+            }
         }
     }
 

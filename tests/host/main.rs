@@ -14,3 +14,4 @@ mod http;
 mod logs;
 mod queue;
 mod supervision;
+mod timer;

@@ -31,4 +31,5 @@ mod lab;
 mod pacing;
 mod rate_limit;
 mod run;
+mod schedules;
 mod secrets_in_logs;

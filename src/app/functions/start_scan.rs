@@ -18,6 +18,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::app::error::ApiError;
@@ -52,13 +53,37 @@ pub async fn handle<S: Stores>(
 ) -> Result<Response, ApiError> {
     let body = crate::app::body::json_object(&headers, body, MAX_BODY).await?;
     let request = request_from(body, &state.drivers.names())?;
-    start(&state, request).await
+    start(&state, request, None).await
+}
+
+/// Checks a `POST /api/scans` body exactly as the handler does before it writes anything (the
+/// request's fields, then the driver's plan); writes nothing. Schedules check their scan with it.
+pub fn check<S: Stores>(state: &AppState<S>, body: Value) -> Result<ScanRequest, ApiError> {
+    let mut request = request_from(body, &state.drivers.names())?;
+    let driver = state
+        .drivers
+        .get(request.driver.as_str())
+        .ok_or_else(|| ApiError::field("driver", "is not a registered driver"))?;
+    driver.plan(&mut request, &state.config)?;
+    Ok(request)
+}
+
+/// Starts the scan `body` describes under the id `scan_id` (the scheduler's, derived from a
+/// schedule and its due time) instead of a new random one.
+pub async fn start_as<S: Stores>(
+    state: &AppState<S>,
+    body: Value,
+    scan_id: String,
+) -> Result<Response, ApiError> {
+    let request = request_from(body, &state.drivers.names())?;
+    start(state, request, Some(scan_id)).await
 }
 
 /// Starts a scan: the driver validates, prepares, then the root work and the scan are recorded.
 async fn start<S: Stores>(
     state: &AppState<S>,
     mut request: ScanRequest,
+    scan_id: Option<String>,
 ) -> Result<Response, ApiError> {
     let driver = state
         .drivers
@@ -70,7 +95,7 @@ async fn start<S: Stores>(
     }
 
     let started_at = state.clock.now();
-    let scan_id = new_scan_id(started_at);
+    let scan_id = scan_id.unwrap_or_else(|| new_scan_id(started_at));
     let mut context = request.context(&scan_id, state.config.counter_shards, setup);
     driver.prepare(state, &mut context).await?;
     request.record_prepared(&context);

@@ -8,6 +8,7 @@
 //!   a payload;
 //! - queue triggers through [`QueueStore`], with the Storage Queues extension's polling, batching,
 //!   retry and poison rules;
+//! - timer triggers on their NCRONTAB schedule, on every instance ([`timer`], §12);
 //! - handler supervision: readiness, restarts, function timeouts;
 //! - logging as the host does it for a custom handler (§11): `Logs` of successful invocations,
 //!   the handler's stdout and stderr, each under the host's category and level, filtered by
@@ -22,7 +23,7 @@
 //! - the local host's own diagnostic lines (`Executing`/`Executed`, settlements, restarts) are
 //!   always shown, whatever host.json's `logging.logLevel` says; a proxied response is buffered,
 //!   not streamed;
-//! - bindings other than httpTrigger/http/queueTrigger/queue, retry policies and a fixed
+//! - bindings other than httpTrigger/http/queueTrigger/queue/timerTrigger, retry policies and a fixed
 //!   `customHandler.port` are rejected with a clear error.
 
 pub mod config;
@@ -36,6 +37,7 @@ pub mod queue;
 mod resolve;
 pub mod route;
 pub mod stats;
+pub mod timer;
 pub mod timespan;
 pub mod worker;
 
@@ -181,6 +183,7 @@ impl Host {
         let log = HostLog::new(config.capture_logs, app.logging.clone());
         let settings = Arc::new(load_settings(&config, &app)?);
         let triggers = resolve_triggers(&app, &settings, connect)?;
+        let (timers, timer_errors) = timer::resolve_timers(&app, &settings);
         let (listener, addr) = bind_http(config.listen).await?;
         let stats = Arc::new(InvocationStats::default());
         let shared = Shared {
@@ -208,6 +211,10 @@ impl Host {
             log: log.clone(),
         });
         log_triggers(&log, addr, &front, &triggers.queues);
+        for e in timer_errors {
+            log.error(format!("a function is in error and will not run: {e}"));
+        }
+        start_timers(&log, &instances, timers);
         let (server, server_stop) = serve_http(listener, front.router());
         Ok(RunningHost {
             addr,
@@ -219,6 +226,26 @@ impl Host {
             app,
             stats,
         })
+    }
+}
+
+/// Starts every timer function on every instance (see [`timer`] for why every one).
+fn start_timers(
+    log: &HostLog,
+    instances: &[Arc<InstanceHandle>],
+    timers: Vec<timer::TimerFunction>,
+) {
+    for t in timers.into_iter().map(Arc::new) {
+        log.info(format!("{}: timerTrigger {:?}", t.function, t.schedule));
+        for (i, instance) in instances.iter().enumerate() {
+            tokio::spawn(timer::run_timer(
+                t.clone(),
+                instance.front.invoker.clone(),
+                log.clone(),
+                format!("[i{i}]"),
+                instance.stop.subscribe(),
+            ));
+        }
     }
 }
 

@@ -72,6 +72,8 @@ where
                 settings,
                 &mut stores,
             )?),
+            // Timers need no store or route (`timer::resolve_timers`).
+            TriggerConfig::Timer(_) => {}
             TriggerConfig::Http(h) => {
                 let template = RouteTemplate::parse(h.route.as_deref().unwrap_or(&function.name))
                     .map_err(|e| ConfigError::new(&function.file, "route", e))?;

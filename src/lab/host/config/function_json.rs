@@ -3,8 +3,8 @@
 //! Invariants of a parsed [`FunctionConfig`]: exactly one trigger, with direction `in`; outputs
 //! have direction `out`; binding names are valid and unique case-insensitively; an `http` output
 //! only appears with an `httpTrigger`; only the binding types this host implements (httpTrigger,
-//! http, queueTrigger, queue) are accepted. Queue names stay as written (`%AppSetting%` tokens are
-//! resolved at start, against the app settings).
+//! http, queueTrigger, queue, timerTrigger) are accepted. Queue names and timer schedules stay as
+//! written (`%AppSetting%` tokens are resolved at start, against the app settings).
 
 use std::path::{Path, PathBuf};
 
@@ -41,7 +41,7 @@ impl FunctionConfig {
     pub(crate) fn trigger_route(&self) -> String {
         match &self.trigger {
             TriggerConfig::Http(h) => h.route.clone().unwrap_or_else(|| self.name.clone()),
-            TriggerConfig::Queue(_) => String::new(),
+            TriggerConfig::Queue(_) | TriggerConfig::Timer(_) => String::new(),
         }
     }
 }
@@ -50,6 +50,26 @@ impl FunctionConfig {
 pub enum TriggerConfig {
     Http(HttpTriggerConfig),
     Queue(QueueTriggerConfig),
+    Timer(TimerTriggerConfig),
+}
+
+/// A `timerTrigger` binding (the timer extension's `TimerTriggerAttribute`).
+#[derive(Debug, Clone)]
+pub struct TimerTriggerConfig {
+    pub name: String,
+    /// As written; may be `%AppSetting%`. Resolved and parsed at start (`lab::host::timer`).
+    pub schedule: String,
+    pub run_on_startup: bool,
+    pub use_monitor: bool,
+}
+
+/// A `timerTrigger` binding's own fields.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TimerJson {
+    schedule: Option<String>,
+    run_on_startup: Option<Flag>,
+    use_monitor: Option<Flag>,
 }
 
 #[derive(Debug, Clone)]
@@ -269,6 +289,17 @@ impl BindingSet {
                     binary,
                 }));
             }
+            "timertrigger" => {
+                let t: TimerJson = b.fields()?;
+                self.trigger = Some(TriggerConfig::Timer(TimerTriggerConfig {
+                    name,
+                    schedule: b
+                        .required(&t.schedule.filter(|s| !s.is_empty()), "schedule")?
+                        .to_string(),
+                    run_on_startup: t.run_on_startup == Some(Flag(true)),
+                    use_monitor: t.use_monitor != Some(Flag(false)),
+                }));
+            }
             "http" => {
                 b.require_out(&direction, "an http binding must have direction \"out\"")?;
                 self.http_out += 1;
@@ -293,7 +324,7 @@ impl BindingSet {
             _ => {
                 return Err(b.error(
                     "type",
-                    format!("binding type {btype:?} is not supported by this host (httpTrigger, http, queueTrigger, queue)"),
+                    format!("binding type {btype:?} is not supported by this host (httpTrigger, http, queueTrigger, queue, timerTrigger)"),
                 ));
             }
         }

@@ -33,13 +33,13 @@ use std::time::Duration;
 
 pub use self::function_json::{
     parse_function, FunctionConfig, HttpTriggerConfig, OutputBinding, OutputKind,
-    QueueTriggerConfig, TriggerConfig, DEFAULT_CONNECTION,
+    QueueTriggerConfig, TimerTriggerConfig, TriggerConfig, DEFAULT_CONNECTION,
 };
 pub use self::handler::{expand_argument, HandlerConfig, HttpMode};
 pub use self::logging::{LogFilter, LogLevel};
 pub use self::names::{is_valid_binding_name, is_valid_function_name, validate_queue_name};
 pub use self::queues::QueuesOptions;
-pub use self::settings::{read_local_settings, resolve_queue_name, AppSettings};
+pub use self::settings::{read_local_settings, resolve_queue_name, resolve_tokens, AppSettings};
 
 /// A configuration problem: which file, which field, what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +210,18 @@ mod tests {
     }
 
     #[test]
+    fn timer_triggers_keep_their_schedule_as_written() {
+        let tick = r#"{"bindings":[{"name":"t","type":"timerTrigger","direction":"in","schedule":"%S%","runOnStartup":"true","useMonitor":false}]}"#;
+        let app = load_app(&temp_app(HOST, &[("Tick", tick)])).unwrap();
+        let TriggerConfig::Timer(t) = &app.functions[0].trigger else {
+            panic!()
+        };
+        assert_eq!((t.name.as_str(), t.schedule.as_str()), ("t", "%S%"));
+        assert!(t.run_on_startup && !t.use_monitor);
+        assert_eq!(app.functions[0].trigger_route(), "");
+    }
+
+    #[test]
     fn errors_name_file_and_field() {
         // (host.json, functions, file in the error, field in the error)
         type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
@@ -270,6 +282,15 @@ mod tests {
                 )],
                 "function.json",
                 "bindings[0].queueName",
+            ),
+            (
+                HOST,
+                &[(
+                    "Tick",
+                    r#"{"bindings":[{"name":"t","type":"timerTrigger","direction":"in"}]}"#,
+                )],
+                "function.json",
+                "bindings[0].schedule",
             ),
             (
                 HOST,

@@ -111,6 +111,14 @@ pub fn read_local_settings(file: &Path) -> Result<BTreeMap<String, String>, Conf
 /// host's `ResolveWholeString` does, then lower-cases and validates it. A token naming a missing
 /// setting, or a `%` without its closing `%`, is an error.
 pub fn resolve_queue_name(raw: &str, settings: &AppSettings) -> Result<String, String> {
+    let lower = resolve_tokens(raw, "queueName", settings)?.to_ascii_lowercase();
+    validate_queue_name(&lower)?;
+    Ok(lower)
+}
+
+/// Resolves every `%AppSetting%` token in the value of binding field `field`, as the host's
+/// `ResolveWholeString` does (a timer's `schedule`, a queue's `queueName`).
+pub fn resolve_tokens(raw: &str, field: &str, settings: &AppSettings) -> Result<String, String> {
     let mut resolved = String::with_capacity(raw.len());
     let mut rest = raw;
     while let Some(start) = rest.find('%') {
@@ -118,18 +126,16 @@ pub fn resolve_queue_name(raw: &str, settings: &AppSettings) -> Result<String, S
         let after = &rest[start + 1..];
         let end = after
             .find('%')
-            .ok_or_else(|| format!("queueName {raw:?}: a %AppSetting% token is not closed"))?;
+            .ok_or_else(|| format!("{field} {raw:?}: a %AppSetting% token is not closed"))?;
         let key = &after[..end];
-        let value = settings.get(key).ok_or_else(|| {
-            format!("app setting {key:?} (named by queueName {raw:?}) is not set")
-        })?;
+        let value = settings
+            .get(key)
+            .ok_or_else(|| format!("app setting {key:?} (named by {field} {raw:?}) is not set"))?;
         resolved.push_str(value);
         rest = &after[end + 1..];
     }
     resolved.push_str(rest);
-    let lower = resolved.to_ascii_lowercase();
-    validate_queue_name(&lower)?;
-    Ok(lower)
+    Ok(resolved)
 }
 
 #[cfg(test)]
