@@ -414,6 +414,12 @@ pub struct PartRef {
     deleted: bool,
 }
 
+impl From<&ManifestPart> for PartRef {
+    fn from(part: &ManifestPart) -> Self {
+        PartRef::listed(part, 0, false)
+    }
+}
+
 impl PartRef {
     fn listed(part: &ManifestPart, member: u64, deleted: bool) -> Self {
         PartRef {
