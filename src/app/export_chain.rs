@@ -28,10 +28,10 @@ use crate::storage::Entity;
 /// A delta's manifest `format`: a reader that knows only `tablescan-export/1` refuses it instead
 /// of restoring a delta's changed rows as if they were the whole table.
 pub const DELTA_FORMAT: &str = "tablescan-export-delta/1";
-/// A key chunk's name ends with this (beside its part, `parts/<scan>/<item>.keys.jsonl.gz`).
-pub const KEYS_SUFFIX: &str = ".keys.jsonl.gz";
-/// A tombstone file's name ends with this.
-pub const DELETED_SUFFIX: &str = ".deleted.jsonl.gz";
+/// The folder of key chunks (`keys/<scan>/<item>.jsonl.gz`, named like the item's part).
+pub const KEYS_FOLDER: &str = "keys";
+/// The folder of tombstone files (`deleted/<scan>/<item>.jsonl.gz`).
+pub const DELETED_FOLDER: &str = "deleted";
 /// The watermark is the parent's service start time minus this: room for skew between the
 /// storage front ends that stamped the rows and the one that dated the parent's start.
 pub const WATERMARK_MARGIN: Duration = Duration::seconds(60);

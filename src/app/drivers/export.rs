@@ -40,7 +40,9 @@ use time::OffsetDateTime;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
-use crate::app::export_chain::{DeltaInfo, KeyChunk, ParentRef, DELTA_FORMAT};
+use crate::app::export_chain::{
+    DeltaInfo, KeyChunk, ParentRef, DELETED_FOLDER, DELTA_FORMAT, KEYS_FOLDER,
+};
 use crate::app::export_format::{
     ExportLayout, Manifest, ManifestPart, MANIFEST_CONTENT_TYPE, MAX_MANIFEST_BYTES,
 };
@@ -348,10 +350,17 @@ async fn write_manifest<S: Stores>(
             "the export has more than {MAX_EXPORT_PARTS} parts; export the table as several key ranges"
         )));
     }
-    let folder = layout.blob(&format!("parts/{}/", context.scan_id));
     let key_parts: Vec<ManifestPart> = keys.iter().map(KeyChunk::as_part).collect();
-    let every = parts.len() + key_parts.len() + deleted.len();
-    let sizes = listed_sizes(&blobs, &options.container, &folder, every).await?;
+    let mut sizes = HashMap::new();
+    let folders = [
+        ("parts", parts.len()),
+        (KEYS_FOLDER, key_parts.len()),
+        (DELETED_FOLDER, deleted.len()),
+    ];
+    for (folder, listed) in folders.into_iter().filter(|(f, n)| *f == "parts" || *n > 0) {
+        let folder = layout.blob(&format!("{folder}/{}/", context.scan_id));
+        sizes.extend(listed_sizes(&blobs, &options.container, &folder, listed).await?);
+    }
     for part in parts.iter().chain(&key_parts).chain(&deleted) {
         let blob = layout.blob(&part.name);
         match sizes.get(&blob) {

@@ -7,10 +7,9 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 
-use crate::app::export_chain::{encode_keys, Key, KeyChunk, DELETED_SUFFIX, KEYS_SUFFIX};
+use crate::app::export_chain::{encode_keys, Key, KeyChunk, DELETED_FOLDER, KEYS_FOLDER};
 use crate::app::export_format::{
     part_name, ExportFormatError, ManifestPart, PartEncoder, PART_CONTENT_TYPE, PART_SPLIT_BYTES,
-    PART_SUFFIX,
 };
 use crate::app::job::WorkError;
 use crate::storage::blob::{BlobStore, BlobWrite};
@@ -29,13 +28,11 @@ struct ItemResult {
     deleted: Option<ManifestPart>,
 }
 
-/// A blob named after the item with another suffix than a part's.
-fn sibling(scan_id: &str, work_id: &str, suffix: &str) -> Result<String, WorkError> {
+/// A blob named like the item's part, in `folder` instead of `parts`.
+fn sibling(scan_id: &str, work_id: &str, folder: &str) -> Result<String, WorkError> {
     let name = part_name(scan_id, work_id).map_err(|e| WorkError::Permanent(e.to_string()))?;
-    Ok(format!(
-        "{}{suffix}",
-        name.strip_suffix(PART_SUFFIX).unwrap_or(&name)
-    ))
+    let rest = name.strip_prefix("parts/").unwrap_or(&name);
+    Ok(format!("{folder}/{rest}"))
 }
 
 /// Writes an item's rows as parts, `keys` (the chain's state in its range, sorted) as its key
@@ -59,7 +56,7 @@ pub(super) async fn write_item_blobs<B: BlobStore>(
     }
     if let Some(first) = keys.first() {
         let encoded = encode_keys(keys);
-        let name = sibling(scan_id, work_id, KEYS_SUFFIX)?;
+        let name = sibling(scan_id, work_id, KEYS_FOLDER)?;
         result.keys = Some(KeyChunk {
             name: name.clone(),
             first: first.clone(),
@@ -71,7 +68,7 @@ pub(super) async fn write_item_blobs<B: BlobStore>(
     }
     if !deleted.is_empty() {
         let encoded = encode_keys(deleted);
-        let name = sibling(scan_id, work_id, DELETED_SUFFIX)?;
+        let name = sibling(scan_id, work_id, DELETED_FOLDER)?;
         result.deleted = Some(ManifestPart {
             name: name.clone(),
             rows: encoded.rows,
