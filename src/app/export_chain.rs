@@ -164,12 +164,12 @@ pub type Bound<'a> = Option<(&'a Key, bool)>;
 
 /// Whether `key` lies between `lower` and `upper` (`None`: unbounded).
 pub fn in_range(key: &Key, lower: Bound, upper: Bound) -> bool {
-    let above = lower.is_none_or(|(l, inclusive)| match compare(key, l) {
+    let above = lower.map_or(true, |(l, inclusive)| match compare(key, l) {
         Ordering::Greater => true,
         Ordering::Equal => inclusive,
         Ordering::Less => false,
     });
-    let below = upper.is_none_or(|(u, inclusive)| match compare(key, u) {
+    let below = upper.map_or(true, |(u, inclusive)| match compare(key, u) {
         Ordering::Less => true,
         Ordering::Equal => inclusive,
         Ordering::Greater => false,
@@ -186,7 +186,7 @@ pub fn merge_tile(parent: &[Key], read: &[Key], written: &[Key]) -> (Vec<Key>, V
     let mut s = state.iter().peekable();
     for key in parent {
         while s.next_if(|k| compare(k, key) == Ordering::Less).is_some() {}
-        if s.peek().is_none_or(|k| compare(k, key) != Ordering::Equal) {
+        if s.peek().map_or(true, |k| compare(k, key) != Ordering::Equal) {
             deleted.push(key.clone());
         }
     }
@@ -252,7 +252,7 @@ mod tests {
         let low = k("\u{fffd}", "");
         let high = k("\u{10000}", "");
         assert_eq!(compare(&high, &low), Ordering::Less);
-        let (state, deleted) = merge_tile(&[high.clone(), low.clone()], &[high.clone()], &[]);
+        let (state, deleted) = merge_tile(&[high.clone(), low.clone()], std::slice::from_ref(&high), &[]);
         assert_eq!((state, deleted), (vec![high], vec![low]));
     }
 
