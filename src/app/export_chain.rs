@@ -186,7 +186,9 @@ pub fn merge_tile(parent: &[Key], read: &[Key], written: &[Key]) -> (Vec<Key>, V
     let mut s = state.iter().peekable();
     for key in parent {
         while s.next_if(|k| compare(k, key) == Ordering::Less).is_some() {}
-        if s.peek().map_or(true, |k| compare(k, key) != Ordering::Equal) {
+        if s.peek()
+            .map_or(true, |k| compare(k, key) != Ordering::Equal)
+        {
             deleted.push(key.clone());
         }
     }
@@ -252,7 +254,11 @@ mod tests {
         let low = k("\u{fffd}", "");
         let high = k("\u{10000}", "");
         assert_eq!(compare(&high, &low), Ordering::Less);
-        let (state, deleted) = merge_tile(&[high.clone(), low.clone()], std::slice::from_ref(&high), &[]);
+        let (state, deleted) = merge_tile(
+            &[high.clone(), low.clone()],
+            std::slice::from_ref(&high),
+            &[],
+        );
         assert_eq!((state, deleted), (vec![high], vec![low]));
     }
 

@@ -16,7 +16,7 @@
 use crate::support;
 
 #[path = "../golden/harness.rs"]
-mod harness;
+pub(crate) mod harness;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
