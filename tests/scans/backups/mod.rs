@@ -1,5 +1,6 @@
 //! Backups: export (table → Blob Storage) and import (export → table), end to end through the
 //! local Functions host and the real handler on Azurite. One file per behaviour:
+//! - `chain_costs`: requests and blob bytes of deltas and chain restores (a measurement);
 //! - `chain_faults`: a delta and its chain restore under kills, duplicates and storage faults;
 //! - `chains`: incremental exports (`since`) and restores of a chain as of each backup, refusals;
 //! - `export_import`: the documented format, filters, restores equal to the source, empty exports;
@@ -8,6 +9,7 @@
 //! - `verify`: an import checks every part before writing a row, and its memory stays bounded;
 //! - `faults`: both under handler crashes, duplicated messages and storage faults, corrupted parts.
 
+mod chain_costs;
 mod chain_faults;
 mod chains;
 mod export_import;
