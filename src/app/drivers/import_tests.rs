@@ -123,6 +123,8 @@ mod memory {
             rows,
             bytes: bytes.len() as u64,
             sha256: sha256_hex(&bytes),
+            member: 0,
+            deleted: false,
         };
         (bytes, part)
     }

@@ -352,6 +352,7 @@ mod tests {
             etag: String::new(),
             content_type: None,
             content_encoding: None,
+            last_modified: None,
         }
     }
 
