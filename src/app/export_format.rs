@@ -31,8 +31,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-pub use crate::app::chain_format::ManifestPart;
-use crate::app::chain_format::{DeltaInfo, KeyChunk, Scope, DELTA_FORMAT};
+use crate::app::export_chain::{DeltaInfo, KeyChunk, Scope, DELTA_FORMAT};
 use crate::storage::blob::check_blob_name;
 use crate::storage::entity::{parse_service_entity, EdmType, Entity, ServiceEntity};
 
@@ -479,6 +478,18 @@ pub struct Manifest {
     /// A delta's parent, base, watermark and tombstones (with format [`DELTA_FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<DeltaInfo>,
+}
+
+/// One part in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestPart {
+    /// Relative to the export's prefix.
+    pub name: String,
+    pub rows: u64,
+    /// The blob's size.
+    pub bytes: u64,
+    /// Lowercase hex SHA-256 of the blob's bytes.
+    pub sha256: String,
 }
 
 impl Manifest {

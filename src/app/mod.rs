@@ -4,7 +4,6 @@
 
 pub mod body;
 pub mod catalog;
-pub mod chain_format;
 pub mod config;
 pub mod drivers;
 pub mod error;
