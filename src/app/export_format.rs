@@ -31,7 +31,6 @@ use serde::{Deserialize, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use crate::app::export_chain::{DeltaInfo, KeyChunk, Scope, DELTA_FORMAT};
 use crate::storage::blob::check_blob_name;
 use crate::storage::entity::{parse_service_entity, EdmType, Entity, ServiceEntity};
 
@@ -460,24 +459,6 @@ pub struct Manifest {
     pub started_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     pub completed_at: OffsetDateTime,
-    /// When the export started by the storage service's clock (its reservation's
-    /// `Last-Modified`): a delta's watermark is taken from it (docs/backups.md).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "time::serde::rfc3339::option"
-    )]
-    pub service_started_at: Option<OffsetDateTime>,
-    /// The key range, filter and select the export was taken with (a chain keeps one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<Scope>,
-    /// The chain's key state at this export, in key chunks sorted by first key (absent from
-    /// exports written before chains existed: no delta can follow those).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keys: Option<Vec<KeyChunk>>,
-    /// A delta's parent, base, watermark and tombstones (with format [`DELTA_FORMAT`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<DeltaInfo>,
 }
 
 /// One part in the manifest.
@@ -511,10 +492,6 @@ impl Manifest {
             parts,
             started_at,
             completed_at,
-            service_started_at: None,
-            scope: None,
-            keys: None,
-            delta: None,
         }
     }
 
@@ -531,30 +508,15 @@ impl Manifest {
         let bad = |m: String| ExportFormatError::BadManifest(m);
         let manifest: Manifest =
             serde_json::from_slice(bytes).map_err(|e| bad(format!("not a valid manifest: {e}")))?;
-        match (manifest.format.as_str(), &manifest.delta) {
-            (FORMAT, None) | (DELTA_FORMAT, Some(_)) => {}
-            (FORMAT | DELTA_FORMAT, _) => {
-                return Err(bad(format!(
-                    "format {:?} goes with `delta` if and only if it is {DELTA_FORMAT:?}",
-                    manifest.format
-                )))
-            }
-            (other, _) => {
-                return Err(bad(format!(
-                    "format {other:?} is not {FORMAT:?} or {DELTA_FORMAT:?}, the ones this version reads"
-                )))
-            }
+        if manifest.format != FORMAT {
+            return Err(bad(format!(
+                "format {:?} is not {FORMAT:?}, the only one this version reads",
+                manifest.format
+            )));
         }
         let mut names = std::collections::HashSet::with_capacity(manifest.parts.len());
         let mut rows: u64 = 0;
-        let keys = manifest.keys.iter().flatten().map(KeyChunk::as_part);
-        let deleted = manifest
-            .delta
-            .iter()
-            .flat_map(|d| d.deleted.iter().cloned());
-        let all: Vec<ManifestPart> = keys.chain(deleted).collect();
-        for (i, part) in manifest.parts.iter().chain(&all).enumerate() {
-            let counted = i < manifest.parts.len();
+        for part in &manifest.parts {
             let name = &part.name;
             if !name.ends_with(PART_SUFFIX) || name.starts_with('/') {
                 return Err(bad(format!(
@@ -571,9 +533,7 @@ impl Manifest {
                     part.sha256
                 )));
             }
-            if counted {
-                rows = rows.saturating_add(part.rows);
-            }
+            rows = rows.saturating_add(part.rows);
         }
         if rows != manifest.rows {
             return Err(bad(format!(

@@ -7,7 +7,6 @@ pub mod catalog;
 pub mod config;
 pub mod drivers;
 pub mod error;
-pub mod export_chain;
 pub mod export_format;
 pub mod functions;
 pub mod handler;

@@ -294,7 +294,6 @@ fn properties_of(name: &str, p: &azure_storage_blobs::blob::BlobProperties) -> B
         etag: p.etag.to_string(),
         content_type: Some(p.content_type.clone()).filter(|t| !t.is_empty()),
         content_encoding: p.content_encoding.clone().filter(|e| !e.is_empty()),
-        last_modified: Some(p.last_modified),
     }
 }
 

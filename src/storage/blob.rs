@@ -97,9 +97,6 @@ pub struct BlobProperties {
     pub etag: String,
     pub content_type: Option<String>,
     pub content_encoding: Option<String>,
-    /// `Last-Modified`, by the service's clock (one-second precision); `None` from stores that
-    /// keep no time (the in-memory one).
-    pub last_modified: Option<time::OffsetDateTime>,
 }
 
 /// A downloaded blob: its bytes and its properties.

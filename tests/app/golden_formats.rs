@@ -251,7 +251,6 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
                 start: 0,
                 sha256: Some(sha(0xab)),
                 write: false,
-                member: 0,
             }),
             None,
         ),
@@ -261,7 +260,6 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
                 start: 200,
                 sha256: None,
                 write: false,
-                member: 0,
             }),
             None,
         ),
@@ -284,7 +282,6 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
                 start: 0,
                 sha256: Some(sha(0xab)),
                 write: true,
-                member: 0,
             }),
             None,
         ),
@@ -296,8 +293,6 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
                 bytes: 18_443,
                 sha256: sha(0x9f),
                 skip: 0,
-                member: 0,
-                deleted: false,
             }),
             Some(3),
         ),
@@ -309,8 +304,6 @@ fn item_messages() -> Vec<(&'static str, ItemMessage, Typed)> {
                 bytes: 18_443,
                 sha256: sha(0x9f),
                 skip: 1000,
-                member: 0,
-                deleted: false,
             }),
             None,
         ),
@@ -492,9 +485,6 @@ fn export_options() -> ExportOptions {
         container: "backups".into(),
         prefix: "nightly/2026-01-02".into(),
         started_at: started_at(),
-        service_started_at: None,
-        since: None,
-        since_requested: None,
     }
 }
 
@@ -503,7 +493,6 @@ fn import_options() -> ImportOptions {
         container: "backups".into(),
         prefix: "nightly/2026-01-02".into(),
         manifest_sha256: Some(sha(0x5e)),
-        chain: Vec::new(),
     }
 }
 
@@ -1036,14 +1025,11 @@ fn outcomes() -> Vec<(&'static str, WorkOutcome)> {
                         bytes: 1843,
                         sha256: sha(0x9f),
                         skip: 0,
-                        member: 0,
-                        deleted: false,
                     }),
                     import_child(&ImportWork::Parts {
                         start: 200,
                         sha256: Some(sha(0x5e)),
                         write: false,
-                        member: 0,
                     }),
                 ],
                 delta: counters(|c| c.storage_requests = 1),

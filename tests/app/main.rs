@@ -13,14 +13,12 @@
 //! - `scan/`: the scan engine (in memory, bounded steps, adversarial keys on Azurite);
 //! - `storage/`: the storage adapters on Azurite (tables, queues, blobs, records, the proxy);
 //! - `unrecorded`: a root delivered before its scan's record exists (a slow start);
-//! - `golden_formats`: every stored and queued format against its golden copy (`tests/golden/`);
-//!   `golden_chain`: those of incremental exports (key chunks, deltas, chain items).
+//! - `golden_formats`: every stored and queued format against its golden copy (`tests/golden/`).
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod ended;
-mod golden_chain;
 mod golden_formats;
 mod hostile_params;
 mod inprocess;

@@ -316,10 +316,6 @@ impl RawClient {
             .header("dataserviceversion", "3.0")
             .header("maxdataserviceversion", "3.0;NetFx")
             .header("accept", accept);
-        if method == Method::DELETE {
-            // Unconditional: a delete of whatever version the row has.
-            request = request.header("if-match", "*");
-        }
         if let Some(body) = body {
             request = request
                 .header("content-type", content_type)
@@ -440,46 +436,24 @@ impl RawClient {
         }
     }
 
-    fn entity_path(table: &str, partition_key: &str, row_key: &str) -> String {
-        format!(
-            "{}(PartitionKey='{}',RowKey='{}')",
-            percent_encode(table),
-            percent_encode(&partition_key.replace('\'', "''")),
-            percent_encode(&row_key.replace('\'', "''"))
-        )
-    }
-
-    /// Inserts or replaces one entity (Insert Or Replace) from the JSON object text the caller
-    /// built (sent byte for byte; its keys must be the ones given).
-    pub async fn upsert(
+    /// Replaces (or inserts) one entity with the JSON object text the caller built, without a
+    /// condition (`PUT` with no `If-Match`): the row gets a new ETag.
+    pub async fn replace(
         &self,
         table: &str,
         (partition_key, row_key): (&str, &str),
         entity_json: &str,
     ) -> Result<(), RawError> {
-        let path = Self::entity_path(table, partition_key, row_key);
+        let path = format!(
+            "{}(PartitionKey='{}',RowKey='{}')",
+            percent_encode(table),
+            percent_encode(&partition_key.replace('\'', "''")),
+            percent_encode(&row_key.replace('\'', "''"))
+        );
         let body = Some(entity_json.as_bytes().to_vec());
         self.send(Method::PUT, &path, &[], NO_METADATA, body)
             .await
             .map(|_| ())
-    }
-
-    /// Deletes one entity, whatever its version (`Ok(false)` if there was none).
-    pub async fn delete(
-        &self,
-        table: &str,
-        partition_key: &str,
-        row_key: &str,
-    ) -> Result<bool, RawError> {
-        let path = Self::entity_path(table, partition_key, row_key);
-        match self
-            .send(Method::DELETE, &path, &[], NO_METADATA, None)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if e.status == StatusCode::NOT_FOUND.as_u16() => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 
     /// [`RawClient::read_all`], panicking with the table's name on error.

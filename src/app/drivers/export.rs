@@ -35,53 +35,31 @@ use crate::app::pace::Meter;
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::app::config::Config;
 use crate::app::error::ApiError;
-use crate::app::export_chain::{
-    DeltaInfo, KeyChunk, ParentRef, DELETED_FOLDER, DELTA_FORMAT, KEYS_FOLDER,
-};
 use crate::app::export_format::{
-    ExportLayout, Manifest, ManifestPart, MANIFEST_CONTENT_TYPE, MAX_MANIFEST_BYTES,
+    part_name, ExportLayout, Manifest, ManifestPart, PartEncoder, MANIFEST_CONTENT_TYPE,
+    MAX_MANIFEST_BYTES, PART_CONTENT_TYPE, PART_SPLIT_BYTES,
 };
 use crate::app::job::request::default_connection;
 use crate::app::job::{
-    item_child, Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, WorkError,
-    WorkOutcome, WorkSplit,
+    Begun, Driver, RangeWork, ScanContext, ScanRequest, Segment, Setup, WorkError, WorkOutcome,
+    WorkSplit,
 };
-use crate::app::messages::ChildSpec;
 use crate::app::messages::ItemMessage;
 use crate::app::state::AppState;
 use crate::app::tracking::retention::record_may_appear;
 use crate::app::tracking::ScanState;
-use crate::scan::Scanner;
 use crate::storage::blob::{BlobStore, BlobWrite, WriteCondition, MAX_LIST_RESULTS};
 use crate::storage::stores::Stores;
-use crate::storage::TableStore;
 use crate::storage::{Entity, StorageError, StorageErrorKind};
 
-use super::kit::range::{page_items, read_item, unaddressable_error};
-use super::kit::{check_blob_connection, check_container_field, drop_nulls, read_spec};
-
-#[path = "export_delta.rs"]
-mod delta;
-#[path = "export_items.rs"]
-mod items;
-
-pub use delta::{DeltaWork, Since};
-use items::{collect_results, write_item_blobs};
-
-/// One unit of an export: a range of a full export's scan, or a delta's work. Untagged: a
-/// range's JSON is the range's own (`{"kind":"range",…}`), and a delta's kinds are names a range
-/// never has.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum ExportWork {
-    Range(RangeWork),
-    Delta(DeltaWork),
-}
+use super::kit::range::{begin_range_item, page_items, unaddressable_error};
+use super::kit::{check_blob_connection, check_container_field, drop_nulls};
 
 /// Most parts one export may have: its manifest stays under `MAX_MANIFEST_BYTES` (about 200
 /// bytes per part) and its completion step within seconds. At least 250 million rows (a part
@@ -102,10 +80,6 @@ pub struct ExportFields {
     /// App-setting name of the connection whose blob service is written.
     #[serde(default = "default_connection")]
     pub destination_connection: String,
-    /// The prefix of an earlier completed export of the same table in the same container: this
-    /// export is then a delta of its chain (docs/backups.md).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<String>,
 }
 
 /// What an export scan records (its `ScanContext::options`).
@@ -119,20 +93,6 @@ pub struct ExportOptions {
     /// When the scan's storage was prepared, on the app's clock (`Driver::prepare`).
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
-    /// When the export started by the storage service's clock (its reservation's
-    /// `Last-Modified`); absent from scans recorded before chains existed.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "time::serde::rfc3339::option"
-    )]
-    pub service_started_at: Option<OffsetDateTime>,
-    /// What a delta continues from (checked at start); `None` for a full export.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<Since>,
-    /// `since` as requested, until `prepare` checks it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since_requested: Option<String>,
 }
 
 impl ExportOptions {
@@ -148,22 +108,12 @@ impl Driver for ExportDriver {
     const COMPLETES: bool = true;
     type Fields = ExportFields;
     type Options = ExportOptions;
-    type Item = ExportWork;
+    type Item = RangeWork;
 
     fn validate(fields: &ExportFields, _: &ScanRequest, config: &Config) -> Result<(), ApiError> {
         check_container_field("destinationContainer", &fields.destination_container)?;
-        let layout = ExportLayout::new(&fields.destination_prefix)
+        ExportLayout::new(&fields.destination_prefix)
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
-        if let Some(since) = &fields.since {
-            let parent =
-                ExportLayout::new(since).map_err(|e| ApiError::field("since", e.to_string()))?;
-            if parent == layout {
-                return Err(ApiError::field(
-                    "since",
-                    "names the destination prefix itself: a delta continues from an earlier export",
-                ));
-            }
-        }
         check_blob_connection(
             config,
             "destinationConnection",
@@ -178,9 +128,6 @@ impl Driver for ExportDriver {
             prefix: fields.destination_prefix.clone(),
             // The app's clock is not at hand here: `prepare` sets it.
             started_at: OffsetDateTime::UNIX_EPOCH,
-            service_started_at: None,
-            since: None,
-            since_requested: fields.since.clone(),
         };
         Setup {
             options: Some(options),
@@ -202,11 +149,6 @@ impl Driver for ExportDriver {
             .map_err(|e| ApiError::field("destinationPrefix", e.to_string()))?;
         let blobs = state.blob_store(&options.connection, &Meter::new())?;
         let manifest = layout.manifest_blob();
-        if let Some(since) = options.since_requested.take() {
-            let checked = delta::check_since(&blobs, &options.container, &since, context).await?;
-            options.since = Some(checked);
-            context.set_options(&options);
-        }
         blobs.create_container(&options.container).await?;
         if blobs
             .properties(&options.container, &manifest)
@@ -221,32 +163,12 @@ impl Driver for ExportDriver {
                 ),
             ));
         }
-        reserve(state, &blobs, &options, &layout, &context.scan_id).await?;
-        // The service's clock at start: the reservation's Last-Modified (a delta's watermark).
-        let reservation = blobs
-            .properties(&options.container, &layout.blob(RESERVATION_NAME))
-            .await?;
-        options.service_started_at = reservation.and_then(|p| p.last_modified);
-        context.set_options(&options);
-        Ok(())
+        reserve(state, &blobs, &options, &layout, &context.scan_id).await
     }
 
-    /// A delta's root is its own fan-out over the parent's key chunks; a full export's is the
-    /// scan's.
-    fn root<T: TableStore>(context: &ScanContext) -> Result<ChildSpec, WorkError> {
-        let options: ExportOptions = context.options()?;
-        match options.since {
-            Some(_) => item_child::<Self>(&ExportWork::Delta(DeltaWork::Tiles { start: 0 })),
-            None => Ok(ChildSpec::Step(Scanner::<T>::root(context.strategy))),
-        }
-    }
-
-    fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<ExportWork> {
+    fn segment(_: &ScanContext, rows: &[Entity]) -> Segment<RangeWork> {
         Segment {
-            items: page_items(WorkSplit::Page, rows)
-                .into_iter()
-                .map(ExportWork::Range)
-                .collect(),
+            items: page_items(WorkSplit::Page, rows),
             ..Segment::default()
         }
     }
@@ -254,12 +176,34 @@ impl Driver for ExportDriver {
     async fn run<S: Stores>(
         state: &AppState<S>,
         begun: &Begun<ItemMessage>,
-        item: ExportWork,
+        item: RangeWork,
     ) -> Result<WorkOutcome, WorkError> {
-        match item {
-            ExportWork::Range(range) => run_range(state, begun, range).await,
-            ExportWork::Delta(work) => delta::run(state, begun, work).await,
+        let scan = &*begun.scan;
+        let options: ExportOptions = scan.options()?;
+        let layout = options.layout()?;
+        let blobs = state.blob_store(&options.connection, &begun.requests)?;
+        let (_, mut read, mut outcome) =
+            begin_range_item::<Self, S>(state, begun, &item, scan.select.clone()).await?;
+        if scan.select.is_some() {
+            read.rows.iter_mut().for_each(drop_nulls);
         }
+        let parts = encode_parts(&scan.scan_id, &begun.work_id, &read.rows)?;
+        let write = BlobWrite::new(PART_CONTENT_TYPE);
+        try_join_all(parts.iter().map(|(part, bytes)| {
+            let name = layout.blob(&part.name);
+            let (blobs, write, container) = (&blobs, &write, &options.container);
+            async move { blobs.upload(container, &name, bytes.clone(), write).await }
+        }))
+        .await?;
+        if let Some(e) = unaddressable_error("exported", &read.unaddressable) {
+            return Err(e);
+        }
+        outcome.delta.rows_written = read.rows.len() as i64;
+        if !parts.is_empty() {
+            let descriptors: Vec<&ManifestPart> = parts.iter().map(|(p, _)| p).collect();
+            outcome.result = Some(serde_json::to_string(&descriptors).expect("parts serialize"));
+        }
+        Ok(outcome)
     }
 
     async fn complete<S: Stores>(
@@ -270,50 +214,43 @@ impl Driver for ExportDriver {
     }
 }
 
-/// A full export's range item: re-reads its range and writes its rows as parts, and their keys
-/// as its key chunk.
-async fn run_range<S: Stores>(
-    state: &AppState<S>,
-    begun: &Begun<ItemMessage>,
-    item: RangeWork,
-) -> Result<WorkOutcome, WorkError> {
-    let scan = &*begun.scan;
-    let options: ExportOptions = scan.options()?;
-    let blobs = state.blob_store(&options.connection, &begun.requests)?;
-    let source = state.counted_table(&scan.source.connection, &begun.requests)?;
-    let spec = read_spec(state, scan, scan.select.clone())?;
-    let mut read = read_item(&source, &scan.source.table, &item, &spec).await?;
-    let mut outcome = WorkOutcome::default();
-    if let Some(next) = read.next.take() {
-        outcome
-            .children
-            .push(item_child::<ExportDriver>(&ExportWork::Range(next))?);
+/// The item's rows as parts (none for no rows): the first named after the item, any further
+/// one (past [`PART_SPLIT_BYTES`]) after the item and its number.
+fn encode_parts(
+    scan_id: &str,
+    work_id: &str,
+    rows: &[Entity],
+) -> Result<Vec<(ManifestPart, Bytes)>, WorkError> {
+    let permanent = |e: crate::app::export_format::ExportFormatError| {
+        WorkError::Permanent(format!("exporting {work_id}: {e}"))
+    };
+    let mut parts = Vec::new();
+    let mut encoder = PartEncoder::new();
+    let close = |encoder: PartEncoder, parts: &mut Vec<(ManifestPart, Bytes)>| {
+        let id = match parts.len() {
+            0 => work_id.to_string(),
+            n => format!("{work_id}-{n}"),
+        };
+        let encoded = encoder.finish();
+        let part = ManifestPart {
+            name: part_name(scan_id, &id).map_err(permanent)?,
+            rows: encoded.rows,
+            bytes: encoded.bytes.len() as u64,
+            sha256: encoded.sha256,
+        };
+        parts.push((part, encoded.bytes));
+        Ok::<(), WorkError>(())
+    };
+    for row in rows {
+        if encoder.decompressed_bytes() >= PART_SPLIT_BYTES {
+            close(std::mem::take(&mut encoder), &mut parts)?;
+        }
+        encoder.push(row).map_err(permanent)?;
     }
-    outcome.delta.rows_matched = read.rows.len() as i64;
-    if scan.select.is_some() {
-        read.rows.iter_mut().for_each(drop_nulls);
+    if encoder.rows() > 0 {
+        close(encoder, &mut parts)?;
     }
-    let keys: Vec<_> = read
-        .rows
-        .iter()
-        .map(|r| (r.partition_key.clone(), r.row_key.clone()))
-        .collect();
-    let result = write_item_blobs(
-        &blobs,
-        &options,
-        &scan.scan_id,
-        &begun.work_id,
-        &read.rows,
-        &keys,
-        &[],
-    )
-    .await?;
-    if let Some(e) = unaddressable_error("exported", &read.unaddressable) {
-        return Err(e);
-    }
-    outcome.delta.rows_written = read.rows.len() as i64;
-    outcome.result = result;
-    Ok(outcome)
+    Ok(parts)
 }
 
 /// The completion step: reads every item's part descriptors, checks them against the blobs
@@ -344,24 +281,21 @@ async fn write_manifest<S: Stores>(
     let results = tracker
         .work_results(&context.scan_id, context.shards, MAX_EXPORT_PARTS)
         .await?;
-    let (parts, keys, deleted) = collect_results(&results)?;
+    let mut parts: Vec<ManifestPart> = Vec::with_capacity(results.len());
+    for result in &results {
+        let listed: Vec<ManifestPart> = serde_json::from_str(result).map_err(|e| {
+            WorkError::Permanent(format!("an export part record is unreadable: {e}"))
+        })?;
+        parts.extend(listed);
+    }
     if parts.len() > MAX_EXPORT_PARTS {
         return Err(WorkError::Permanent(format!(
             "the export has more than {MAX_EXPORT_PARTS} parts; export the table as several key ranges"
         )));
     }
-    let key_parts: Vec<ManifestPart> = keys.iter().map(KeyChunk::as_part).collect();
-    let mut sizes = HashMap::new();
-    let folders = [
-        ("parts", parts.len()),
-        (KEYS_FOLDER, key_parts.len()),
-        (DELETED_FOLDER, deleted.len()),
-    ];
-    for (folder, listed) in folders.into_iter().filter(|(f, n)| *f == "parts" || *n > 0) {
-        let folder = layout.blob(&format!("{folder}/{}/", context.scan_id));
-        sizes.extend(listed_sizes(&blobs, &options.container, &folder, listed).await?);
-    }
-    for part in parts.iter().chain(&key_parts).chain(&deleted) {
+    let folder = layout.blob(&format!("parts/{}/", context.scan_id));
+    let sizes = listed_sizes(&blobs, &options.container, &folder, parts.len()).await?;
+    for part in &parts {
         let blob = layout.blob(&part.name);
         match sizes.get(&blob) {
             Some(&size) if size == part.bytes => {}
@@ -374,29 +308,13 @@ async fn write_manifest<S: Stores>(
             }
         }
     }
-    let mut manifest = Manifest::new(
+    let manifest = Manifest::new(
         &context.source.table,
         &context.scan_id,
         parts,
         options.started_at,
         state.clock.now(),
     );
-    manifest.service_started_at = options.service_started_at;
-    manifest.scope = Some(delta::scope_of(context));
-    manifest.keys = Some(keys);
-    if let Some(since) = &options.since {
-        manifest.format = DELTA_FORMAT.to_string();
-        manifest.delta = Some(DeltaInfo {
-            parent: ParentRef {
-                prefix: since.prefix.clone(),
-                sha256: since.sha256.clone(),
-            },
-            base: since.base.clone(),
-            watermark: since.watermark,
-            deleted_rows: deleted.iter().map(|d| d.rows).sum(),
-            deleted,
-        });
-    }
     let json = manifest.to_json();
     if json.len() as u64 > MAX_MANIFEST_BYTES {
         return Err(WorkError::Permanent(format!(

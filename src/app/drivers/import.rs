@@ -65,12 +65,6 @@ mod decode;
 
 use decode::{verify_lines, write_slice};
 
-#[path = "import_chain.rs"]
-mod chain;
-
-use crate::app::export_chain::MAX_CHAIN_MEMBERS;
-pub use chain::ChainMember;
-
 /// Most part items one chunk item queues (with the next chunk item).
 pub const PARTS_PER_ITEM: usize = 200;
 /// Most parts one verification item checks: one item's bookkeeping for many parts, so the
@@ -110,10 +104,6 @@ pub struct ImportOptions {
     /// The SHA-256 of the manifest `prepare` checked: every chunk item must find these bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_sha256: Option<String>,
-    /// The chain restored (docs/backups.md), base first and `prefix` last, each with its
-    /// manifest's SHA-256 as checked at start; empty for an import of one full export.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub chain: Vec<ChainMember>,
 }
 
 /// One unit of an import.
@@ -131,9 +121,6 @@ pub enum ImportWork {
         /// The write phase's chunk (phase 1); absent in the verification phase's.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         write: bool,
-        /// The chain member whose parts these are (0: the base, or the only export).
-        #[serde(default, skip_serializing_if = "is_zero")]
-        member: u64,
     },
     /// Verifies up to [`PARTS_PER_VERIFY`] parts, as the manifest lists them, in order; the
     /// first from line `skip + 1` on.
@@ -150,26 +137,23 @@ pub enum ImportWork {
         sha256: String,
         #[serde(default, skip_serializing_if = "is_zero")]
         skip: u64,
-        #[serde(default, skip_serializing_if = "is_zero")]
-        member: u64,
-        /// A tombstone file: its keys are deleted.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        deleted: bool,
     },
-    /// Nothing: a write phase past the chain's last member (scans recorded before chains).
-    Done,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+impl ImportOptions {
+    fn layout(&self) -> Result<ExportLayout, WorkError> {
+        ExportLayout::new(&self.prefix).map_err(|e| WorkError::Permanent(e.to_string()))
+    }
+}
+
 impl Driver for ImportDriver {
     const NAME: &'static str = "import";
     const SCANS_TABLE: bool = false;
-    /// Verification, then one write phase per chain member, base first (the last member's
-    /// phase root ends the phases after it: `ends_phases`).
-    const PHASES: u32 = MAX_CHAIN_MEMBERS as u32;
+    const PHASES: u32 = 1;
     type Fields = ImportFields;
     type Options = ImportOptions;
     type Item = ImportWork;
@@ -195,7 +179,6 @@ impl Driver for ImportDriver {
             container: fields.source_container.clone(),
             prefix: fields.source_prefix.clone(),
             manifest_sha256: None,
-            chain: Vec::new(),
         };
         Setup {
             destination: Some(TableRef {
@@ -214,21 +197,15 @@ impl Driver for ImportDriver {
         context: &mut ScanContext,
     ) -> Result<(), ApiError> {
         let requests = Meter::new();
-        let refuse = |e: WorkError| match e {
-            WorkError::Storage(s) if s.is_transient() => ApiError::Storage(s),
-            e => ApiError::field("sourcePrefix", e.to_string()),
-        };
-        let (manifest, sha256) = read_manifest(state, context, &requests, 0)
+        let (_, sha256) = read_manifest(state, context, &requests)
             .await
-            .map_err(refuse)?;
+            .map_err(|e| match e {
+                WorkError::Storage(s) if s.is_transient() => ApiError::Storage(s),
+                e => ApiError::field("sourcePrefix", e.to_string()),
+            })?;
         let mut options: ImportOptions = context
             .options()
             .map_err(|e| ApiError::field("body", e.to_string()))?;
-        if manifest.delta.is_some() {
-            options.chain = chain::walk(state, context, &options, &manifest, &sha256)
-                .await
-                .map_err(refuse)?;
-        }
         options.manifest_sha256 = Some(sha256);
         context.set_options(&options);
         if let Some(dst) = &context.destination {
@@ -243,30 +220,19 @@ impl Driver for ImportDriver {
         let options: ImportOptions = context.options()?;
         item_child::<Self>(&ImportWork::Parts {
             start: 0,
-            sha256: options.member_sha256(0),
+            sha256: options.manifest_sha256,
             write: false,
-            member: 0,
         })
     }
 
-    /// Write phase `n`: member `n - 1`'s parts and tombstones fanned out again, once every
-    /// part of every member verified and every earlier member was written.
-    fn phase(context: &ScanContext, n: u32) -> Result<ChildSpec, WorkError> {
+    /// The write phase: the parts fanned out again, once every part verified.
+    fn phase(context: &ScanContext, _: u32) -> Result<ChildSpec, WorkError> {
         let options: ImportOptions = context.options()?;
-        let member = u64::from(n.saturating_sub(1));
-        if member >= options.members() {
-            return item_child::<Self>(&ImportWork::Done);
-        }
         item_child::<Self>(&ImportWork::Parts {
             start: 0,
-            sha256: options.member_sha256(member),
+            sha256: options.manifest_sha256,
             write: true,
-            member,
         })
-    }
-
-    fn ends_phases(_: u32, result: Option<&str>) -> bool {
-        result == Some(chain::LAST_MEMBER)
     }
 
     fn segment(_: &ScanContext, _: &[Entity]) -> Segment<ImportWork> {
@@ -283,12 +249,7 @@ impl Driver for ImportDriver {
                 start,
                 sha256,
                 write,
-                member,
-            } => fan_out(state, begun, (member, start), sha256, write).await,
-            ImportWork::Done => Ok(WorkOutcome {
-                result: Some(chain::LAST_MEMBER.to_string()),
-                ..WorkOutcome::default()
-            }),
+            } => fan_out(state, begun, start, sha256, write).await,
             ImportWork::Verify { parts, skip } => verify_parts(state, begun, parts, skip).await,
             ImportWork::Part {
                 name,
@@ -296,16 +257,12 @@ impl Driver for ImportDriver {
                 bytes,
                 sha256,
                 skip,
-                member,
-                deleted,
             } => {
                 let part = PartRef {
                     name,
                     rows,
                     bytes,
                     sha256,
-                    member,
-                    deleted,
                 };
                 restore_part(state, begun, part, skip).await
             }
@@ -313,17 +270,15 @@ impl Driver for ImportDriver {
     }
 }
 
-/// The manifest of chain member `member` (the scan's own export when there is no chain),
-/// parsed, and the SHA-256 of its bytes.
+/// The scan's manifest, parsed, and the SHA-256 of its bytes.
 async fn read_manifest<S: Stores>(
     state: &AppState<S>,
     scan: &ScanContext,
     requests: &Arc<Meter>,
-    member: u64,
 ) -> Result<(Manifest, String), WorkError> {
     let options: ImportOptions = scan.options()?;
     let blobs = state.blob_store(&scan.source.connection, requests)?;
-    let name = options.member_layout(member)?.manifest_blob();
+    let name = options.layout()?.manifest_blob();
     let where_ = format!("{}/{name}", options.container);
     let downloaded = match blobs
         .download(&options.container, &name, MAX_MANIFEST_BYTES)
@@ -346,54 +301,44 @@ async fn read_manifest<S: Stores>(
 async fn fan_out<S: Stores>(
     state: &AppState<S>,
     begun: &Begun<ItemMessage>,
-    (member, start): (u64, u64),
+    start: u64,
     expected: Option<String>,
     write: bool,
 ) -> Result<WorkOutcome, WorkError> {
-    let (manifest, sha256) = read_manifest(state, &begun.scan, &begun.requests, member).await?;
+    let (manifest, sha256) = read_manifest(state, &begun.scan, &begun.requests).await?;
     if let Some(expected) = expected.filter(|e| *e != sha256) {
         return Err(WorkError::Permanent(format!(
             "the manifest changed since the import started (its SHA-256 was {expected}, now {sha256}); start the import again"
         )));
     }
     let mut outcome = WorkOutcome::default();
-    let options: ImportOptions = begun.scan.options()?;
-    let last = member + 1 == options.members();
-    if write && start == 0 && last {
-        outcome.result = Some(chain::LAST_MEMBER.to_string());
-    }
-    let listed = chain::listed(&manifest, member);
     let start = usize::try_from(start).unwrap_or(usize::MAX);
-    let chunk: Vec<&PartRef> = listed.iter().skip(start).take(PARTS_PER_ITEM).collect();
+    let chunk: Vec<&ManifestPart> = manifest
+        .parts
+        .iter()
+        .skip(start)
+        .take(PARTS_PER_ITEM)
+        .collect();
     if write {
         for part in chunk {
-            let item = part.write_from(0);
+            let item = PartRef::from(part).write_from(0);
             outcome.children.push(item_child::<ImportDriver>(&item)?);
         }
     } else {
         for group in chunk.chunks(PARTS_PER_VERIFY) {
-            let parts = group.iter().map(|p| (*p).clone()).collect();
+            let parts = group.iter().map(|p| PartRef::from(*p)).collect();
             let item = ImportWork::Verify { parts, skip: 0 };
             outcome.children.push(item_child::<ImportDriver>(&item)?);
         }
     }
     let next = start.saturating_add(PARTS_PER_ITEM);
-    let following = if next < listed.len() {
-        Some((member, next as u64, Some(sha256)))
-    } else if !write && !last {
-        // Verification goes on with the next member of the chain.
-        Some((member + 1, 0, options.member_sha256(member + 1)))
-    } else {
-        None
-    };
-    if let Some((member, start, sha256)) = following {
+    if next < manifest.parts.len() {
         outcome
             .children
             .push(item_child::<ImportDriver>(&ImportWork::Parts {
-                start,
-                sha256,
+                start: next as u64,
+                sha256: Some(sha256),
                 write,
-                member,
             })?);
     }
     Ok(outcome)
@@ -406,29 +351,15 @@ pub struct PartRef {
     rows: u64,
     bytes: u64,
     sha256: String,
-    /// The chain member that lists it.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    member: u64,
-    /// A tombstone file (its keys are deleted), not a part.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    deleted: bool,
 }
 
 impl From<&ManifestPart> for PartRef {
     fn from(part: &ManifestPart) -> Self {
-        PartRef::listed(part, 0, false)
-    }
-}
-
-impl PartRef {
-    fn listed(part: &ManifestPart, member: u64, deleted: bool) -> Self {
         PartRef {
             name: part.name.clone(),
             rows: part.rows,
             bytes: part.bytes,
             sha256: part.sha256.clone(),
-            member,
-            deleted,
         }
     }
 }
@@ -441,8 +372,6 @@ impl PartRef {
             bytes: self.bytes,
             sha256: self.sha256.clone(),
             skip,
-            member: self.member,
-            deleted: self.deleted,
         }
     }
 }
@@ -473,7 +402,7 @@ async fn fetch_part<S: Stores>(
     let scan = &*begun.scan;
     let options: ImportOptions = scan.options()?;
     let blobs = state.blob_store(&scan.source.connection, &begun.requests)?;
-    let name = options.member_layout(part.member)?.blob(&part.name);
+    let name = options.layout()?.blob(&part.name);
     let mut fetched = Fetched {
         bytes: Bytes::new(),
         blob: format!("{}/{name}", options.container),
@@ -577,11 +506,9 @@ async fn restore_part<S: Stores>(
     let concurrency = state.config.copy_concurrency;
     let lines = (skip + 1, next);
     let ended = || scan_ended(state, &scan.scan_id);
-    let written = match part.deleted {
-        true => chain::delete_rows(&target, &destination.table, rows, (concurrency, &ended)).await,
-        false => write_rows(&target, &destination.table, rows, (concurrency, &ended)).await,
-    }
-    .map_err(|(written, e)| write_failed(&fetched.blob, lines, written, e))?;
+    let written = write_rows(&target, &destination.table, rows, (concurrency, &ended))
+        .await
+        .map_err(|(written, e)| write_failed(&fetched.blob, lines, written, e))?;
     outcome.delta.rows_scanned = count;
     outcome.delta.rows_matched = count;
     outcome.delta.rows_written = written as i64;

@@ -123,8 +123,6 @@ mod memory {
             rows,
             bytes: bytes.len() as u64,
             sha256: sha256_hex(&bytes),
-            member: 0,
-            deleted: false,
         };
         (bytes, part)
     }

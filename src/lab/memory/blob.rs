@@ -139,7 +139,6 @@ fn properties_of(name: &str, blob: &Blob) -> BlobProperties {
         etag: blob.etag.clone(),
         content_type: Some(blob.content_type.clone()),
         content_encoding: blob.content_encoding.clone(),
-        last_modified: None,
     }
 }
 

@@ -1,17 +1,11 @@
 //! Backups: export (table → Blob Storage) and import (export → table), end to end through the
 //! local Functions host and the real handler on Azurite. One file per behaviour:
-//! - `chain_costs`: requests and blob bytes of deltas and chain restores (a measurement);
-//! - `chain_faults`: a delta and its chain restore under kills, duplicates and storage faults;
-//! - `chains`: incremental exports (`since`) and restores of a chain as of each backup, refusals;
 //! - `export_import`: the documented format, filters, restores equal to the source, empty exports;
 //! - `races`: two exports into one prefix, cancelled and foreign manifests, forged poison, an item
 //!   killed on its last delivery;
 //! - `verify`: an import checks every part before writing a row, and its memory stays bounded;
 //! - `faults`: both under handler crashes, duplicated messages and storage faults, corrupted parts.
 
-mod chain_costs;
-mod chain_faults;
-mod chains;
 mod export_import;
 mod faults;
 mod races;

@@ -102,7 +102,7 @@ async fn a_batch_keeps_a_row_changed_after_it_was_read() {
         inner,
         hook: Mutex::new(Some(Box::pin(async move {
             hook_client
-                .upsert(&hook_table, CHANGED_KEY, CHANGED)
+                .replace(&hook_table, CHANGED_KEY, CHANGED)
                 .await
                 .unwrap();
         }))),
@@ -141,7 +141,7 @@ async fn change_while_held(body: impl Fn(&str) -> Value) -> (Value, String) {
     tokio::time::timeout(HANG, proxy.wait_held(|h| h.now > 0))
         .await
         .unwrap_or_else(|_| panic!("waited {HANG:?} for a transaction of {id} held"));
-    client.upsert(&table, CHANGED_KEY, CHANGED).await.unwrap();
+    client.replace(&table, CHANGED_KEY, CHANGED).await.unwrap();
     proxy.release();
     let status = app.wait_for_end(&id, HANG).await;
     app.shutdown().await;

@@ -352,7 +352,6 @@ mod tests {
             etag: String::new(),
             content_type: None,
             content_encoding: None,
-            last_modified: None,
         }
     }
 
