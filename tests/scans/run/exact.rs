@@ -220,3 +220,52 @@ async fn refused_flags_exit_2_name_the_flag_and_write_nothing() {
     }
     assert_eq!(raw.rows(&source).await.len(), source_entities(20, 1).len());
 }
+
+/// `--connection NAME`: the account (the scan's source and the run's own queues and tables) is
+/// the one in the variable NAME, with `AzureWebJobsStorage` unset; a name that holds nothing is
+/// refused with exit 2, naming the flag.
+#[tokio::test]
+async fn connection_names_the_variable_holding_the_account() {
+    let names = Names::new();
+    let (store, _) = support::table_store();
+    let source = unique_name("RunConn");
+    let rows = source_entities(200, 5);
+    let count = rows.len();
+    seed(&store, &source, rows).await;
+    let account = support::azurite().connection_string();
+    let run = |connection: &'static str| {
+        let mut command = names.command(&[
+            "run",
+            "count",
+            "--source-table",
+            &source,
+            "--connection",
+            connection,
+            "--json",
+        ]);
+        command
+            .env_remove("AzureWebJobsStorage")
+            .env("TABLESCAN_RUN_TEST_ACCOUNT", &account);
+        command
+    };
+    let output = |mut command: tokio::process::Command| async move {
+        let out = tokio::time::timeout(BOUND, command.output())
+            .await
+            .expect("tablescan run --connection still running")
+            .expect("tablescan output");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = output(run("TABLESCAN_RUN_TEST_ACCOUNT")).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(stdout.trim()).expect("--json status");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["rowsScanned"], count as u64, "{status}");
+
+    let (code, _, stderr) = output(run("TABLESCAN_RUN_TEST_NOTHING")).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--connection"), "{stderr}");
+}

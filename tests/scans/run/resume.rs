@@ -128,3 +128,30 @@ async fn two_processes_resuming_one_scan_share_it_and_the_copy_is_exact() {
     let second = assert_exact(&b, &source, &destination, count).await;
     assert_eq!(first["rowsWritten"], second["rowsWritten"]);
 }
+
+/// A scan started by `tablescan run` and killed is finished by a function app on the same
+/// account and names (here the local host running the staged app): the formats are the same.
+#[tokio::test]
+async fn a_scan_run_started_is_finished_by_the_function_app() {
+    let names = Names::new();
+    let (source, destination, count) = tables().await;
+    let (run, id) = interruptible(&names, &source, &destination).await;
+    run.signal(9);
+    run.finish(BOUND).await;
+    let env = names.env();
+    let settings: Vec<(&str, &str)> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with("TABLESCAN_"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let app = support::e2e::TestApp::start(1, &settings).await;
+    let status = app.wait_for_end(&id, BOUND).await;
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["rowsScanned"], count as u64, "{status}");
+    assert_eq!(status["rowsWritten"], count as u64, "{status}");
+    assert_eq!(status["failedWorkItems"], 0, "{status}");
+    let raw = RawClient::azurite();
+    let problems = raw::diff(&raw.rows(&source).await, &raw.rows(&destination).await);
+    assert!(problems.is_empty(), "{problems:?}");
+    app.shutdown().await;
+}
